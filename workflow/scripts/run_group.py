@@ -1,0 +1,12 @@
+import logging
+
+from bestofn.workflow_glue import run_group_job
+
+logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+run_group_job(
+    snakemake.params.spec,
+    snakemake.params.models,
+    snakemake.output[0],
+    device=snakemake.params.device,
+    flac_subtype=snakemake.params.flac_subtype,
+)
