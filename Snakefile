@@ -15,5 +15,8 @@ include: "workflow/rules/report.smk"
 rule all:
     default_target: True
     input:
+        # Groups are named here too: a deleted group directory is then planned again even
+        # though the database and report built from it still exist.
+        group_dirs(),
         DATABASE,
         REPORT,

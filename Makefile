@@ -1,0 +1,32 @@
+# The two set-up commands of the README. Each creates .venv (once), installs, then runs.
+# TORCH is pinned because a bare `torch` requirement pulls a multi-GB CUDA build; on a GPU
+# box pass your CUDA build, e.g. `make demo TORCH=torch==2.11.0`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+EXTRAS ?= embedded,dev
+
+.PHONY: install demo test lint
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)" -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(VENV)/.installed-$(EXTRAS)
+
+# Command 1: install and run the main job on the embedded default (CPU, offline).
+demo: install
+	$(VENV)/bin/snakemake --profile profiles/local
+	$(VENV)/bin/bestofn verify results
+
+# Command 2: install and run the tests (what .ci/run calls), plus the linters.
+test: install
+	$(PY) -m pytest
+	$(MAKE) lint
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/snakefmt --check Snakefile workflow/rules

@@ -1,0 +1,121 @@
+"""The workflow through the snakemake CLI on a tiny config: run, resume, crash, verify."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from conftest import REPO
+
+BIN = Path(sys.executable).parent
+
+
+def snakemake(project: Path, *args: str, check=True) -> subprocess.CompletedProcess:
+    cmd = [
+        str(BIN / "snakemake"),
+        "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(project),
+        "--profile", str(REPO / "profiles/local"),
+        *args,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def planned_jobs(project: Path) -> dict[str, int]:
+    """Job counts by rule from a dry run's 'Job stats' table."""
+    out = snakemake(project, "-n", "--quiet", "rules").stdout
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def verify(project: Path) -> str:
+    proc = subprocess.run(
+        [str(BIN / "bestofn"), "verify", "results"], cwd=project, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_run_resume_and_query(project):
+    snakemake(project)
+    groups = sorted(
+        p.relative_to(project / "results/groups") for p in (project / "results/groups").glob("*/*")
+    )
+    assert [str(g) for g in groups] == ["calm/p1", "calm/p2", "happy/p1", "happy/p2"]
+    assert len(list((project / "results/groups/calm/p1/takes").glob("*.flac"))) == 2
+    assert (project / "results/report/throughput.md").read_text().startswith("# bestofn throughput")
+    assert (project / "results/report/stage_seconds.png").stat().st_size > 1000
+    assert "4 groups checked, 0 problem(s)" in verify(project)
+
+    con = duckdb.connect(str(project / "results/bestofn.duckdb"), read_only=True)
+    rows = con.execute(
+        "SELECT group_id, flac_path, words_per_s FROM selection ORDER BY 1"
+    ).fetchall()
+    con.close()
+    assert [r[0] for r in rows] == ["calm/p1", "calm/p2", "happy/p1", "happy/p2"]
+    assert all((project / r[1]).is_file() and r[2] > 0 for r in rows)
+
+    # Nothing left to do after a full run.
+    assert planned_jobs(project) == {}
+    # Deleting one group plans exactly that group plus the aggregation.
+    import shutil
+
+    shutil.rmtree(project / "results/groups/happy/p2")
+    assert planned_jobs(project) == {"group": 1, "database": 1, "report": 1, "all": 1}
+    snakemake(project)
+    assert (project / "results/groups/happy/p2/scores.parquet").is_file()
+    assert planned_jobs(project) == {}
+
+
+def test_bad_sheet_fails_before_any_job(project):
+    (project / "config/prompts.tsv").write_text("prompt_id\ttext\np1\tHello.\np1\tAgain.\n")
+    proc = snakemake(project, check=False)
+    assert proc.returncode != 0
+    assert "duplicate prompt_id 'p1'" in proc.stdout + proc.stderr
+    assert not (project / "results").exists()
+
+
+def test_sigkill_mid_run_then_restart_completes(project):
+    cmd = [
+        str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(project), "--profile", str(REPO / "profiles/local"),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    groups = project / "results/groups"
+    deadline = time.time() + 300
+    try:
+        # Wait until one group is published and another is being written (a partial dir exists)
+        # or at least running, then kill snakemake and all of its children at once.
+        while time.time() < deadline:
+            done = [p for p in groups.glob("*/*") if not p.name.startswith(".")]
+            partial = list(groups.glob("*/.*partial*"))
+            if done and partial:
+                break
+            time.sleep(0.02)
+        else:
+            pytest.fail("never saw a group published while another was being written")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # Nothing that looks like a finished group is incomplete.
+    for group in (p for p in groups.glob("*/*") if not p.name.startswith(".")):
+        assert (group / "scores.parquet").is_file(), group
+    # A killed snakemake leaves its directory lock behind; unlocking is the documented restart.
+    snakemake(project, "--unlock")
+    snakemake(project)
+    assert "4 groups checked, 0 problem(s)" in verify(project)
