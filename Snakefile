@@ -20,3 +20,11 @@ rule all:
         group_dirs(),
         DATABASE,
         REPORT,
+
+
+onsuccess:
+    stop_workers()
+
+
+onerror:
+    stop_workers()

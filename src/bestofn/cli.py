@@ -40,6 +40,39 @@ def _run_group(args) -> int:
     return 0
 
 
+def _worker(args) -> int:
+    import json
+    import logging
+
+    from bestofn.worker.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    with open(args.models_file) as f:
+        models = json.load(f)
+    serve(
+        args.socket, models, args.models_hash, args.results, args.device, args.slot,
+        args.idle_timeout, args.flac_subtype,
+    )  # fmt: skip
+    return 0
+
+
+def _workers(args) -> int:
+    import json
+    from pathlib import Path
+
+    from bestofn.worker.client import default_state_dir, list_workers, stop_all
+
+    state = Path(args.state_dir) if args.state_dir else default_state_dir()
+    if args.action == "status":
+        workers = list_workers(state)
+        for w in workers:
+            print(json.dumps(w, sort_keys=True))
+        print(f"{len(workers)} worker socket(s) in {state}")
+    else:
+        print(f"stopped {stop_all(state)} worker(s) in {state}")
+    return 0
+
+
 def _parity(args_rest: list[str]) -> int:
     from bestofn.moss.parity import parity_main
 
@@ -68,6 +101,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="group directory to publish")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=_run_group)
+
+    p = sub.add_parser("worker", help="serve one slot (started by group jobs, not by hand)")
+    p.add_argument("--socket", required=True)
+    p.add_argument("--slot", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--models-file", required=True)
+    p.add_argument("--models-hash", required=True)
+    p.add_argument("--results", required=True, help="requests may only write below this")
+    p.add_argument("--idle-timeout", type=float, default=300.0)
+    p.add_argument("--flac-subtype", default="PCM_16")
+    p.set_defaults(func=_worker)
+
+    p = sub.add_parser("workers", help="status or stop of this workflow directory's workers")
+    p.add_argument("action", choices=["status", "stop"])
+    p.add_argument("--state-dir", help="default: derived from the current directory")
+    p.set_defaults(func=_workers)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
     args = ap.parse_args(argv)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
@@ -95,6 +96,7 @@ def run_group(
     charged_load_s: float | None = None,
     worker_idle_s: float = 0.0,
     device: str = "cpu",
+    worker_slot: int = -1,
 ) -> dict:
     """Generate, restore, score and atomically write one group. Returns its stage timings.
 
@@ -146,6 +148,8 @@ def run_group(
         "worker_idle_s": worker_idle_s,
         "score_seconds": json.dumps(score_seconds),
         "device": device,
+        "worker_slot": worker_slot,  # -1: models loaded in the group's own process
+        "worker_pid": os.getpid(),
         "started_at": started,
     }
     for name, value in fixed.items():

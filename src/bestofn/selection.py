@@ -35,6 +35,8 @@ BASE_COLUMNS = {
     "worker_idle_s": "DOUBLE",
     "score_seconds": "VARCHAR",
     "device": "VARCHAR",
+    "worker_slot": "INTEGER",
+    "worker_pid": "BIGINT",
     "started_at": "TIMESTAMPTZ",
     "group_write_s": "DOUBLE",
     "group_wall_s": "DOUBLE",

@@ -30,9 +30,24 @@ def check_selection_for(config: dict) -> None:
 
 
 def run_group_job(
-    params: str, models: str, out: str | Path, device: str = "cpu", flac_subtype: str = "PCM_16"
+    params: str,
+    models: str,
+    out: str | Path,
+    device: str = "cpu",
+    flac_subtype: str = "PCM_16",
+    runtime: dict | None = None,
+    results_dir: str = "results",
 ) -> dict:
-    """Load the models in this process and run one group (the non-worker path)."""
+    """Run one group: through the slot's warm worker (default), or in this process when
+    ``runtime.worker`` is false (models then load for every group)."""
+    if (runtime or {}).get("worker", True):
+        from bestofn.worker.client import run_group_via_worker
+
+        answer = run_group_via_worker(
+            params, models, str(out), device, runtime, results_dir, flac_subtype
+        )
+        log.info("group %s on slot %s: %s", answer["group_id"], answer["slot"], json.dumps(answer))
+        return answer["timings"]
     from bestofn.pipeline import load_backends, run_group
     from bestofn.plan import spec_from_params
 

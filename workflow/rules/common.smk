@@ -37,3 +37,11 @@ def group_params(wildcards):
 def reference_audio(wildcards):
     ref = PLAN.groups[(wildcards.emotion, wildcards.prompt_id)].reference_audio
     return [ref] if ref else []
+
+
+def stop_workers():
+    """Stop this workflow directory's warm workers (onsuccess / onerror)."""
+    from bestofn.worker.client import Runtime, default_state_dir, stop_all
+
+    rt = Runtime.from_config(config.get("runtime"))
+    stop_all(rt.state_dir or default_state_dir())

@@ -9,4 +9,7 @@ run_group_job(
     snakemake.output[0],
     device=snakemake.params.device,
     flac_subtype=snakemake.params.flac_subtype,
+    # Read from config, not params: speed knobs must never rerun finished groups.
+    runtime=snakemake.config.get("runtime"),
+    results_dir=snakemake.config.get("results", "results"),
 )

@@ -1,0 +1,314 @@
+"""The group job's side: take a free queue place on a slot, make sure that slot's worker runs
+the right models (start or replace it), send the group, wait for the published directory.
+
+Slot pool: ``slots x queue_depth`` lock files taken with non-blocking flock. A job holds one
+for its whole request, so at most ``queue_depth`` groups are sent to one worker at a time: one
+running, the next already waiting. Places are tried place-major (q0 on every slot, then q1...),
+which spreads groups over GPUs before queueing behind a busy one."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import http.client
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bestofn.groupio import SCORES
+from bestofn.pipeline import stable_hash
+from bestofn.worker.uds_http import request
+
+log = logging.getLogger("bestofn.client")
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+def default_state_dir(workdir: str | Path = ".") -> Path:
+    """Short per-user, per-workflow directory for sockets and locks (paths max ~107 bytes)."""
+    key = hashlib.sha256(str(Path(workdir).resolve()).encode()).hexdigest()[:10]
+    return Path(f"/tmp/bestofn-{os.getuid()}") / key
+
+
+def detect_slots(device: str) -> int:
+    if not device.startswith("cuda"):
+        return 1
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return len([v for v in visible.split(",") if v.strip()])
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return max(1, len(list(gpus.iterdir()))) if gpus.is_dir() else 1
+
+
+@dataclass
+class Runtime:
+    """Performance knobs from config['runtime'] (never group params)."""
+
+    worker: bool = True
+    slots: int | None = None
+    queue_depth: int = 2
+    idle_timeout_s: float = 300.0
+    start_timeout_s: float = 900.0
+    state_dir: str | None = None
+    log_dir: str | None = None
+
+    @classmethod
+    def from_config(cls, runtime: dict | None) -> Runtime:
+        runtime = dict(runtime or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(runtime) - known)
+        if unknown:
+            raise ValueError(f"config runtime: unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**runtime)
+
+
+class SlotPool:
+    def __init__(self, state_dir: Path, slots: int, queue_depth: int, device: str):
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)
+        os.chmod(self.dir.parent, 0o700) if self.dir.parent.name.startswith("bestofn-") else None
+        self.slots, self.depth, self.device = slots, queue_depth, device
+
+    def socket(self, slot: int) -> str:
+        return str(self.dir / f"slot{slot}.sock")
+
+    def pidfile(self, slot: int) -> Path:
+        return self.dir / f"slot{slot}.pid"
+
+    @contextlib.contextmanager
+    def place(self, poll_s: float = 0.2):
+        """Hold one free (slot, queue place) until the block exits; yields the slot."""
+        waited = time.monotonic()
+        while True:
+            for j in range(self.depth):
+                for k in range(self.slots):
+                    f = open(self.dir / f"slot{k}.q{j}.lock", "a")
+                    try:
+                        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        f.close()
+                        continue
+                    try:
+                        yield k
+                    finally:
+                        fcntl.flock(f, fcntl.LOCK_UN)
+                        f.close()
+                    return
+            if time.monotonic() - waited > 60:
+                log.info("all %d x %d worker places busy; waiting", self.slots, self.depth)
+                waited = time.monotonic()
+            time.sleep(poll_s)
+
+    @contextlib.contextmanager
+    def starter(self, slot: int):
+        """One process at a time may start or replace a slot's worker."""
+        with open(self.dir / f"slot{slot}.start.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def cuda_visible(self, slot: int) -> str:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = (
+            [v.strip() for v in visible.split(",")]
+            if visible
+            else [str(i) for i in range(self.slots)]
+        )
+        return ids[slot % len(ids)]
+
+
+def health(sock: str, timeout: float = 5.0) -> dict | None:
+    try:
+        status, body, _ = request(sock, "GET", "/health", timeout=timeout)
+    except (OSError, http.client.HTTPException):
+        return None
+    return body if status == 200 else None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_gone(pid: int | None, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid and _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not (pid and _pid_alive(pid))
+
+
+def stop_worker(pool: SlotPool, slot: int, timeout: float = 120.0) -> bool:
+    """Ask a slot's worker to exit after its current group; kill it if it doesn't."""
+    sock, pid = pool.socket(slot), _read_pid(pool.pidfile(slot))
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        request(sock, "POST", "/v1/shutdown", {}, timeout=5)
+    if not _wait_gone(pid, timeout) and pid:
+        os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid, 10)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(sock)
+    return True
+
+
+def ensure_worker(
+    pool: SlotPool, slot: int, models: dict, results_dir: Path, rt: Runtime, log_dir: Path,
+    flac_subtype: str = "PCM_16",
+) -> dict:  # fmt: skip
+    """Return the health of a ready worker on ``slot`` serving ``models``, starting it if needed."""
+    want = stable_hash(models)
+    sock = pool.socket(slot)
+    h = health(sock)
+    if h and h["models_hash"] == want and h["status"] == "ok":
+        return h
+    with pool.starter(slot):
+        h = health(sock)
+        if h and h["models_hash"] == want and h["status"] == "ok":
+            return h
+        pid = _read_pid(pool.pidfile(slot))
+        if h is not None:  # other models, or on its way out: replace it
+            log.info("slot %d: replacing worker %s (models %s)", slot, h["pid"], h["models_hash"])
+            stop_worker(pool, slot, timeout=rt.start_timeout_s)
+        elif pid and _pid_alive(pid):
+            # A worker still loading (its starter may have died): give it the start timeout.
+            h = _wait_ready(sock, None, rt.start_timeout_s, None)
+            if h and h["models_hash"] == want:
+                return h
+            stop_worker(pool, slot, timeout=10)
+        return _start(pool, slot, models, want, results_dir, rt, log_dir, flac_subtype)
+
+
+def _start(pool, slot, models, models_hash, results_dir, rt, log_dir, flac_subtype) -> dict:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"slot{slot}.log"
+    models_file = pool.dir / f"slot{slot}.models.json"
+    models_file.write_text(json.dumps(models))
+    env = dict(os.environ)
+    device = pool.device
+    if device.startswith("cuda"):
+        env["CUDA_VISIBLE_DEVICES"] = pool.cuda_visible(slot)
+        device = "cuda:0"
+    cmd = [
+        sys.executable, "-m", "bestofn.cli", "worker",
+        "--socket", pool.socket(slot), "--slot", str(slot), "--device", device,
+        "--models-file", str(models_file), "--models-hash", models_hash,
+        "--results", str(results_dir), "--idle-timeout", str(rt.idle_timeout_s),
+        "--flac-subtype", flac_subtype,
+    ]  # fmt: skip
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env,
+        )  # fmt: skip
+    pool.pidfile(slot).write_text(str(proc.pid))
+    log.info("slot %d: started worker pid %d (log %s)", slot, proc.pid, log_path)
+    h = _wait_ready(pool.socket(slot), proc, rt.start_timeout_s, log_path)
+    if h is None:
+        proc.kill()
+        raise WorkerError(
+            f"worker for slot {slot} not ready after {rt.start_timeout_s:.0f} s "
+            f"(runtime.start_timeout_s); see {log_path}"
+        )
+    return h
+
+
+def _tail(path: Path | None, n: int = 20) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def _wait_ready(sock, proc, timeout, log_path) -> dict | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        h = health(sock, timeout=2)
+        if h is not None:
+            return h
+        if proc is not None and proc.poll() is not None:
+            raise WorkerError(
+                f"worker exited with code {proc.returncode} while starting; last lines of "
+                f"{log_path}:\n{_tail(log_path)}"
+            )
+        time.sleep(0.2)
+    return None
+
+
+def run_group_via_worker(
+    params: str, models_json: str, out: str, device: str, runtime: dict | None,
+    results_dir: str, flac_subtype: str = "PCM_16",
+) -> dict:  # fmt: skip
+    """What a group job does with workers on: returns the worker's answer."""
+    rt = Runtime.from_config(runtime)
+    models = json.loads(models_json)
+    state = Path(rt.state_dir) if rt.state_dir else default_state_dir()
+    pool = SlotPool(state, rt.slots or detect_slots(device), rt.queue_depth, device)
+    log_dir = Path(rt.log_dir or Path(results_dir) / "logs" / "workers")
+    body = {"spec": json.loads(params), "out": str(Path(out).resolve()),
+            "models_hash": stable_hash(models)}  # fmt: skip
+    with pool.place() as slot:
+        for attempt in range(3):
+            h = ensure_worker(
+                pool, slot, models, Path(results_dir).resolve(), rt, log_dir, flac_subtype
+            )
+            log.info("slot %d: worker pid %s, %d groups served", slot, h["pid"], h["groups_served"])
+            try:
+                status, answer, _ = request(pool.socket(slot), "POST", "/v1/groups", body)
+            except (OSError, http.client.HTTPException) as e:
+                raise WorkerError(
+                    f"worker pid {h['pid']} on slot {slot} died while running {out} ({e}); "
+                    f"see {log_dir / f'slot{slot}.log'}. The group was not published; a retry "
+                    "starts a fresh worker."
+                ) from None
+            if status in (409, 503) and attempt < 2:  # replaced or stopping: start again
+                continue
+            if status != 200:
+                raise WorkerError(
+                    f"worker on slot {slot} failed group {out}: {answer.get('error')}"
+                )
+            break
+    if not (Path(out) / SCORES).is_file():
+        raise WorkerError(f"worker answered but {out}/{SCORES} is missing")
+    answer["slot"] = slot
+    return answer
+
+
+def list_workers(state_dir: Path) -> list[dict]:
+    out = []
+    for sock in sorted(Path(state_dir).glob("slot*.sock")):
+        h = health(str(sock)) or {"status": "not answering"}
+        out.append({"socket": str(sock), **h})
+    return out
+
+
+def stop_all(state_dir: Path, timeout: float = 120.0) -> int:
+    if not Path(state_dir).is_dir():
+        return 0
+    pool = SlotPool(state_dir, 0, 0, "cpu")
+    slots = sorted(int(p.stem[4:]) for p in Path(state_dir).glob("slot*.pid"))
+    for slot in slots:
+        stop_worker(pool, slot, timeout)
+        pool.pidfile(slot).unlink(missing_ok=True)
+    return len(slots)
