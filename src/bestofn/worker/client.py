@@ -138,13 +138,22 @@ def health(sock: str, timeout: float = 5.0) -> dict | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs. A worker we started ourselves is reaped here, and a zombie
+    (exited, not yet reaped by its parent) counts as gone."""
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
 
 
 def _read_pid(path: Path) -> int | None:
