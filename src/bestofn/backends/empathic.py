@@ -1,0 +1,492 @@
+"""Empathic-Insight-Voice-Plus: every emotion and quality head on one BUD-E-Whisper encoder pass.
+
+Published layout (laion/Empathic-Insight-Voice-Plus; sources in .ref/notes/scorers-facts.md):
+
+- encoder: laion/BUD-E-Whisper, a Whisper-Small fine-tune. 16 kHz mono, padded/cut to a 30 s
+  window, encoder states [B, 1500, 768].
+- one ``model_<Name>_best.pth`` per head, a plain state dict (keys may carry ``_orig_mod.`` from
+  torch.compile): ``proj.{weight,bias}`` then ``mlp.<i>.{weight,bias}`` for the Linear layers of
+  ``[ReLU, Dropout, Linear(64,64), ReLU, Dropout, Linear(64,32), ..., Linear(16,1)]``.
+- emotion/attribute heads read the flattened states (1500*768 inputs, ~74M params each); the four
+  quality heads read pooled states: cat(mean, min, max, std) over time (4*768 = 3072 inputs).
+
+We never hard-code head names: the heads directory is listed, each head's kind is read off the
+width of its ``proj.weight``, and heads of the same kind and shape are stacked so that the first
+layer of all of them is one matmul (the only expensive part: x[B, 1.15M] @ W[H*64, 1.15M]^T) and the
+small layers run as one batched einsum.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from bestofn.backends.base import Scorer
+from bestofn.spec import GroupSpec
+
+SAMPLE_RATE = 16000
+HEAD_SUFFIXES = (".pth", ".pt")
+
+
+class WeightsError(ValueError):
+    """A weights path named in config is missing, unreadable, or not in the expected layout."""
+
+
+# ---------------------------------------------------------------------------------------------
+# head files: discovery, parsing, validation
+
+
+def head_name(path: Path) -> str:
+    """``model_Jealousy_&_Envy_best.pth`` -> ``Jealousy_&_Envy`` (the published naming)."""
+    stem = path.stem
+    if stem.startswith("model_"):
+        stem = stem[len("model_") :]
+    if stem.endswith("_best"):
+        stem = stem[: -len("_best")]
+    return stem
+
+
+def column_name(name: str, prefix: str) -> str:
+    """A SQL-friendly column: ``Jealousy_&_Envy`` -> ``ei_jealousy_envy``."""
+    return prefix + re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+
+
+def load_head_state(path: Path, field: str = "heads_path") -> dict[str, torch.Tensor]:
+    """Read one head's state dict, stripping torch.compile's ``_orig_mod.`` prefix."""
+    try:
+        # mmap: 55 heads x 295 MB are read page by page while being stacked, never all at once
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:
+        sd = None  # legacy (non-zip) torch files cannot be mapped; read those whole
+    try:
+        if sd is None:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated file, not a torch file, pickled code...
+        raise WeightsError(
+            f"empathic-insight: cannot read head file {str(path)!r} (config option {field!r}): {e}"
+        ) from e
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise WeightsError(
+            f"empathic-insight: {str(path)!r} (config option {field!r}) is not a state dict "
+            "of tensors"
+        )
+    return OrderedDict((k.replace("_orig_mod.", ""), v) for k, v in sd.items())
+
+
+def head_layers(sd: dict[str, torch.Tensor], where: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (weight, bias) of every Linear in forward order: proj, then mlp.<i> by index.
+
+    Checks the published layout: the chain of widths connects and ends in one output.
+    """
+    if "proj.weight" not in sd or "proj.bias" not in sd:
+        raise WeightsError(
+            f"empathic-insight: {where} is not in the proj/mlp layout (no proj.weight/proj.bias); "
+            f"keys: {list(sd)[:8]}"
+        )
+    mlp_idx = sorted({int(m.group(1)) for k in sd if (m := re.fullmatch(r"mlp\.(\d+)\.weight", k))})
+    expected = {"proj.weight", "proj.bias"} | {
+        f"mlp.{i}.{p}" for i in mlp_idx for p in ("weight", "bias")
+    }
+    if set(sd) != expected:
+        raise WeightsError(
+            f"empathic-insight: {where} is not in the proj/mlp layout: unexpected keys "
+            f"{sorted(set(sd) - expected)}, missing {sorted(expected - set(sd))}"
+        )
+    layers = [(sd["proj.weight"], sd["proj.bias"])]
+    layers += [(sd[f"mlp.{i}.weight"], sd[f"mlp.{i}.bias"]) for i in mlp_idx]
+    for (w_prev, _), (w, _b) in zip(layers[:-1], layers[1:], strict=True):
+        if w.shape[1] != w_prev.shape[0]:
+            raise WeightsError(
+                f"empathic-insight: {where} layer widths do not chain: {w_prev.shape} -> {w.shape}"
+            )
+    if layers[-1][0].shape[0] != 1:
+        raise WeightsError(
+            f"empathic-insight: {where} ends in {layers[-1][0].shape[0]} outputs, not 1"
+        )
+    for w, b in layers:
+        if b.shape != (w.shape[0],):
+            raise WeightsError(
+                f"empathic-insight: {where} bias {tuple(b.shape)} does not fit "
+                f"weight {tuple(w.shape)}"
+            )
+    return layers
+
+
+def run_head_naive(
+    layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor
+) -> torch.Tensor:
+    """One head, one layer at a time: ReLU after every Linear but the last. x: [B, in] -> [B]."""
+    h = x
+    for i, (w, b) in enumerate(layers):
+        h = h @ w.T.to(h.dtype) + b.to(h.dtype)
+        if i < len(layers) - 1:
+            h = torch.relu(h)
+    return h.squeeze(-1)
+
+
+def pool_states(states: torch.Tensor) -> torch.Tensor:
+    """[B, T, D] -> [B, 4D]: mean, min, max, std over time (std unbiased, as published)."""
+    s = states.float()
+    return torch.cat([s.mean(1), s.amin(1), s.amax(1), s.std(1)], dim=1)
+
+
+class StackedHeads(nn.Module):
+    """Heads with identical layer shapes, run together.
+
+    Layer 0 of all H heads is one matmul against the row-stacked weights [H*P, in]; the remaining
+    small layers are batched per head with einsum over stacked [H, out, in] weights.
+    """
+
+    def __init__(self, per_head: list[list[tuple[torch.Tensor, torch.Tensor]]], dtype, device):
+        super().__init__()
+        self.n_heads = len(per_head)
+        self.proj_dim = per_head[0][0][0].shape[0]
+        # stack one head at a time straight into the target dtype on the target device: the fp32
+        # copies of 55 full-sequence heads would be 16 GB, the bf16 stack is 8 GB (and the head
+        # files are memory-mapped, so the host never holds them all)
+        first = per_head[0][0][0]
+        w0 = torch.empty((self.n_heads * self.proj_dim, first.shape[1]), dtype=dtype, device=device)
+        for i, layers in enumerate(per_head):
+            w0[i * self.proj_dim : (i + 1) * self.proj_dim].copy_(layers[0][0])
+        self.w0 = nn.Parameter(w0, requires_grad=False)
+        self.b0 = nn.Parameter(
+            torch.cat([layers[0][1] for layers in per_head]).to(device, dtype), requires_grad=False
+        )
+        self.ws = nn.ParameterList(
+            nn.Parameter(
+                torch.stack([layers[j][0] for layers in per_head]).to(device, dtype),
+                requires_grad=False,
+            )
+            for j in range(1, len(per_head[0]))
+        )
+        self.bs = nn.ParameterList(
+            nn.Parameter(
+                torch.stack([layers[j][1] for layers in per_head]).to(device, dtype),
+                requires_grad=False,
+            )
+            for j in range(1, len(per_head[0]))
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, in] -> [B, H]
+        x = x.to(self.w0.dtype)
+        h = torch.addmm(self.b0, x, self.w0.T).view(x.shape[0], self.n_heads, self.proj_dim)
+        for w, b in zip(self.ws, self.bs, strict=True):
+            h = torch.einsum("bhi,hoi->bho", torch.relu(h), w) + b
+        return h.squeeze(-1).float()
+
+
+# ---------------------------------------------------------------------------------------------
+# the scorer
+
+
+def _default_dtype(device: str) -> str:
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
+def _to_mono_16k(audio: np.ndarray, sample_rate: int, max_samples: int) -> np.ndarray:
+    a = np.asarray(audio, dtype=np.float32)
+    if a.ndim == 2:
+        a = a.mean(axis=1)
+    if sample_rate != SAMPLE_RATE:
+        import soxr
+
+        a = soxr.resample(a, sample_rate, SAMPLE_RATE).astype(np.float32)
+    return a[:max_samples]
+
+
+class EmpathicInsightScorer(Scorer):
+    """One column per discovered head (emotions, attributes, quality scores), all from one encode.
+
+    Config options: ``encoder_path`` (local BUD-E-Whisper directory: config.json, weights,
+    preprocessor_config.json), ``heads_path`` (directory with the ``*.pth`` head files),
+    ``batch_size`` (default 32), ``dtype`` (default bfloat16 on CUDA, float32 on CPU),
+    ``column_prefix`` (default ``ei_``), ``cache_dir`` (optional; memoises the weight hashes under
+    ``cache_dir/hash-memo`` so later worker starts skip re-hashing ~17 GB).
+    """
+
+    name = "empathic-insight"
+    dynamic_columns = True  # one column per head file found in heads_path
+    input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        encoder_path: str | None = None,
+        heads_path: str | None = None,
+        batch_size: int = 32,
+        dtype: str | None = None,
+        column_prefix: str = "ei_",
+        cache_dir: str | None = None,
+    ):
+        from transformers import WhisperFeatureExtractor, WhisperModel
+
+        enc_dir = _existing_dir(encoder_path, "encoder_path")
+        heads_dir = _existing_dir(heads_path, "heads_path")
+        dtype = dtype or _default_dtype(device)
+        torch_dtype = getattr(torch, dtype)
+        try:
+            feature_extractor = WhisperFeatureExtractor.from_pretrained(enc_dir)
+            whisper = WhisperModel.from_pretrained(
+                enc_dir, dtype=torch_dtype, attn_implementation="sdpa"
+            )
+        except Exception as e:
+            raise WeightsError(
+                f"empathic-insight: cannot load a Whisper encoder from {str(enc_dir)!r} "
+                f"(config option 'encoder_path'): {e}"
+            ) from e
+
+        files = sorted(p for p in heads_dir.iterdir() if p.suffix in HEAD_SUFFIXES and p.is_file())
+        if not files:
+            raise WeightsError(
+                f"empathic-insight: no head files (*.pth, *.pt) in {str(heads_dir)!r} "
+                "(config option 'heads_path')"
+            )
+        heads = {head_name(p): load_head_state(p) for p in files}
+        self._setup(
+            whisper.get_encoder(),
+            feature_extractor,
+            heads,
+            device,
+            dtype,
+            batch_size,
+            column_prefix,
+        )
+        self._weight_files = sorted(p for p in enc_dir.iterdir() if p.is_file()) + files
+        self._paths = {"encoder_path": str(enc_dir), "heads_path": str(heads_dir)}
+        self._hash_memo = Path(cache_dir).expanduser() / "hash-memo" if cache_dir else None
+
+    @classmethod
+    def from_modules(
+        cls,
+        encoder,
+        feature_extractor,
+        heads: dict,
+        device: str = "cpu",
+        dtype: str | None = None,
+        batch_size: int = 32,
+        column_prefix: str = "ei_",
+    ) -> EmpathicInsightScorer:
+        """Build from objects in memory (``random_for_bench``, tests); heads: name -> state dict."""
+        self = cls.__new__(cls)
+        self._setup(
+            encoder,
+            feature_extractor,
+            heads,
+            device,
+            dtype or _default_dtype(device),
+            batch_size,
+            column_prefix,
+        )
+        self._weight_files, self._paths = [], {"encoder_path": None, "heads_path": None}
+        self._hash_memo = None
+        return self
+
+    def _setup(self, encoder, feature_extractor, heads, device, dtype, batch_size, column_prefix):
+        self.device = str(device)
+        self.dtype = dtype
+        self.batch_size = int(batch_size)
+        self.feature_extractor = feature_extractor
+        self.encoder = encoder.to(self.device, getattr(torch, dtype)).eval()
+        seq_len = encoder.config.max_source_positions
+        d_model = encoder.config.d_model
+        # the window the encoder was built for: Whisper pads every clip to it (30 s for BUD-E)
+        self.max_samples = feature_extractor.n_samples
+        if feature_extractor.nb_max_frames != 2 * seq_len:
+            raise WeightsError(
+                f"empathic-insight: feature extractor gives {feature_extractor.nb_max_frames} "
+                f"frames, encoder expects {2 * seq_len}"
+            )
+        widths = {seq_len * d_model: "flat", 4 * d_model: "pooled"}
+
+        # group heads by what they read and by their layer shapes; each group is one StackedHeads
+        groups: dict[tuple, list[str]] = {}
+        layers_of: dict[str, list] = {}
+        for name, sd in heads.items():
+            layers = head_layers(sd, f"head {name!r}")
+            kind = widths.get(layers[0][0].shape[1])
+            if kind is None:
+                raise WeightsError(
+                    f"empathic-insight: head {name!r} reads {layers[0][0].shape[1]} inputs; this "
+                    f"encoder gives {seq_len}x{d_model}={seq_len * d_model} (flattened) or "
+                    f"{4 * d_model} (pooled)"
+                )
+            layers_of[name] = layers
+            groups.setdefault((kind, tuple(tuple(w.shape) for w, _ in layers)), []).append(name)
+        torch_dtype = getattr(torch, dtype)
+        self.groups = [
+            (
+                kind,
+                names,
+                StackedHeads([layers_of[n] for n in names], torch_dtype, self.device),
+            )
+            for (kind, _), names in sorted(groups.items())
+        ]
+        self.head_kind = {n: kind for kind, names, _ in self.groups for n in names}
+        self.column_of = {n: column_name(n, column_prefix) for n in heads}
+        if len(set(self.column_of.values())) != len(self.column_of):
+            raise WeightsError(
+                f"empathic-insight: head names collide as columns: {sorted(self.column_of)}"
+            )
+        # instance attribute: the heads (hence columns) are only known once the directory is read
+        self.columns = {self.column_of[n]: "DOUBLE" for n in sorted(heads)}
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def encode(self, audios16k: list[np.ndarray]) -> torch.Tensor:
+        """Encoder states [B, T, D] for 16 kHz mono clips (padded to the window)."""
+        feats = self.feature_extractor(
+            audios16k,
+            sampling_rate=SAMPLE_RATE,
+            return_tensors="pt",
+            padding="max_length",
+            device=self.device if self.device.startswith("cuda") else "cpu",
+        ).input_features
+        feats = feats.to(self.device, self.encoder.dtype)
+        return self.encoder(feats).last_hidden_state
+
+    @torch.inference_mode()
+    def heads_from_states(self, states: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every head on one batch of encoder states; name -> [B] float32."""
+        inputs = {
+            "flat": lambda: states.reshape(states.shape[0], -1),
+            "pooled": lambda: pool_states(states),
+        }
+        cache: dict[str, torch.Tensor] = {}
+        out = {}
+        for kind, names, stacked in self.groups:
+            if kind not in cache:
+                cache[kind] = inputs[kind]()
+            y = stacked(cache[kind])
+            out.update({n: y[:, i] for i, n in enumerate(names)})
+        return out
+
+    def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec) -> dict[str, list]:
+        clips = [_to_mono_16k(a, sample_rate, self.max_samples) for a in audios]
+        result: dict[str, list] = {c: [] for c in self.columns}
+        for i in range(0, len(clips), self.batch_size):
+            ys = self.heads_from_states(self.encode(clips[i : i + self.batch_size]))
+            for n, y in ys.items():
+                result[self.column_of[n]].extend(float(v) for v in y.cpu())
+        return result
+
+    def provenance(self) -> dict:
+        if not hasattr(self, "_hashes"):  # ~17 GB of heads: hashed once per process (or memo)
+            from bestofn.moss.lora import file_sha256
+
+            self._hashes = {str(p): file_sha256(p, self._hash_memo) for p in self._weight_files}
+        return {
+            "backend": self.name,
+            **self._paths,
+            "weights_sha256": self._hashes,
+            "dtype": self.dtype,
+            "heads": {
+                n: {"column": self.column_of[n], "input": self.head_kind[n]}
+                for n in sorted(self.column_of)
+            },
+            "window_samples": self.max_samples,
+        }
+
+    def close(self) -> None:
+        self.groups, self.encoder = [], None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _existing_dir(path: str | None, field: str) -> Path:
+    if not path:
+        raise WeightsError(f"empathic-insight: config option {field!r} is not set")
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise WeightsError(
+            f"empathic-insight: {field} {str(p)!r} is not a directory (config option {field!r})"
+        )
+    return p
+
+
+# ---------------------------------------------------------------------------------------------
+# real-size random instance for the GPU benchmark, and the published head shapes
+
+
+def random_head_state(
+    in_dim: int,
+    proj: int = 64,
+    hidden=(64, 32, 16),
+    device="cpu",
+    dtype=torch.float32,
+    generator: torch.Generator | None = None,
+    compiled: bool = False,
+) -> dict:
+    """A random head in the published key layout (``compiled`` adds the ``_orig_mod.`` prefix)."""
+    dims = [in_dim, proj, *hidden, 1]
+    keys = ["proj"] + [
+        f"mlp.{2 + 3 * i}" for i in range(len(hidden) + 1)
+    ]  # Linear slots of the Sequential
+    sd = {}
+    for key, d_in, d_out in zip(keys, dims[:-1], dims[1:], strict=True):
+        bound = d_in**-0.5
+        sd[f"{key}.weight"] = (
+            torch.rand(d_out, d_in, generator=generator, device=device, dtype=dtype) * 2 - 1
+        ) * bound
+        sd[f"{key}.bias"] = (
+            torch.rand(d_out, generator=generator, device=device, dtype=dtype) * 2 - 1
+        ) * bound
+    prefix = "_orig_mod." if compiled else ""
+    return OrderedDict((prefix + k, v) for k, v in sd.items())
+
+
+def random_for_bench(
+    device: str, n_emotion_heads: int = 55, n_quality_heads: int = 4, tiny: bool = False, **kw
+) -> EmpathicInsightScorer:
+    """Real size (Whisper-Small encoder, 55 full-sequence + 4 pooled heads), random weights.
+
+    ``tiny=True`` gives a seconds-on-CPU variant with the same structure (a 3 s window).
+    """
+    from transformers import WhisperConfig, WhisperFeatureExtractor
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    if tiny:
+        cfg = WhisperConfig(
+            d_model=16,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_layers=1,
+            decoder_attention_heads=2,
+            decoder_ffn_dim=32,
+            num_mel_bins=16,
+            max_source_positions=150,
+        )
+        fe = WhisperFeatureExtractor(feature_size=16, chunk_length=3)
+    else:  # openai/whisper-small encoder shape, which BUD-E-Whisper keeps
+        cfg = WhisperConfig(
+            d_model=768,
+            encoder_layers=12,
+            encoder_attention_heads=12,
+            encoder_ffn_dim=3072,
+            num_mel_bins=80,
+            max_source_positions=1500,
+        )
+        fe = WhisperFeatureExtractor(feature_size=80, chunk_length=30)
+    cfg._attn_implementation = "sdpa"
+    dtype = kw.pop("dtype", None) or _default_dtype(device)
+    encoder = WhisperEncoder(cfg).to(device, getattr(torch, dtype))
+    # heads are made on the device in the target dtype: 55 fp32 heads on the host are 16 GB
+    hd = getattr(torch, dtype)
+    flat = cfg.max_source_positions * cfg.d_model
+    heads = {
+        f"emotion_{i:02d}": random_head_state(flat, device=device, dtype=hd)
+        for i in range(n_emotion_heads)
+    }
+    heads |= {
+        f"score_quality_{i}": random_head_state(4 * cfg.d_model, device=device, dtype=hd)
+        for i in range(n_quality_heads)
+    }
+    return EmpathicInsightScorer.from_modules(encoder, fe, heads, device=device, dtype=dtype, **kw)

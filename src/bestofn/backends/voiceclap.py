@@ -1,0 +1,427 @@
+"""VoiceCLAP (laion/voiceclap-commercial): genuineness, vocal-burst blend and prompt similarity
+from ONE audio embedding per take.
+
+What is established from public sources (see .ref/notes/scorers-facts.md for the sources):
+
+- the embedder is a dual-tower CLAP (BUD-E-Whisper-Small audio tower, MiniLM-L6 text tower,
+  768-d L2-normalised joint space). It is loaded ONLY through the checkpoint's own remote code:
+  ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` with ``configuration_voiceclap.py`` /
+  ``modeling_voiceclap.py`` in the directory. Audio goes in as 16 kHz mono, padded/cut to a 30 s
+  window, via ``model.encode_waveform(wav[B, 480000], sample_rate=16000) -> [B, 768]``.
+- genuineness (0-6) and blend (0-10) heads are ``torch.save`` dicts: ``state_dict`` with
+  ``f1.{weight,bias}`` / ``f2.{weight,bias}`` (Linear(768,H) -> GELU -> Dropout -> Linear(H,1)),
+  plus ``mu`` / ``sd`` to standardise the embedding, optionally ``arch`` = {D, H, p, out}.
+  Published files: ``genu_commercial_best.pt``, ``blend_head_commercial.pt``.
+
+ASSUMED (not visible in any public source we could read): the text tower is reached as
+``model.encode_text(list[str]) -> [B, 768]``. The loader checks for both methods and refuses a
+checkpoint that lacks them, so a different API fails at load, not with wrong numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bestofn.backends.base import Scorer
+from bestofn.spec import GroupSpec
+
+SAMPLE_RATE = 16000
+WINDOW_SAMPLES = 30 * SAMPLE_RATE
+GENUINENESS_RANGE = (0.0, 6.0)
+BLEND_RANGE = (0.0, 10.0)
+
+
+class WeightsError(ValueError):
+    """A weights path named in config is missing, unreadable, or not in the expected layout."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the two regression heads
+
+
+class RegressionHead(nn.Module):
+    """(e - mu) / sd -> Linear -> GELU -> Dropout -> Linear -> clamp to the label range."""
+
+    def __init__(self, state_dict: dict, mu, sd, value_range: tuple[float, float]):
+        super().__init__()
+        hidden, dim = state_dict["f1.weight"].shape
+        self.f1 = nn.Linear(dim, hidden)
+        self.f2 = nn.Linear(hidden, 1)
+        self.load_state_dict(state_dict)
+        self.register_buffer("mu", torch.as_tensor(np.asarray(mu, np.float32)).reshape(-1))
+        self.register_buffer("sd", torch.as_tensor(np.asarray(sd, np.float32)).reshape(-1))
+        self.lo, self.hi = value_range
+
+    def forward(self, emb: torch.Tensor) -> torch.Tensor:  # [B, D] -> [B]
+        x = (emb.float() - self.mu) / self.sd
+        return self.f2(F.gelu(self.f1(x))).squeeze(-1).clamp(self.lo, self.hi)
+
+
+def _head_file(path: str | None, field: str) -> Path:
+    if not path:
+        raise WeightsError(f"voiceclap: config option {field!r} is not set")
+    p = Path(path).expanduser()
+    if p.is_dir():  # a downloaded model repo: take its single head checkpoint
+        found = sorted(q for q in p.iterdir() if q.suffix in (".pt", ".pth") and q.is_file())
+        if len(found) != 1:
+            raise WeightsError(
+                f"voiceclap: {field} {str(p)!r} holds {len(found)} head files "
+                f"({[q.name for q in found]}); name the file itself in config option {field!r}"
+            )
+        p = found[0]
+    if not p.is_file():
+        raise WeightsError(
+            f"voiceclap: {field} {str(p)!r} does not exist (config option {field!r})"
+        )
+    return p
+
+
+def load_regression_head(path: str | None, field: str, value_range) -> tuple[RegressionHead, Path]:
+    p = _head_file(path, field)
+    try:
+        ck = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception:
+        # the published heads keep mu/sd as numpy arrays, which only the full unpickler reads
+        try:
+            ck = torch.load(p, map_location="cpu", weights_only=False)
+        except Exception as e:
+            raise WeightsError(
+                f"voiceclap: cannot read {str(p)!r} (config option {field!r}): {e}"
+            ) from e
+    if not isinstance(ck, dict) or not {"state_dict", "mu", "sd"} <= set(ck):
+        keys = sorted(ck) if isinstance(ck, dict) else type(ck).__name__
+        raise WeightsError(
+            f"voiceclap: {str(p)!r} (config option {field!r}) is not a head checkpoint "
+            f"with state_dict/mu/sd; found {keys}"
+        )
+    sd = {k.replace("_orig_mod.", ""): v for k, v in ck["state_dict"].items()}
+    if set(sd) != {"f1.weight", "f1.bias", "f2.weight", "f2.bias"}:
+        raise WeightsError(f"voiceclap: {str(p)!r} is not an f1/f2 MLP head: keys {sorted(sd)}")
+    if sd["f2.weight"].shape[0] != 1:
+        raise WeightsError(
+            f"voiceclap: {str(p)!r} has {sd['f2.weight'].shape[0]} outputs, expected 1"
+        )
+    dim = sd["f1.weight"].shape[1]
+    if np.asarray(ck["mu"]).size != dim or np.asarray(ck["sd"]).size != dim:
+        raise WeightsError(f"voiceclap: {str(p)!r} mu/sd do not have the embedding width {dim}")
+    return RegressionHead(sd, ck["mu"], ck["sd"], value_range), p
+
+
+# ---------------------------------------------------------------------------------------------
+# the embedder (the checkpoint's own remote code)
+
+
+def load_embedder(path: str | None, field: str = "model_path"):
+    if not path:
+        raise WeightsError(f"voiceclap: config option {field!r} is not set")
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise WeightsError(
+            f"voiceclap: {field} {str(p)!r} is not a model directory with config.json"
+        )
+    from transformers import AutoModel
+
+    try:
+        # float32 weights: reduced precision is applied with autocast at run time, so the remote
+        # code's own preprocessing (waveform -> mel) keeps full precision whatever it does inside
+        model = AutoModel.from_pretrained(p, trust_remote_code=True, dtype=torch.float32)
+    except Exception as e:
+        raise WeightsError(
+            f"voiceclap: cannot load the VoiceCLAP remote-code model from {str(p)!r} "
+            f"(config option {field!r}; needs configuration_voiceclap.py/modeling_voiceclap.py): "
+            f"{e}"
+        ) from e
+    check_embedder_api(model, str(p))
+    return model, p
+
+
+def check_embedder_api(model, where: str) -> None:
+    missing = [
+        m for m in ("encode_waveform", "encode_text") if not callable(getattr(model, m, None))
+    ]
+    if missing:
+        raise WeightsError(
+            f"voiceclap: the model at {where} has no {missing}; this loader understands a "
+            "VoiceCLAP "
+            f"checkpoint exposing encode_waveform(wav, sample_rate) and encode_text(list[str])"
+        )
+
+
+def _as_embedding(out) -> torch.Tensor:
+    """Whatever the remote code returns -> [B, D] float32, L2-normalised (the joint space)."""
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if hasattr(out, "last_hidden_state"):
+        out = out.last_hidden_state.mean(1)
+    return F.normalize(out.reshape(out.shape[0], -1).float(), dim=-1)
+
+
+def _to_window(audio: np.ndarray, sample_rate: int, window: int) -> np.ndarray:
+    a = np.asarray(audio, dtype=np.float32)
+    if a.ndim == 2:
+        a = a.mean(axis=1)
+    if sample_rate != SAMPLE_RATE:
+        import soxr
+
+        a = soxr.resample(a, sample_rate, SAMPLE_RATE).astype(np.float32)
+    a = a[:window]
+    return np.pad(a, (0, window - a.size))
+
+
+# ---------------------------------------------------------------------------------------------
+# the scorer
+
+
+class VoiceCLAPScorer(Scorer):
+    """Config options: ``model_path`` (local voiceclap-commercial directory, remote code),
+    ``genuineness_path`` / ``blend_path`` (head ``.pt`` file, or a directory holding exactly one),
+    ``batch_size`` (default 32), ``dtype`` of the embedder (default bfloat16 on CUDA, float32 on
+    CPU; applied with autocast), ``window_s`` (default 30, as the heads were fitted),
+    ``cache_dir`` (optional; memoises weight hashes under ``cache_dir/hash-memo``).
+
+    ``vc_prompt_sim`` = cos(audio, text(emotion_description)), minus cos(audio,
+    text(negative_description)) when a negative text is given; an empty description falls back
+    to the emotion's name.
+    """
+
+    name = "voiceclap"
+    columns = {"vc_genuineness": "DOUBLE", "vc_blend": "DOUBLE", "vc_prompt_sim": "DOUBLE"}
+    input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        model_path: str | None = None,
+        genuineness_path: str | None = None,
+        blend_path: str | None = None,
+        batch_size: int = 32,
+        dtype: str | None = None,
+        window_s: float = 30.0,
+        cache_dir: str | None = None,
+    ):
+        dtype = dtype or ("bfloat16" if str(device).startswith("cuda") else "float32")
+        genu, genu_file = load_regression_head(
+            genuineness_path, "genuineness_path", GENUINENESS_RANGE
+        )
+        blend, blend_file = load_regression_head(blend_path, "blend_path", BLEND_RANGE)
+        model, model_dir = load_embedder(model_path)
+        self._setup(model, genu, blend, device, dtype, batch_size, window_s)
+        self._weight_files = [genu_file, blend_file] + sorted(
+            q for q in model_dir.iterdir() if q.is_file()
+        )
+        self._paths = {
+            "model_path": str(model_dir),
+            "genuineness_path": str(genu_file),
+            "blend_path": str(blend_file),
+        }
+        self._hash_memo = Path(cache_dir).expanduser() / "hash-memo" if cache_dir else None
+
+    @classmethod
+    def from_modules(
+        cls,
+        model,
+        genuineness: RegressionHead,
+        blend: RegressionHead,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 32,
+        window_s: float = 30.0,
+    ) -> VoiceCLAPScorer:
+        """Build from objects in memory (``random_for_bench``, tests)."""
+        check_embedder_api(model, type(model).__name__)
+        self = cls.__new__(cls)
+        self._setup(model, genuineness, blend, device, dtype, batch_size, window_s)
+        self._weight_files, self._paths, self._hash_memo = [], {}, None
+        return self
+
+    def _setup(self, model, genu, blend, device, dtype, batch_size, window_s):
+        self.device, self.dtype, self.batch_size = str(device), dtype, int(batch_size)
+        self.window = int(round(window_s * SAMPLE_RATE))
+        self.model = model.to(self.device).eval()
+        self.genuineness = genu.to(self.device).eval()
+        self.blend = blend.to(self.device).eval()
+        self._text_cache: dict[str, torch.Tensor] = {}
+
+    @torch.inference_mode()
+    def embed_audio(self, clips16k: list[np.ndarray]) -> torch.Tensor:
+        """One encode for a batch of windowed 16 kHz clips -> [B, D] unit vectors."""
+        wav = torch.from_numpy(np.stack(clips16k)).to(self.device)
+        with self._autocast():
+            return _as_embedding(self.model.encode_waveform(wav, sample_rate=SAMPLE_RATE))
+
+    def _autocast(self):
+        on = self.dtype != "float32" and self.device.startswith("cuda")
+        return torch.autocast("cuda", dtype=getattr(torch, self.dtype), enabled=on)
+
+    @torch.inference_mode()
+    def embed_text(self, text: str) -> torch.Tensor:
+        """[D] unit vector; a group's direction texts are encoded once per worker, not per take."""
+        if text not in self._text_cache:
+            with self._autocast():
+                self._text_cache[text] = _as_embedding(self.model.encode_text([text]))[0]
+        return self._text_cache[text]
+
+    @torch.inference_mode()
+    def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec) -> dict[str, list]:
+        want = self.embed_text(spec.emotion_description or spec.emotion)
+        avoid = self.embed_text(spec.negative_description) if spec.negative_description else None
+        out: dict[str, list] = {c: [] for c in self.columns}
+        clips = [_to_window(a, sample_rate, self.window) for a in audios]
+        for i in range(0, len(clips), self.batch_size):
+            emb = self.embed_audio(clips[i : i + self.batch_size])
+            sim = emb @ want
+            if avoid is not None:
+                sim = sim - emb @ avoid
+            out["vc_genuineness"] += self.genuineness(emb).tolist()
+            out["vc_blend"] += self.blend(emb).tolist()
+            out["vc_prompt_sim"] += sim.tolist()
+        return out
+
+    def provenance(self) -> dict:
+        if not hasattr(self, "_hashes"):
+            from bestofn.moss.lora import file_sha256
+
+            self._hashes = {str(p): file_sha256(p, self._hash_memo) for p in self._weight_files}
+        return {
+            "backend": self.name,
+            **self._paths,
+            "weights_sha256": self._hashes,
+            "dtype": self.dtype,
+            "window_samples": self.window,
+            "prompt_sim": "cos(audio, emotion_description or emotion) "
+            "- cos(audio, negative_description)",
+        }
+
+    def close(self) -> None:
+        self.model = None
+        self._text_cache.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# a stand-in embedder of the published size, for the GPU benchmark (the real modelling code is
+# remote code we cannot ship); it has the same towers and the same API as assumed above.
+
+
+class StandInVoiceCLAP(nn.Module):
+    """Whisper-encoder audio tower + BERT text tower, mean-pooled, MLP-projected to a joint space.
+
+    Random weights only: it exists to time the real shapes, never to produce a score.
+    """
+
+    def __init__(self, tiny: bool = False):
+        super().__init__()
+        from transformers import BertConfig, BertModel, WhisperConfig, WhisperFeatureExtractor
+        from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+        if tiny:
+            wcfg = WhisperConfig(
+                d_model=16,
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                num_mel_bins=16,
+                max_source_positions=150,
+            )
+            self.fe = WhisperFeatureExtractor(feature_size=16, chunk_length=3)
+            tcfg = BertConfig(
+                vocab_size=260,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+            )
+            joint = 16
+        else:  # BUD-E-Whisper-Small (Whisper-Small encoder) + all-MiniLM-L6-v2, 768-d joint
+            wcfg = WhisperConfig(
+                d_model=768,
+                encoder_layers=12,
+                encoder_attention_heads=12,
+                encoder_ffn_dim=3072,
+                num_mel_bins=80,
+                max_source_positions=1500,
+            )
+            self.fe = WhisperFeatureExtractor(feature_size=80, chunk_length=30)
+            tcfg = BertConfig(
+                vocab_size=30522,
+                hidden_size=384,
+                num_hidden_layers=6,
+                num_attention_heads=12,
+                intermediate_size=1536,
+            )
+            joint = 768
+        wcfg._attn_implementation = "sdpa"
+        tcfg._attn_implementation = "sdpa"
+        self.audio = WhisperEncoder(wcfg)
+        self.text = BertModel(tcfg, add_pooling_layer=False)
+        self.audio_proj = nn.Sequential(
+            nn.Linear(wcfg.d_model, joint), nn.GELU(), nn.Linear(joint, joint)
+        )
+        self.text_proj = nn.Sequential(
+            nn.Linear(tcfg.hidden_size, joint), nn.GELU(), nn.Linear(joint, joint)
+        )
+        self.vocab = tcfg.vocab_size
+
+    def encode_waveform(self, wav: torch.Tensor, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
+        assert sample_rate == SAMPLE_RATE
+        dev = str(wav.device)
+        feats = self.fe(
+            list(wav.float().cpu().numpy()),
+            sampling_rate=SAMPLE_RATE,
+            return_tensors="pt",
+            device=dev if dev.startswith("cuda") else "cpu",
+        ).input_features
+        p = next(self.parameters())
+        h = self.audio(feats.to(p.device, p.dtype)).last_hidden_state.mean(1)
+        return F.normalize(self.audio_proj(h).float(), dim=-1)
+
+    def encode_text(self, texts: list[str]) -> torch.Tensor:
+        # byte ids stand in for the WordPiece tokenizer (no tokenizer files offline)
+        ids = [list(t.encode())[:128] or [0] for t in texts]
+        n = max(map(len, ids))
+        p = next(self.parameters())
+        x = torch.tensor([i + [0] * (n - len(i)) for i in ids], device=p.device) % self.vocab
+        mask = (
+            torch.arange(n, device=p.device)[None]
+            < torch.tensor([len(i) for i in ids], device=p.device)[:, None]
+        )
+        h = self.text(input_ids=x, attention_mask=mask.long()).last_hidden_state
+        h = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        return F.normalize(self.text_proj(h).float(), dim=-1)
+
+
+def random_head(dim: int, value_range, hidden: int = 64, seed: int = 0) -> RegressionHead:
+    g = torch.Generator().manual_seed(seed)
+    sd = {
+        "f1.weight": torch.randn(hidden, dim, generator=g) * dim**-0.5,
+        "f1.bias": torch.zeros(hidden),
+        "f2.weight": torch.randn(1, hidden, generator=g) * hidden**-0.5,
+        "f2.bias": torch.full((1,), 3.0),
+    }
+    # unit-norm embeddings have components ~ dim**-0.5; standardise them to ~N(0, 1)
+    return RegressionHead(
+        sd, np.zeros(dim, np.float32), np.full(dim, dim**-0.5, np.float32), value_range
+    )
+
+
+def random_for_bench(device: str, tiny: bool = False, **kw) -> VoiceCLAPScorer:
+    """Real-size stand-in towers + random heads; ``tiny=True`` is a seconds-on-CPU variant."""
+    dtype = kw.pop("dtype", None) or ("bfloat16" if str(device).startswith("cuda") else "float32")
+    model = StandInVoiceCLAP(tiny=tiny)
+    dim = model.audio_proj[-1].out_features
+    window_s = kw.pop("window_s", 3.0 if tiny else 30.0)
+    return VoiceCLAPScorer.from_modules(
+        model,
+        random_head(dim, GENUINENESS_RANGE, seed=1),
+        random_head(dim, BLEND_RANGE, seed=2),
+        device=device,
+        dtype=dtype,
+        window_s=window_s,
+        **kw,
+    )

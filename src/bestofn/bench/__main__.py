@@ -1,0 +1,18 @@
+"""python -m bestofn.bench {generate,scorers} [options]."""
+
+import sys
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("generate", "scorers"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    if argv[0] == "generate":
+        from bestofn.bench.generate import main as bench
+    else:
+        from bestofn.bench.scorers import main as bench
+    return bench(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,145 @@
+"""`python -m bestofn.bench scorers`: seconds per 15 s clip for each production scorer and the
+restorer, at real model size with random weights, batch 32 and 64, from numpy audio in to
+Python values out (so host<->device copies and any resampling inside the backend count).
+
+The pipeline resamples the takes to 16 kHz mono once per group for all scorers; that shared
+step is timed separately ("resample48k->16k")."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import platform
+import time
+
+import numpy as np
+
+from bestofn.audio import resample
+from bestofn.spec import GroupSpec
+
+BACKENDS = {
+    "voiceclap": "bestofn.backends.voiceclap",
+    "empathic-insight": "bestofn.backends.empathic",
+    "sidon": "bestofn.backends.sidon",
+    "parakeet": "bestofn.backends.parakeet",
+}
+
+
+def clips(n: int, seconds: float, sr: int, seed: int = 0) -> list[np.ndarray]:
+    """Speech-like test signals: a few harmonics with a syllable-rate envelope plus noise."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sr)) / sr
+    out = []
+    for _ in range(n):
+        f0 = rng.uniform(90, 220)
+        voiced = sum(np.sin(2 * np.pi * f0 * k * t + rng.uniform(0, 6)) / k for k in range(1, 6))
+        envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 5) * t)
+        out.append(
+            (0.1 * voiced * envelope + 0.01 * rng.standard_normal(t.size)).astype(np.float32)
+        )
+    return out
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_call(fn, device: str, repeats: int) -> float:
+    fn()  # warm-up: kernels, autotuning, allocator
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def bench_backend(name, args, batches, audio16, spec, meta) -> list[dict]:
+    module = importlib.import_module(BACKENDS[name])
+    t0 = time.perf_counter()
+    backend = module.random_for_bench(args.device)
+    build_s = time.perf_counter() - t0
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        import torch
+    rows = []
+    for b in batches:
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        if name == "sidon":
+            call = lambda b=b: backend.restore(audio16[:b], 16000)  # noqa: E731
+        else:
+            call = lambda b=b: backend.score(audio16[:b], 16000, spec)  # noqa: E731
+        t = time_call(call, args.device, args.repeats)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+        row = {**meta, "backend": name, "batch": b, "s_per_clip": t / b,
+               "batch_s": t, "peak_gib": peak, "build_s": build_s}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    backend.close()
+    if cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bestofn.bench scorers", description=__doc__)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batches", default="32,64")
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default=",".join(BACKENDS), help="comma-separated backend names")
+    ap.add_argument("--out", help="write JSON lines here too")
+    args = ap.parse_args(argv)
+
+    batches = [int(b) for b in args.batches.split(",")]
+    spec = GroupSpec(
+        "happy", "bench", "the quick brown fox jumps over the lazy dog " * 4, max(batches),
+        emotion_description="A bright, cheerful voice.", negative_description="A flat voice.",
+    )  # fmt: skip
+    audio48 = clips(max(batches), args.seconds, 48000)
+    results = []
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "host": platform.node(),
+        "device": args.device,
+        "seconds_per_clip": args.seconds,
+    }
+    if args.device.startswith("cuda"):
+        import torch
+
+        meta["gpu"] = torch.cuda.get_device_name(0)
+        meta["torch"] = torch.__version__
+
+    for b in batches:
+        t = time_call(lambda b=b: [resample(a, 48000, 16000) for a in audio48[:b]], "cpu", 1)
+        results.append({**meta, "backend": "resample48k->16k", "batch": b, "s_per_clip": t / b})
+    audio16 = [resample(a, 48000, 16000) for a in audio48]
+
+    for name in args.only.split(","):
+        try:
+            results += bench_backend(name, args, batches, audio16, spec, meta)
+        except Exception as e:  # one backend failing must not hide the others' figures
+            row = {**meta, "backend": name, "error": f"{type(e).__name__}: {e}"}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+    print("\n| backend | batch | s/clip | peak GiB |\n|---|---:|---:|---:|")
+    for r in results:
+        if "error" in r:
+            print(f"| {r['backend']} | – | failed: {r['error'][:80]} | – |")
+            continue
+        peak = f"{r['peak_gib']:.1f}" if r.get("peak_gib") is not None else "–"
+        print(f"| {r['backend']} | {r['batch']} | {r['s_per_clip']:.4f} | {peak} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    return 0

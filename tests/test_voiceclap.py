@@ -1,0 +1,265 @@
+"""VoiceCLAP scorer loaded the way a real checkpoint is: a local directory whose own remote code
+(configuration_voiceclap.py / modeling_voiceclap.py) defines the towers, plus two head files.
+
+The remote code below is a tiny stand-in written for this test (the real modelling file is not
+public in any source we could read); it exposes the API the backend relies on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from bestofn.backends import registry  # noqa: E402
+from bestofn.backends.voiceclap import VoiceCLAPScorer, WeightsError  # noqa: E402
+from bestofn.spec import GroupSpec  # noqa: E402
+
+DIM, FRAME = 8, 400
+
+CONFIG_PY = """
+from transformers import PretrainedConfig
+
+
+class VoiceClapConfig(PretrainedConfig):
+    model_type = "voiceclap_test"
+
+    def __init__(self, dim=8, frame=400, **kw):
+        self.dim, self.frame = dim, frame
+        super().__init__(**kw)
+"""
+
+MODELING_PY = """
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from .configuration_voiceclap import VoiceClapConfig
+
+
+class VoiceClapModel(PreTrainedModel):
+    config_class = VoiceClapConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.audio = nn.Linear(config.frame, config.dim)
+        self.text = nn.EmbeddingBag(256, config.dim)
+        self.post_init()
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.05)
+            nn.init.normal_(module.bias, std=0.05)
+        elif isinstance(module, nn.EmbeddingBag):
+            nn.init.normal_(module.weight)
+
+    def encode_waveform(self, wav, sample_rate=16000):
+        frames = wav.unfold(-1, self.config.frame, self.config.frame)
+        return F.normalize(torch.tanh(self.audio(frames)).mean(1), dim=-1)
+
+    def encode_text(self, texts):
+        ids = [torch.tensor(list(t.encode()) or [0]) for t in texts]
+        offsets = torch.tensor([0] + [len(i) for i in ids[:-1]]).cumsum(0)
+        bag = self.text(torch.cat(ids).to(self.device), offsets.to(self.device))
+        return F.normalize(bag, dim=-1)
+"""
+
+
+def write_remote_model(root: Path, modeling: str = MODELING_PY) -> Path:
+    d = root
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "configuration_voiceclap.py").write_text(CONFIG_PY)
+    (d / "modeling_voiceclap.py").write_text(modeling)
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "voiceclap_test",
+                "dim": DIM,
+                "frame": FRAME,
+                "architectures": ["VoiceClapModel"],
+                "auto_map": {
+                    "AutoConfig": "configuration_voiceclap.VoiceClapConfig",
+                    "AutoModel": "modeling_voiceclap.VoiceClapModel",
+                },
+            }
+        )
+    )
+    cfg = transformers.AutoConfig.from_pretrained(d, trust_remote_code=True)
+    torch.manual_seed(0)
+    transformers.AutoModel.from_config(cfg, trust_remote_code=True).save_pretrained(d)
+    return d
+
+
+def write_head(path: Path, bias: float, seed: int, numpy_stats: bool) -> Path:
+    g = torch.Generator().manual_seed(seed)
+    sd = {
+        "f1.weight": torch.randn(16, DIM, generator=g),
+        "f1.bias": torch.randn(16, generator=g),
+        "f2.weight": torch.randn(1, 16, generator=g),
+        "f2.bias": torch.tensor([bias]),
+    }
+    mu, sd_ = np.full(DIM, 0.01, np.float32), np.full(DIM, 0.3, np.float32)
+    if not numpy_stats:
+        mu, sd_ = torch.from_numpy(mu), torch.from_numpy(sd_)
+    torch.save(
+        {"state_dict": sd, "mu": mu, "sd": sd_, "arch": {"D": DIM, "H": 16, "p": 0.33, "out": 1}},
+        path,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("vc")
+    genu_dir = root / "genuineness"
+    genu_dir.mkdir()
+    return {
+        "model_path": write_remote_model(root / "voiceclap_commercial"),
+        # the published heads keep mu/sd as numpy arrays (needs the full unpickler)
+        "genuineness_path": write_head(
+            genu_dir / "genu_commercial_best.pt", 3.0, 1, numpy_stats=True
+        ),
+        "blend_path": write_head(root / "blend_head_commercial.pt", 5.0, 2, numpy_stats=False),
+    }
+
+
+def build(weights, **kw):
+    opts = {k: str(v) for k, v in weights.items()} | kw
+    return registry.build("scorer", "voiceclap", opts)
+
+
+def takes(n, sr=24000, seconds=1.5):
+    rng = np.random.default_rng(1)
+    t = np.arange(int(sr * seconds)) / sr
+    return [
+        (0.4 * np.sin(2 * np.pi * (120 + 90 * i) * t) + 0.1 * rng.standard_normal(t.size)).astype(
+            np.float32
+        )
+        for i in range(n)
+    ]
+
+
+SPEC = GroupSpec(
+    emotion="anger",
+    prompt_id="p1",
+    text="Get out!",
+    n_takes=5,
+    emotion_description="furious, shouting, barely controlled rage",
+    negative_description="robotic, distorted",
+)
+
+
+def test_scores_match_an_independent_computation(weights):
+    s = build(weights, batch_size=2)
+    assert isinstance(s, VoiceCLAPScorer)
+    audio = takes(5)
+    out = s.score(audio, 24000, SPEC)
+    assert set(out) == set(VoiceCLAPScorer.columns) and all(len(v) == 5 for v in out.values())
+
+    # reference: the checkpoint's own towers, head math written out by hand
+    model = transformers.AutoModel.from_pretrained(weights["model_path"], trust_remote_code=True)
+    import soxr
+
+    resampled = [soxr.resample(a, 24000, 16000) for a in audio]
+    wav = np.stack([np.pad(r, (0, 480000 - len(r))) for r in resampled])
+    with torch.no_grad():
+        a = F.normalize(model.encode_waveform(torch.from_numpy(wav).float()), dim=-1)
+        t = F.normalize(
+            model.encode_text([SPEC.emotion_description, SPEC.negative_description]), dim=-1
+        )
+    np.testing.assert_allclose(
+        out["vc_prompt_sim"], (a @ t[0] - a @ t[1]).numpy(), rtol=1e-4, atol=1e-5
+    )
+    for col, key, hi in (("vc_genuineness", "genuineness_path", 6), ("vc_blend", "blend_path", 10)):
+        ck = torch.load(weights[key], weights_only=False)
+        x = (a - torch.as_tensor(np.asarray(ck["mu"]))) / torch.as_tensor(np.asarray(ck["sd"]))
+        h = x @ ck["state_dict"]["f1.weight"].T + ck["state_dict"]["f1.bias"]
+        y = (
+            0.5 * h * (1 + torch.erf(h / 2**0.5)) @ ck["state_dict"]["f2.weight"].T
+            + ck["state_dict"]["f2.bias"]
+        )
+        np.testing.assert_allclose(
+            out[col], y.squeeze(-1).clamp(0, hi).numpy(), rtol=1e-4, atol=1e-5
+        )
+    assert len(set(np.round(out["vc_prompt_sim"], 6))) > 1  # takes differ
+
+
+def test_one_audio_encode_per_take_and_texts_cached(weights):
+    s = build(weights, batch_size=2)
+    calls = {"wav": 0, "rows": 0, "text": 0}
+    enc_w, enc_t = s.model.encode_waveform, s.model.encode_text
+
+    def count_w(wav, **kw):
+        calls["wav"] += 1
+        calls["rows"] += wav.shape[0]
+        return enc_w(wav, **kw)
+
+    def count_t(texts):
+        calls["text"] += len(texts)
+        return enc_t(texts)
+
+    s.model.encode_waveform, s.model.encode_text = count_w, count_t
+    s.score(takes(5), 24000, SPEC)
+    s.score(takes(5), 24000, SPEC)
+    assert calls == {"wav": 6, "rows": 10, "text": 2}  # 3 batches x 2 groups; 2 texts, once each
+
+
+def test_negative_text_and_fallback(weights):
+    s = build(weights)
+    audio = takes(3)
+    both = s.score(audio, 24000, SPEC)
+    pos_only = s.score(
+        audio, 24000, GroupSpec("anger", "p1", "x", 3, emotion_description=SPEC.emotion_description)
+    )
+    diff = np.array(pos_only["vc_prompt_sim"]) - np.array(both["vc_prompt_sim"])
+    assert np.all(np.abs(diff) > 1e-6)  # the negative term is really subtracted
+    bare = s.score(audio, 24000, GroupSpec("anger", "p1", "x", 3))
+    by_name = s.score(audio, 24000, GroupSpec("anger", "p1", "x", 3, emotion_description="anger"))
+    assert bare["vc_prompt_sim"] == by_name["vc_prompt_sim"]
+
+
+def test_heads_clamp_to_label_range(weights, tmp_path):
+    hot = write_head(tmp_path / "hot.pt", 1e4, 3, numpy_stats=False)
+    cold = write_head(tmp_path / "cold.pt", -1e4, 4, numpy_stats=False)
+    s = build(weights, genuineness_path=str(hot), blend_path=str(cold))
+    out = s.score(takes(2), 24000, SPEC)
+    assert out["vc_genuineness"] == [6.0, 6.0] and out["vc_blend"] == [0.0, 0.0]
+
+
+def test_clear_errors(weights, tmp_path):
+    with pytest.raises(WeightsError, match="model_path"):
+        build(weights, model_path=str(tmp_path / "missing"))
+    with pytest.raises(WeightsError, match="blend_path"):
+        build(weights, blend_path=str(tmp_path / "missing.pt"))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(WeightsError, match="bad.pt"):
+        build(weights, genuineness_path=str(bad))
+    torch.save({"weights": torch.zeros(3)}, tmp_path / "other.pt")
+    with pytest.raises(WeightsError, match="state_dict/mu/sd"):
+        build(weights, genuineness_path=str(tmp_path / "other.pt"))
+    with pytest.raises(WeightsError, match="2 head files"):
+        build(weights, genuineness_path=str(tmp_path))  # bad.pt + other.pt
+    # a remote-code model without the text tower API is refused at load, not scored wrongly
+    no_text = MODELING_PY.replace("def encode_text", "def embed_text")
+    with pytest.raises(WeightsError, match="encode_text"):
+        build(weights, model_path=str(write_remote_model(tmp_path / "no_text", no_text)))
+
+
+def test_provenance_and_random_for_bench(weights):
+    p = build(weights).provenance()
+    names = {Path(k).name for k in p["weights_sha256"]}
+    assert {"model.safetensors", "modeling_voiceclap.py", "genu_commercial_best.pt"} <= names
+    assert VoiceCLAPScorer.input_sample_rate == 16000
+    from bestofn.backends.voiceclap import random_for_bench
+
+    s = random_for_bench("cpu", tiny=True)
+    out = s.score(takes(2, sr=16000), 16000, SPEC)
+    assert all(len(v) == 2 for v in out.values())
+    assert 0 <= min(out["vc_genuineness"]) and max(out["vc_blend"]) <= 10
