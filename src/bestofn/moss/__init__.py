@@ -1,0 +1,14 @@
+"""MOSS-TTS-Local (v1.5) inference: published checkpoint -> codes -> audio, fast.
+
+config.py     checkpoint facts (shapes, special tokens) from config.json
+model.py      the network, with static-cache prefill/decode steps
+kv_cache.py   preallocated caches
+sampling.py   GPU sampling with per-take counter-based random numbers
+engine.py     batched decode loop, CUDA-graph captured frame step
+checkpoint.py read/write the published safetensors layout
+prompt.py     the v1.5 prompt template
+codec.py      codec interface (MOSS-Audio-Tokenizer-v2)
+parity.py     `bestofn parity`: moss-fast vs the reference remote code
+budget.py     frame budget per take (shared with moss-hf)
+lora.py       LoRA merge once + on-disk cache (shared with moss-hf)
+"""

@@ -1,0 +1,258 @@
+"""Read a published MOSS-TTS-Local checkpoint directory (config.json + *.safetensors) into
+``MossLocalModel``, and write random checkpoints in the same layout (tests, parity, benchmark).
+
+Published keys follow the reference remote code (transformer.*, local_transformer.*,
+audio_embeddings.{k}, local_text_lm_head); tied heads (text_lm_head, audio_lm_heads.{k}) may be
+absent. The backbone's q/k/v and gate/up matrices are fused here while copying.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from bestofn.moss.config import MossLocalConfig
+from bestofn.moss.model import MossLocalModel
+
+TIED_OR_UNUSED = re.compile(r"^(text_lm_head\.weight|audio_lm_heads\.\d+\.weight|.*inv_freq)$")
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def weight_files(ckpt_dir: Path) -> list[Path]:
+    index = ckpt_dir / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [ckpt_dir / s for s in shards]
+    files = sorted(ckpt_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"no *.safetensors in {ckpt_dir}")
+    return files
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class _Tensors:
+    """Lazy name -> tensor access over all shards (mmap; nothing read until asked)."""
+
+    def __init__(self, files: list[Path]):
+        self.where: dict[str, Path] = {}
+        for f in files:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():
+                    self.where[k] = f
+        self._open: dict[Path, object] = {}
+
+    def get(self, key: str) -> torch.Tensor:
+        f = self.where[key]
+        if f not in self._open:
+            self._open[f] = safe_open(str(f), framework="pt")
+        return self._open[f].get_tensor(key)
+
+    def __contains__(self, key):
+        return key in self.where
+
+
+def load_config(ckpt_dir: str | Path) -> MossLocalConfig:
+    path = Path(ckpt_dir) / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"missing {path}")
+    return MossLocalConfig.from_json(path)
+
+
+class _DictTensors:
+    """The same access over an in-memory state dict (e.g. the reference model's)."""
+
+    def __init__(self, sd: dict):
+        self.sd = sd
+        self.where = dict.fromkeys(sd)
+
+    def get(self, key):
+        return self.sd[key]
+
+    def __contains__(self, key):
+        return key in self.sd
+
+
+def load_model(
+    ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> MossLocalModel:
+    ckpt_dir = Path(ckpt_dir)
+    cfg = load_config(ckpt_dir)
+    return model_from_tensors(cfg, _Tensors(weight_files(ckpt_dir)), device, dtype, str(ckpt_dir))
+
+
+def model_from_state_dict(cfg, sd: dict, device="cpu", dtype=torch.float32) -> MossLocalModel:
+    """Build from a published-layout state dict already in memory."""
+    return model_from_tensors(cfg, _DictTensors(sd), device, dtype, "state dict")
+
+
+@torch.no_grad()
+def model_from_tensors(cfg, t, device, dtype, ckpt_dir: str) -> MossLocalModel:
+    with torch.device("meta"):
+        model = MossLocalModel(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.build_buffers(device)
+    used: set[str] = set()
+
+    def take(key: str) -> torch.Tensor:
+        if key not in t:
+            raise CheckpointError(f"{ckpt_dir}: missing tensor {key!r}")
+        used.add(key)
+        return t.get(key)
+
+    def put(param: torch.Tensor, *keys: str):
+        src = torch.cat([take(k) for k in keys], dim=0) if len(keys) > 1 else take(keys[0])
+        if tuple(src.shape) != tuple(param.shape):
+            raise CheckpointError(f"{keys}: shape {tuple(src.shape)} != {tuple(param.shape)}")
+        param.copy_(src)
+
+    put(model.embed_tokens.weight, "transformer.embed_tokens.weight")
+    for i, layer in enumerate(model.layers):
+        p = f"transformer.layers.{i}."
+        a = p + "self_attn."
+        put(layer.qkv.weight, a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+        put(layer.o_proj.weight, a + "o_proj.weight")
+        put(layer.q_norm.weight, a + "q_norm.weight")
+        put(layer.k_norm.weight, a + "k_norm.weight")
+        put(layer.input_layernorm.weight, p + "input_layernorm.weight")
+        put(layer.post_attention_layernorm.weight, p + "post_attention_layernorm.weight")
+        put(layer.gate_up.weight, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+        put(layer.down_proj.weight, p + "mlp.down_proj.weight")
+    put(model.norm.weight, "transformer.norm.weight")
+    for i, block in enumerate(model.local_blocks):
+        p = f"local_transformer.h.{i}."
+        for mine, theirs in [
+            (block.ln_1, "ln_1"),
+            (block.c_attn, "attn.c_attn"),
+            (block.c_proj, "attn.c_proj"),
+            (block.ln_2, "ln_2"),
+            (block.fc_in, "mlp.fc_in"),
+            (block.fc_out, "mlp.fc_out"),
+        ]:
+            put(mine.weight, f"{p}{theirs}.weight")
+            put(mine.bias, f"{p}{theirs}.bias")
+    put(model.local_ln_f.weight, "local_transformer.ln_f.weight")
+    put(model.local_ln_f.bias, "local_transformer.ln_f.bias")
+    if model.local_wpe is not None:
+        put(model.local_wpe.weight, "local_transformer.wpe.weight")
+    model.audio_embed.zero_()
+    for k, size in enumerate(cfg.audio_codebook_sizes):
+        key = f"audio_embeddings.{k}.weight"
+        if key not in t:
+            key = f"audio_lm_heads.{k}.weight"  # tied copy
+        put(model.audio_embed[k, :size], key)
+    slot, end = cfg.audio_assistant_slot_token_id, cfg.audio_end_token_id
+    if cfg.local_text_head_mode == "binary":
+        put(model.stop_head, "local_text_lm_head.weight")
+    else:  # full-vocab text head (tied to embed_tokens) restricted to the two candidates
+        key = "text_lm_head.weight" if "text_lm_head.weight" in t else None
+        full = take(key) if key else model.embed_tokens.weight
+        model.stop_head.copy_(full[[slot, end]])
+    extra = [k for k in t.where if k not in used and not TIED_OR_UNUSED.match(k)]
+    if extra:
+        raise CheckpointError(f"{ckpt_dir}: unexpected tensors (layout mismatch?): {extra[:8]}")
+    return model.eval()
+
+
+# ---- random checkpoints in the published layout ----------------------------------------------
+
+
+def random_state_dict(cfg: MossLocalConfig, seed: int = 0, std: float = 0.2) -> dict:
+    """Published-layout tensors with random values (float32, CPU). The stop head is biased
+    towards "continue" (through ln_f's bias) so greedy decodes run for a while and only some
+    rows stop: a more telling parity check than one that stops at frame 0."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=std):
+        return torch.randn(*shape, generator=g) * scale
+
+    H, D = cfg.hidden_size, cfg.head_dim
+    sd = {"transformer.embed_tokens.weight": rnd(cfg.vocab_size, H, scale=1.0)}
+    for i in range(cfg.num_layers):
+        p = f"transformer.layers.{i}."
+        sd[p + "self_attn.q_proj.weight"] = rnd(cfg.num_heads * D, H)
+        sd[p + "self_attn.k_proj.weight"] = rnd(cfg.num_kv_heads * D, H)
+        sd[p + "self_attn.v_proj.weight"] = rnd(cfg.num_kv_heads * D, H)
+        sd[p + "self_attn.o_proj.weight"] = rnd(H, cfg.num_heads * D)
+        sd[p + "self_attn.q_norm.weight"] = 1 + rnd(D, scale=0.1)
+        sd[p + "self_attn.k_norm.weight"] = 1 + rnd(D, scale=0.1)
+        sd[p + "input_layernorm.weight"] = 1 + rnd(H, scale=0.1)
+        sd[p + "post_attention_layernorm.weight"] = 1 + rnd(H, scale=0.1)
+        sd[p + "mlp.gate_proj.weight"] = rnd(cfg.intermediate_size, H)
+        sd[p + "mlp.up_proj.weight"] = rnd(cfg.intermediate_size, H)
+        sd[p + "mlp.down_proj.weight"] = rnd(H, cfg.intermediate_size)
+    sd["transformer.norm.weight"] = 1 + rnd(H, scale=0.1)
+    for i in range(cfg.local_layers):
+        p = f"local_transformer.h.{i}."
+        for name, (o, n) in {
+            "attn.c_attn": (3 * H, H),
+            "attn.c_proj": (H, H),
+            "mlp.fc_in": (cfg.local_inner, H),
+            "mlp.fc_out": (H, cfg.local_inner),
+        }.items():
+            sd[f"{p}{name}.weight"] = rnd(o, n)
+            sd[f"{p}{name}.bias"] = rnd(o, scale=0.05)
+        for ln in ("ln_1", "ln_2"):
+            sd[f"{p}{ln}.weight"] = 1 + rnd(H, scale=0.1)
+            sd[f"{p}{ln}.bias"] = rnd(H, scale=0.05)
+    bias = rnd(H, scale=1.0)
+    bias = bias * (1.5 / bias.norm())
+    sd["local_transformer.ln_f.weight"] = 1 + rnd(H, scale=0.1)
+    sd["local_transformer.ln_f.bias"] = bias
+    if cfg.local_positions == "absolute":
+        sd["local_transformer.wpe.weight"] = rnd(cfg.n_vq + 1, H)
+    for k, size in enumerate(cfg.audio_codebook_sizes):
+        sd[f"audio_embeddings.{k}.weight"] = rnd(size, H, scale=1.0)
+    w = rnd(H, scale=1.0)
+    sd["local_text_lm_head.weight"] = torch.stack([w, w - 2.0 * bias / bias.norm() ** 2])
+    return sd
+
+
+def save_checkpoint(ckpt_dir: str | Path, cfg: MossLocalConfig, state_dict: dict) -> Path:
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
+    save_file(
+        {k: v.contiguous() for k, v in state_dict.items()}, str(ckpt_dir / "model.safetensors")
+    )
+    return ckpt_dir
+
+
+def init_random_(model: MossLocalModel, seed: int = 0, std: float = 0.02) -> MossLocalModel:
+    """Fill a model's parameters in place with random values (fast on GPU; for benchmarks)."""
+    g = torch.Generator(device=model.audio_embed.device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or ".ln_" in name or name.startswith("local_ln_f"):
+                p.fill_(1.0) if name.endswith("weight") else p.zero_()
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=g)
+    return model
+
+
+@torch.no_grad()
+def always_continue_(ln_f_bias: torch.Tensor, stop_head: torch.Tensor, norm: float = 10.0) -> None:
+    """Make a random model's stop head always choose "continue" (benchmarks: fixed lengths).
+    The local ln_f bias b (|b| = norm) dominates the stop logit gap 2 * h.b = 2|b|^2 + noise."""
+    b = torch.randn(ln_f_bias.shape, device=ln_f_bias.device, dtype=torch.float32)
+    b = b * (norm / b.norm())
+    ln_f_bias.copy_(b)
+    stop_head[0].copy_(b)
+    stop_head[1].copy_(-b)

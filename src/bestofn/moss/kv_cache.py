@@ -1,0 +1,46 @@
+"""Preallocated KV caches. Nothing here ever grows: decode steps write in place at an index held
+in a device tensor, so the same step can be replayed from a CUDA graph."""
+
+from __future__ import annotations
+
+import torch
+
+
+class BackboneCache:
+    """K/V for every backbone layer, laid out [layers, batch, kv_heads, max_len, head_dim].
+
+    K/V stay at kv_heads (grouped-query attention reads them per group; they are never expanded
+    to every query head). ``key_mask`` marks which slots a query may attend to (left padding and
+    finished rows are 0). ``pos`` is each row's next RoPE position; ``write_idx`` the next slot.
+    """
+
+    def __init__(self, n_layers, batch, kv_heads, max_len, head_dim, dtype, device):
+        shape = (n_layers, batch, kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.key_mask = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
+        self.pos = torch.zeros(batch, dtype=torch.long, device=device)
+        self.write_idx = torch.zeros(1, dtype=torch.long, device=device)
+        self.max_len = max_len
+        self.batch = batch
+
+    def reset(self) -> None:
+        self.key_mask.zero_()
+        self.pos.zero_()
+        self.write_idx.zero_()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.k, self.v, self.key_mask, self.pos, self.write_idx]
+
+
+class LocalCache:
+    """K/V of the local transformer for one frame: [layers, batch, heads, n_vq + 1, head_dim].
+    Each frame overwrites slots 0..n_vq-1 in order, so it never needs clearing."""
+
+    def __init__(self, n_layers, batch, heads, length, head_dim, dtype, device):
+        shape = (n_layers, batch, heads, length, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.k, self.v]

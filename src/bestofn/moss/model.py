@@ -1,0 +1,374 @@
+"""MOSS-TTS-Local network, written for inference with static caches.
+
+Two transformers:
+- the backbone (Qwen3: RMSNorm, GQA with QK-norm, NeoX RoPE, SwiGLU) runs once per frame over the
+  time axis; its q/k/v and gate/up projections are fused into one matmul each at load time;
+- the local transformer (GPT-2 block, interleaved RoPE or learned positions) runs n_vq steps per
+  frame: position 0 takes the backbone hidden, position k+1 the embedding of codebook k's code.
+Audio heads are tied to the audio embeddings (one stacked [n_vq, V, H] tensor); the continue/stop
+decision is a 2-row head over [assistant_slot, audio_end].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from bestofn.moss.config import MossLocalConfig
+from bestofn.moss.kv_cache import BackboneCache, LocalCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # rms_norm computes in float32 and rounds once; the scale is applied after the cast,
+        # the same rounding order as the reference (2 kernels instead of ~8).
+        return self.weight * F.rms_norm(x, (x.shape[-1],), None, self.eps)
+
+
+def _activation(name: str):
+    name = name.lower()
+    if name in ("silu", "swish"):
+        return F.silu
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unsupported local activation {name!r}")
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:  # NeoX layout (backbone)
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:  # interleaved GPT-J layout (local)
+    even, odd = x[..., ::2], x[..., 1::2]
+    return torch.stack((-odd, even), dim=-1).flatten(-2)
+
+
+# ---- per-token pieces as pure functions of (activations, weights) -------------------------
+# Written as plain functions with the weights passed in so that one torch.compile'd version
+# serves all 36 backbone layers (and all local steps) without recompiling. Cache writes and
+# attention stay outside them (in-place updates of big caches are kept out of compiled code).
+
+
+def backbone_pre_attn(x, cos, sin, w_norm, w_qkv, w_qk_norm, n_heads: int, n_kv: int, eps: float):
+    """x [..., H] -> q [..., heads, D], k/v [..., kv_heads, D]: RMSNorm, fused qkv projection,
+    QK-norm and NeoX RoPE (q and k heads normalized and rotated together)."""
+    D = w_qk_norm.shape[-1]
+    h = w_norm * F.rms_norm(x, (x.shape[-1],), None, eps)
+    qkv = F.linear(h, w_qkv)
+    qk = qkv[..., : (n_heads + n_kv) * D].unflatten(-1, (n_heads + n_kv, D))
+    v = qkv[..., (n_heads + n_kv) * D :].unflatten(-1, (n_kv, D))
+    qk = w_qk_norm * F.rms_norm(qk, (D,), None, eps)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    qk = qk * cos + _rotate_half(qk) * sin
+    return qk[..., :n_heads, :], qk[..., n_heads:, :], v
+
+
+def backbone_post_attn(x, attn, w_o, w_norm, w_gate_up, w_down, eps: float):
+    """Output projection + residual, then RMSNorm + SwiGLU MLP + residual."""
+    x = x + F.linear(attn, w_o)
+    gate, up = F.linear(w_norm * F.rms_norm(x, (x.shape[-1],), None, eps), w_gate_up).chunk(2, -1)
+    return x + F.linear(F.silu(gate) * up, w_down)
+
+
+def local_pre_attn(
+    x, cos_j, sin_j, ln_w, ln_b, w_attn, b_attn, n_heads: int, eps: float, rope: bool
+):
+    """LayerNorm + fused c_attn; interleaved RoPE on q and k together. x [B, H]."""
+    B = x.shape[0]
+    h = F.layer_norm(x, (x.shape[-1],), ln_w, ln_b, eps)
+    qkv = F.linear(h, w_attn, b_attn).unflatten(-1, (3, n_heads, -1))
+    qk, v = qkv[:, :2], qkv[:, 2]
+    if rope:
+        qk = qk * cos_j + _rotate_pairs(qk) * sin_j
+    return qk[:, 0].reshape(B, n_heads, 1, -1), qk[:, 1], v
+
+
+def local_post_attn(
+    x, attn, w_proj, b_proj, ln_w, ln_b, w_in, b_in, w_out, b_out, eps: float, act: str
+):
+    x = x + F.linear(attn, w_proj, b_proj)
+    h = F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b, eps), w_in, b_in)
+    return x + F.linear(_activation(act)(h), w_out, b_out)
+
+
+IMPLS = {
+    "backbone_pre_attn": backbone_pre_attn,
+    "backbone_post_attn": backbone_post_attn,
+    "local_pre_attn": local_pre_attn,
+    "local_post_attn": local_post_attn,
+}
+
+
+class BackboneLayer(nn.Module):
+    def __init__(self, c: MossLocalConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.qkv = nn.Linear(c.hidden_size, q_out + 2 * kv_out, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.o_proj = nn.Linear(q_out, c.hidden_size, bias=False)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.gate_up = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+        self.scale = c.head_dim**-0.5
+        self.eps = c.rms_norm_eps
+        self.impl = IMPLS  # swapped for compiled versions by MossLocalModel.compile_steps()
+
+    def _qk_norm_weight(self):
+        # [heads + kv_heads, D]: q_norm's weight for query heads, k_norm's for key heads. Built
+        # once (after loading), so a decode step does not rebuild it per layer.
+        w = getattr(self, "_qk_w", None)
+        qw, kw = self.q_norm.weight, self.k_norm.weight
+        if w is None or w.dtype != qw.dtype or w.device != qw.device:
+            w = torch.cat([qw.expand(self.n_heads, -1), kw.expand(self.n_kv, -1)]).detach()
+            self._qk_w = w
+        return w
+
+    def _pre(self, x, cos, sin, impl=None):
+        return (impl or self.impl)["backbone_pre_attn"](
+            x, cos, sin, self.input_layernorm.weight, self.qkv.weight, self._qk_norm_weight(),
+            self.n_heads, self.n_kv, self.eps,
+        )  # fmt: skip
+
+    def _post(self, x, attn, impl=None):
+        return (impl or self.impl)["backbone_post_attn"](
+            x, attn, self.o_proj.weight, self.post_attention_layernorm.weight,
+            self.gate_up.weight, self.down_proj.weight, self.eps,
+        )  # fmt: skip
+
+    def prefill(self, x, cos, sin, attn_mask, k_cache, v_cache):
+        """x [B, T, H]; attn_mask [B, 1, T, T] bool. Writes K/V to cache slots [0, T)."""
+        B, T, _ = x.shape
+        # Eager functions here: prompt lengths vary, and compiled code is shape-specialized.
+        q, k, v = self._pre(x, cos, sin, IMPLS)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, h, T, D]
+        k_cache[:, :, :T].copy_(k)
+        v_cache[:, :, :T].copy_(v)
+        if attn_mask is None:  # no padding: plain causal attention (flash kernels on GPU)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, enable_gqa=True
+            )
+        else:
+            rep = self.n_heads // self.n_kv
+            out = F.scaled_dot_product_attention(
+                q,
+                k.repeat_interleave(rep, dim=1),  # one-time cost at prefill only
+                v.repeat_interleave(rep, dim=1),
+                attn_mask=attn_mask,
+                scale=self.scale,
+            )
+        return self._post(x, out.transpose(1, 2).reshape(B, T, -1), IMPLS)
+
+    def decode(self, x, cos, sin, key_bias, write_idx, k_cache, v_cache):
+        """One new token per row. x [B, H]; caches [B, kv, L, D]; key_bias [B, 1, 1, L]
+        (0 where a slot may be attended, -inf elsewhere; includes this token's slot)."""
+        B = x.shape[0]
+        q, k, v = self._pre(x, cos, sin)  # q [B, h, D], k/v [B, kv, D]
+        k_cache.index_copy_(2, write_idx, k.unsqueeze(2))
+        v_cache.index_copy_(2, write_idx, v.unsqueeze(2))
+        # Grouped-query attention without expanding K/V: each kv head attends with its group of
+        # query heads as a 'sequence' of `group` queries -> one fused attention kernel.
+        q = q.reshape(B, self.n_kv, self.n_heads // self.n_kv, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            q, k_cache, v_cache, attn_mask=key_bias, scale=self.scale
+        )
+        return self._post(x, out.reshape(B, -1))
+
+
+class LocalBlock(nn.Module):
+    def __init__(self, c: MossLocalConfig):
+        super().__init__()
+        H = c.hidden_size
+        self.n_heads, self.head_dim = c.local_heads, c.local_head_dim
+        self.ln_1 = nn.LayerNorm(H, eps=c.local_ln_eps)
+        self.c_attn = nn.Linear(H, 3 * H)
+        self.c_proj = nn.Linear(H, H)
+        self.ln_2 = nn.LayerNorm(H, eps=c.local_ln_eps)
+        self.fc_in = nn.Linear(H, c.local_inner)
+        self.fc_out = nn.Linear(c.local_inner, H)
+        self.act_name = c.local_activation
+        _activation(self.act_name)  # fail early on an unknown name
+        self.use_rope = c.local_positions == "rope"
+        self.eps = c.local_ln_eps
+        self.impl = IMPLS
+
+    def step(self, x, j: int, cos, sin, k_cache, v_cache):
+        """x [B, H] at local position j (a Python int: each position is its own static code)."""
+        B = x.shape[0]
+        q, k, v = self.impl["local_pre_attn"](
+            x, cos[j], sin[j], self.ln_1.weight, self.ln_1.bias, self.c_attn.weight,
+            self.c_attn.bias, self.n_heads, self.eps, self.use_rope,
+        )  # fmt: skip
+        k_cache[:, :, j].copy_(k)
+        v_cache[:, :, j].copy_(v)
+        out = F.scaled_dot_product_attention(q, k_cache[:, :, : j + 1], v_cache[:, :, : j + 1])
+        return self.impl["local_post_attn"](
+            x, out.reshape(B, -1), self.c_proj.weight, self.c_proj.bias, self.ln_2.weight,
+            self.ln_2.bias, self.fc_in.weight, self.fc_in.bias, self.fc_out.weight,
+            self.fc_out.bias, self.eps, self.act_name,
+        )  # fmt: skip
+
+
+class MossLocalModel(nn.Module):
+    def __init__(self, c: MossLocalConfig):
+        super().__init__()
+        self.config = c
+        H = c.hidden_size
+        self.embed_tokens = nn.Embedding(c.vocab_size, H)
+        self.layers = nn.ModuleList(BackboneLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        self.local_blocks = nn.ModuleList(LocalBlock(c) for _ in range(c.local_layers))
+        self.local_ln_f = nn.LayerNorm(H, eps=c.local_ln_eps)
+        self.local_wpe = nn.Embedding(c.n_vq + 1, H) if c.local_positions == "absolute" else None
+        # Tied: audio head k == audio embedding k. Codebooks are stacked (padded to the largest).
+        self.audio_embed = nn.Parameter(torch.zeros(c.n_vq, c.audio_vocab, H))
+        self.stop_head = nn.Parameter(torch.zeros(2, H))  # rows: [assistant_slot, audio_end]
+        self.uneven_codebooks = len(set(c.audio_codebook_sizes)) > 1
+        self.build_buffers()
+
+    def build_buffers(self, device=None) -> None:
+        """Derived constants (RoPE tables, codebook masks); rebuilt after meta-device init."""
+        c = self.config
+        sizes = torch.tensor(c.audio_codebook_sizes)
+        over = torch.arange(c.audio_vocab)[None, :] >= sizes[:, None]
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+        d = c.local_head_dim
+        linv = 1.0 / (c.local_rope_base ** (torch.arange(0, d, 2).float() / d))
+        freqs = torch.arange(c.n_vq + 1).float()[:, None] * linv[None, :]
+        bufs = {
+            "codebook_overflow": over,
+            "inv_freq": inv,
+            "local_cos": freqs.cos().repeat_interleave(2, -1),
+            "local_sin": freqs.sin().repeat_interleave(2, -1),
+        }
+        for name, value in bufs.items():
+            self.register_buffer(name, value.to(device) if device else value, persistent=False)
+        self._local_trig = {}
+
+    def compile_steps(self, **kw) -> None:
+        """Use torch.compile'd versions of the per-token pieces (fuses the elementwise chains:
+        norms, RoPE, SiLU-gating, residuals). One compiled graph per piece, shared by layers."""
+        import torch._dynamo
+
+        # Batch sizes differ between groups; allow a compiled variant per shape.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        compiled = getattr(self, "_compiled_impls", None)
+        if compiled is None:
+            compiled = {n: torch.compile(fn, dynamic=False, **kw) for n, fn in IMPLS.items()}
+            self._compiled_impls = compiled
+        for mod in (*self.layers, *self.local_blocks):
+            mod.impl = compiled
+
+    def eager_steps(self) -> None:
+        for mod in (*self.layers, *self.local_blocks):
+            mod.impl = IMPLS
+
+    # ---- embeddings --------------------------------------------------------------------------
+
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [..., 1 + n_vq] (text token, codes) -> [..., H]; pad codes contribute nothing."""
+        text, codes = ids[..., 0], ids[..., 1:]
+        valid = codes != self.config.audio_pad_code
+        safe = torch.where(valid, codes, torch.zeros_like(codes))
+        k = torch.arange(self.config.n_vq, device=ids.device)
+        audio = self.audio_embed[k, safe]  # [..., n_vq, H]
+        audio = (audio * valid.unsqueeze(-1).to(audio.dtype)).sum(-2)
+        return self.embed_tokens(text) + audio
+
+    def _rope(self, pos: torch.Tensor, dtype):
+        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    # ---- backbone ----------------------------------------------------------------------------
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, cache: BackboneCache):
+        """ids [B, T, 1+n_vq] left-padded; returns final-norm hidden [B, T, H] and fills cache."""
+        B, T, _ = ids.shape
+        mask = attention_mask.bool()
+        pos = (mask.long().cumsum(-1) - 1).clamp_(min=0)
+        x = self.embed_rows(ids).to(self.audio_embed.dtype)
+        cos, sin = self._rope(pos, x.dtype)
+        attn_mask = None
+        if not bool(mask.all()):
+            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+            # Padded queries see themselves, so no softmax row is empty (their output is unused).
+            keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=ids.device)
+            attn_mask = causal & keys
+        for i, layer in enumerate(self.layers):
+            x = layer.prefill(x, cos, sin, attn_mask, cache.k[i], cache.v[i])
+        cache.key_mask[:, :T].copy_(mask)
+        cache.pos.copy_(mask.long().sum(-1))
+        cache.write_idx.fill_(T)
+        return self.norm(x)
+
+    def backbone_step(
+        self, x: torch.Tensor, alive: torch.Tensor, cache: BackboneCache, kv_len: int | None = None
+    ):
+        """x [B, H] embeddings of each row's newest input; alive [B] bool = its attention mask.
+        kv_len (static, > write slot) bounds the slots attention reads: the engine captures one
+        graph per 64-slot bucket so early frames do not read the whole preallocated cache."""
+        L = kv_len or cache.max_len
+        cache.key_mask.index_copy_(1, cache.write_idx, alive.unsqueeze(1))
+        bias = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(
+            ~cache.key_mask[:, None, None, :L], float("-inf")
+        )
+        cos, sin = self._rope(cache.pos, x.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = cache.k[i][:, :, :L], cache.v[i][:, :, :L]
+            x = layer.decode(x, cos, sin, bias, cache.write_idx, k, v)
+        cache.pos.add_(alive.long())
+        cache.write_idx.add_(1)
+        return self.norm(x)
+
+    # ---- local transformer -------------------------------------------------------------------
+
+    def local_step(self, x: torch.Tensor, j: int, cache: LocalCache) -> torch.Tensor:
+        if self.local_wpe is not None:
+            x = x + self.local_wpe.weight[j]
+        key = (x.dtype, x.device)
+        if key not in self._local_trig:  # cast once per dtype; one tensor per position
+            self._local_trig[key] = (
+                list(self.local_cos.to(x.dtype).unbind(0)),
+                list(self.local_sin.to(x.dtype).unbind(0)),
+            )
+        cos, sin = self._local_trig[key]
+        for i, block in enumerate(self.local_blocks):
+            x = block.step(x, j, cos, sin, cache.k[i], cache.v[i])
+        return self.local_ln_f(x)
+
+    def stop_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.stop_head.t()
+
+    def audio_logits(self, h: torch.Tensor, k: int) -> torch.Tensor:
+        logits = h @ self.audio_embed[k].t()  # the sampler upcasts (fused there)
+        if self.uneven_codebooks:
+            logits = logits.masked_fill(self.codebook_overflow[k], float("-inf"))
+        return logits
+
+    # ---- caches ------------------------------------------------------------------------------
+
+    def new_backbone_cache(self, batch: int, max_len: int) -> BackboneCache:
+        c, p = self.config, self.audio_embed
+        return BackboneCache(
+            c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device
+        )
+
+    def new_local_cache(self, batch: int) -> LocalCache:
+        c, p = self.config, self.audio_embed
+        return LocalCache(
+            c.local_layers, batch, c.local_heads, c.n_vq + 1, c.local_head_dim, p.dtype, p.device
+        )
