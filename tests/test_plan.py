@@ -131,3 +131,20 @@ def test_bad_selection_sql_fails_before_generation(selection, match):
 
 def test_good_selection_sql_passes():
     check_selection_for(tiny_config())
+
+
+def test_missing_weights_paths_are_all_listed_before_any_load(project):
+    from conftest import REPO
+
+    from bestofn.plan import load_config
+
+    config = load_config(REPO / "config/production.yaml")
+    config["emotions"] = "config/emotions.tsv"
+    config["prompts"] = "config/prompts.tsv"
+    with pytest.raises(PlanError) as err:
+        build_plan(config, project)
+    text = str(err.value)
+    assert "generator moss-hf: options.model_dir = /models/MOSS-TTS-Local-Transformer-v1.5" in text
+    assert "scorer parakeet: options.model_path" in text
+    assert "scorer empathic-insight: options.heads_path" in text
+    assert text.count("\n") == 11  # every missing path, not just the first

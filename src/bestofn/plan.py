@@ -95,17 +95,34 @@ def _check_reference(path_str: str, where: str, base: Path, checked: dict) -> st
     return path_str
 
 
-def check_models(models: dict) -> None:
+def _is_weight_option(key: str) -> bool:
+    """Options naming weights that must already exist (caches are created, so not checked)."""
+    return not key.startswith("cache") and (key.endswith(("_path", "_dir")) or key == "lora")
+
+
+def check_models(models: dict, base: Path = Path(".")) -> None:
+    """Unknown backend names, and every weights path that does not exist, all listed at once."""
     roles = [("generator", models.get("generator"))]
     if models.get("restorer"):
         roles.append(("restorer", models["restorer"]))
     roles += [("scorer", s) for s in models.get("scorers", [])]
+    missing = []
     for role, entry in roles:
         if entry["backend"] not in REGISTRY[role]:
             known = ", ".join(sorted(REGISTRY[role]))
             raise PlanError(
                 f"config models: unknown {role} backend {entry['backend']!r}; known: {known}"
             )
+        for key, value in (entry.get("options") or {}).items():
+            if _is_weight_option(key) and isinstance(value, str) and value:
+                path = Path(value).expanduser()
+                if not (path if path.is_absolute() else base / path).exists():
+                    missing.append(f"  {role} {entry['backend']}: options.{key} = {value}")
+    if missing:
+        raise PlanError(
+            "config models: these weights paths do not exist (nothing is downloaded; put the "
+            "weights there or change the paths):\n" + "\n".join(missing)
+        )
 
 
 def load_config(path: str | Path) -> dict:
@@ -121,7 +138,7 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         e = errors[0]
         where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
         raise PlanError(f"config field {where}: {e.message}")
-    check_models(config["models"])
+    check_models(config["models"], base)
 
     emotions = read_sheet(base / config["emotions"], "emotions")
     prompts = read_sheet(base / config["prompts"], "prompts")
