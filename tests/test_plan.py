@@ -144,7 +144,15 @@ def test_missing_weights_paths_are_all_listed_before_any_load(project):
     with pytest.raises(PlanError) as err:
         build_plan(config, project)
     text = str(err.value)
-    assert "generator moss-hf: options.model_dir = /models/MOSS-TTS-Local-Transformer-v1.5" in text
+    assert "generator moss-fast: options.model_dir = /models/MOSS-TTS-Local-Transformer-v1.5" in text
     assert "scorer parakeet: options.model_path" in text
     assert "scorer empathic-insight: options.heads_path" in text
     assert text.count("\n") == 11  # every missing path, not just the first
+
+
+def test_runtime_knobs_are_not_group_identity(project):
+    base = tiny_config()["models"]
+    faster = {**base, "generator": {"backend": "piper", "runtime": {"batch_size": 128}}}
+    other = {**base, "generator": {"backend": "piper", "options": {"noise_scale": 0.3}}}
+    assert plan(project, models=faster).models_params == plan(project, models=base).models_params
+    assert plan(project, models=other).models_params != plan(project, models=base).models_params

@@ -38,6 +38,26 @@ def stable_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _strip_runtime(entry: dict) -> dict:
+    return {k: v for k, v in entry.items() if k != "runtime"}
+
+
+def models_identity(models: dict) -> dict:
+    """The models section without each backend's ``runtime`` knobs (batch sizes, threads,
+    compile flags): what makes a take, and so what a group's params and hashes include."""
+    out = {}
+    for role, value in models.items():
+        if role == "scorers":
+            out[role] = [_strip_runtime(s) for s in value]
+        else:
+            out[role] = _strip_runtime(value) if isinstance(value, dict) else value
+    return out
+
+
+def _kwargs(entry: dict) -> dict:
+    return {**(entry.get("options") or {}), **(entry.get("runtime") or {})}
+
+
 @dataclass
 class Backends:
     generator: Generator
@@ -49,7 +69,7 @@ class Backends:
 
     @property
     def models_hash(self) -> str:
-        return stable_hash(self.models)
+        return stable_hash(models_identity(self.models))
 
 
 def load_backends(models: dict, device: str = "cpu") -> Backends:
@@ -57,10 +77,10 @@ def load_backends(models: dict, device: str = "cpu") -> Backends:
     t0 = time.perf_counter()
     gen = models["generator"]
     rest = models.get("restorer") or {"backend": "identity"}
-    generator = registry.build("generator", gen["backend"], gen.get("options"), device)
-    restorer = registry.build("restorer", rest["backend"], rest.get("options"), device)
+    generator = registry.build("generator", gen["backend"], _kwargs(gen), device)
+    restorer = registry.build("restorer", rest["backend"], _kwargs(rest), device)
     scorers = [
-        registry.build("scorer", s["backend"], s.get("options"), device)
+        registry.build("scorer", s["backend"], _kwargs(s), device)
         for s in models.get("scorers", [])
     ]
     seen: dict[str, str] = {}

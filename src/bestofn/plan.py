@@ -40,7 +40,10 @@ class Plan:
 
     @property
     def models_params(self) -> str:
-        return json.dumps(self.config["models"], sort_keys=True)
+        """The models' identity (without runtime knobs) as a Snakemake param."""
+        from bestofn.pipeline import models_identity
+
+        return json.dumps(models_identity(self.config["models"]), sort_keys=True)
 
 
 def read_sheet(path: Path, kind: str) -> list[dict]:

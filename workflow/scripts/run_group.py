@@ -1,3 +1,4 @@
+import json
 import logging
 
 from bestofn.workflow_glue import run_group_job
@@ -5,7 +6,9 @@ from bestofn.workflow_glue import run_group_job
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 run_group_job(
     snakemake.params.spec,
-    snakemake.params.models,
+    # The full models section, runtime knobs included; params.models (identity only) is
+    # what decides whether a finished group must rerun.
+    json.dumps(snakemake.config["models"]),
     snakemake.output[0],
     device=snakemake.params.device,
     flac_subtype=snakemake.params.flac_subtype,
