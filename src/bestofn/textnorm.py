@@ -29,3 +29,13 @@ def wer_cer(reference: str, hypothesis: str) -> tuple[float, float]:
     if not hyp:
         return 1.0, 1.0
     return float(jiwer.wer(ref, hyp)), float(jiwer.cer(ref, hyp))
+
+
+def asr_columns(reference: str, transcripts: list[str]) -> dict[str, list]:
+    """The columns every ASR scorer writes: transcript, wer, cer."""
+    errors = [wer_cer(reference, t) for t in transcripts]
+    return {
+        "transcript": list(transcripts),
+        "wer": [w for w, _ in errors],
+        "cer": [c for _, c in errors],
+    }

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
 from bestofn.spec import GroupSpec
 
@@ -191,14 +192,7 @@ def _default_dtype(device: str) -> str:
 
 
 def _to_mono_16k(audio: np.ndarray, sample_rate: int, max_samples: int) -> np.ndarray:
-    a = np.asarray(audio, dtype=np.float32)
-    if a.ndim == 2:
-        a = a.mean(axis=1)
-    if sample_rate != SAMPLE_RATE:
-        import soxr
-
-        a = soxr.resample(a, sample_rate, SAMPLE_RATE).astype(np.float32)
-    return a[:max_samples]
+    return resample(to_mono(audio), sample_rate, SAMPLE_RATE)[:max_samples]
 
 
 class EmpathicInsightScorer(Scorer):
@@ -379,7 +373,7 @@ class EmpathicInsightScorer(Scorer):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_hashes"):  # ~17 GB of heads: hashed once per process (or memo)
-            from bestofn.moss.lora import file_sha256
+            from bestofn.hashing import file_sha256
 
             self._hashes = {str(p): file_sha256(p, self._hash_memo) for p in self._weight_files}
         return {

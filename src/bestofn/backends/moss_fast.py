@@ -227,7 +227,8 @@ class MossFastGenerator(Generator):
 
     def _weight_hashes(self) -> dict:
         if self._hashes is None:
-            from bestofn.moss.checkpoint import file_sha256, weight_files
+            from bestofn.hashing import file_sha256
+            from bestofn.moss.checkpoint import weight_files
 
             h = {}
             if self.load_dir is not None and self.options["hash_weights"]:

@@ -51,20 +51,11 @@ import numpy as np
 
 from bestofn.backends.base import Generator, Take
 from bestofn.moss.budget import FrameBudget
+from bestofn.moss.prompt import LANGUAGE_TAGS  # the same tags as moss-fast
 from bestofn.spec import GroupSpec
 
 log = logging.getLogger(__name__)
 
-# ISO 639-1 -> the language tags the v1.5 template expects (clis/moss_tts_local_v1.5_app.py).
-LANGUAGE_TAGS = {
-    "zh": "Chinese", "yue": "Cantonese", "en": "English", "ar": "Arabic", "cs": "Czech",
-    "da": "Danish", "nl": "Dutch", "fi": "Finnish", "fr": "French", "de": "German",
-    "el": "Greek", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian", "it": "Italian",
-    "ja": "Japanese", "ko": "Korean", "mk": "Macedonian", "ms": "Malay",
-    "fa": "Persian (Farsi)", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
-    "ru": "Russian", "es": "Spanish", "sw": "Swahili", "sv": "Swedish", "tl": "Tagalog",
-    "th": "Thai", "tr": "Turkish", "vi": "Vietnamese",
-}  # fmt: skip
 
 DEFAULTS = {
     "model_dir": None,  # checkpoint directory (config.json, remote code, tokenizer, weights)
@@ -521,7 +512,8 @@ class MossHFGenerator(Generator):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_provenance"):
-            from bestofn.moss.lora import combined_sha256, dir_digest, merge_info
+            from bestofn.hashing import combined_sha256, dir_digest
+            from bestofn.moss.lora import merge_info
 
             o = self.options
             prov = {

@@ -14,7 +14,6 @@ v3 emits punctuation and casing, so WER/CER are computed after English normalisa
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -23,8 +22,9 @@ import numpy as np
 
 from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
+from bestofn.hashing import file_sha256
 from bestofn.spec import GroupSpec
-from bestofn.textnorm import wer_cer
+from bestofn.textnorm import asr_columns
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +39,7 @@ class ParakeetLoadError(RuntimeError):
 
 
 def _sha256(path: Path, memo_dir: str | None = None) -> str:
-    try:  # memoised by (path, size, mtime, inode): a 2.4 GB .nemo is hashed once per machine
-        from bestofn.moss.lora import file_sha256
-
-        return file_sha256(path, Path(memo_dir) if memo_dir else None)
-    except ImportError:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        return h.hexdigest()
+    return file_sha256(path, Path(memo_dir) if memo_dir else None)
 
 
 def resolve_nemo_file(
@@ -225,12 +216,7 @@ class ParakeetScorer(Scorer):
 
     def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec):
         transcripts = self.transcribe(audios, sample_rate)
-        errors = [wer_cer(spec.text, t) for t in transcripts]
-        return {
-            "transcript": transcripts,
-            "wer": [w for w, _ in errors],
-            "cer": [c for _, c in errors],
-        }
+        return asr_columns(spec.text, transcripts)
 
     def provenance(self) -> dict:
         return {

@@ -9,25 +9,17 @@ whatever batch it ran in.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 
 from bestofn.backends.base import Generator, Take
+from bestofn.hashing import file_sha256
 from bestofn.spec import GroupSpec
 
 # Upper bound on noise values a node can draw per phoneme id: the flow noise is
 # (channels=192) x (frames); frames per phoneme stay far below 64 at any sane length_scale.
 _NOISE_PER_ID = 192 * 64
-
-
-def _file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 def _seedable_graph(model_path: Path) -> tuple[bytes, list[str]]:
@@ -128,6 +120,6 @@ class PiperGenerator(Generator):
         return {
             "backend": self.name,
             "model_path": str(self.model_path),
-            "model_sha256_16": _file_hash(self.model_path),
+            "model_sha256": file_sha256(self.model_path),
             **self.settings,
         }

@@ -40,6 +40,7 @@ from torch import nn
 
 from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Restorer
+from bestofn.hashing import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -410,16 +411,7 @@ def _first_file(directory: Path, names: tuple[str, ...], field: str) -> Path:
 
 
 def _sha256(path: Path, memo_dir: Path | None) -> str:
-    try:  # memoised by (path, size, mtime, inode): a 2.3 GB base is hashed once per machine
-        from bestofn.moss.lora import file_sha256
-
-        return file_sha256(path, memo_dir)
-    except ImportError:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        return h.hexdigest()
+    return file_sha256(path, memo_dir)
 
 
 # ---------------------------------------------------------------------------------------------

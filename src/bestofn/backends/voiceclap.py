@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
 from bestofn.spec import GroupSpec
 
@@ -162,14 +163,7 @@ def _as_embedding(out) -> torch.Tensor:
 
 
 def _to_window(audio: np.ndarray, sample_rate: int, window: int) -> np.ndarray:
-    a = np.asarray(audio, dtype=np.float32)
-    if a.ndim == 2:
-        a = a.mean(axis=1)
-    if sample_rate != SAMPLE_RATE:
-        import soxr
-
-        a = soxr.resample(a, sample_rate, SAMPLE_RATE).astype(np.float32)
-    a = a[:window]
+    a = resample(to_mono(audio), sample_rate, SAMPLE_RATE)[:window]
     return np.pad(a, (0, window - a.size))
 
 
@@ -284,7 +278,7 @@ class VoiceCLAPScorer(Scorer):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_hashes"):
-            from bestofn.moss.lora import file_sha256
+            from bestofn.hashing import file_sha256
 
             self._hashes = {str(p): file_sha256(p, self._hash_memo) for p in self._weight_files}
         return {

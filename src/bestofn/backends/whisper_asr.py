@@ -9,7 +9,7 @@ import numpy as np
 
 from bestofn.backends.base import Scorer
 from bestofn.spec import GroupSpec
-from bestofn.textnorm import wer_cer
+from bestofn.textnorm import asr_columns
 
 
 class WhisperASRScorer(Scorer):
@@ -55,12 +55,7 @@ class WhisperASRScorer(Scorer):
 
     def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec):
         transcripts = [self.transcribe(a) for a in audios]
-        errors = [wer_cer(spec.text, t) for t in transcripts]
-        return {
-            "transcript": transcripts,
-            "wer": [w for w, _ in errors],
-            "cer": [c for _, c in errors],
-        }
+        return asr_columns(spec.text, transcripts)
 
     def provenance(self) -> dict:
         return {

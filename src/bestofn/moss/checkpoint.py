@@ -8,7 +8,6 @@ absent. The backbone's q/k/v and gate/up matrices are fused here while copying.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -36,14 +35,6 @@ def weight_files(ckpt_dir: Path) -> list[Path]:
     if not files:
         raise CheckpointError(f"no *.safetensors in {ckpt_dir}")
     return files
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 class _Tensors:
