@@ -10,8 +10,9 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,13 @@ def load_backends(models: dict, device: str = "cpu") -> Backends:
     return Backends(generator, restorer, scorers, models, time.perf_counter() - t0, provenance)
 
 
+def _mono_at(audios: list[np.ndarray], sr: int, want: int) -> list[np.ndarray]:
+    """Mono copies at ``want`` Hz. soxr releases the GIL, so a group's takes resample in
+    parallel (on the H200 box, 48k->16k of 64 x 15 s takes cost 6 ms/clip serially)."""
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(lambda a: resample(to_mono(a), sr, want), audios))
+
+
 def _check_scores(scorer: Scorer, scores: dict, n: int) -> None:
     for col in scorer.columns:
         if col not in scores:
@@ -123,7 +131,7 @@ def run_group(
     ``charged_load_s`` is the model-load time attributed to this group (the whole load when the
     group's own process loaded the models; 0 for later groups on a warm worker)."""
     group_dir = Path(group_dir)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     t = {}
 
     t0 = time.perf_counter()
@@ -150,7 +158,7 @@ def run_group(
             inputs, rate = audios, sr
         else:
             if want not in at_rate:
-                at_rate[want] = [resample(to_mono(a), sr, want) for a in audios]
+                at_rate[want] = _mono_at(audios, sr, want)
             inputs, rate = at_rate[want], want
         out = scorer.score(inputs, rate, spec)
         _check_scores(scorer, out, len(audios))
@@ -178,7 +186,7 @@ def run_group(
 
     def add_write_timing(table: pa.Table) -> pa.Table:
         # Called by write_group after the FLACs are on disk, just before the parquet is written.
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         t["write_s"] = time.perf_counter() - write_started
         t["wall_s"] = (now - started).total_seconds()
         for name, value in (
