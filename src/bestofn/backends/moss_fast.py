@@ -20,38 +20,14 @@ import torch
 
 from bestofn.backends.base import Generator, Take
 from bestofn.moss.budget import FrameBudget
+from bestofn.moss.options import COMMON_DEFAULTS
 from bestofn.moss.sampling import SamplingParams
 from bestofn.spec import GroupSpec
 
 DEFAULTS = {
-    "model_dir": None,  # checkpoint directory (config.json, *.safetensors, tokenizer.json)
-    "codec_dir": None,  # MOSS-Audio-Tokenizer-v2 directory
-    "lora": None,  # optional peft LoRA adapter directory, merged once at load (cached)
-    "cache_dir": None,  # merged-LoRA cache; default ~/.cache/bestofn/moss
-    "dtype": "auto",  # bfloat16 on cuda, float32 on cpu
-    "codec_weight_dtype": "bf16",
-    "codec_compute_dtype": "bf16",
-    "batch_size": 64,  # takes per engine call
-    "decode_batch_size": 16,  # takes per codec call
-    "frames_per_word": 6.0,
-    "min_frames": 25,
-    "max_frames": 1500,
-    "do_sample": True,
-    # sampling: the model card's recommendation (docs/moss_tts_model_card.md)
-    "audio_temperature": 1.7,
-    "audio_top_p": 0.8,
-    "audio_top_k": 25,
-    "audio_repetition_penalty": 1.0,
-    "text_temperature": 1.0,
-    "text_top_p": 1.0,
-    "text_top_k": 50,
-    "language": None,  # override the tag; default from GroupSpec.language
-    "instruction": "none",  # "none" | "emotion" | "emotion_description"
-    "max_reference_s": 30.0,
-    "mono": False,
+    **COMMON_DEFAULTS,
     "compile": "auto",  # torch.compile the per-token pieces (auto: on cuda)
     "cuda_graphs": "auto",  # capture the frame step (auto: on cuda)
-    "hash_weights": True,
 }
 
 
