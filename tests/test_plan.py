@@ -144,7 +144,7 @@ def test_missing_weights_paths_are_all_listed_before_any_load(project):
     with pytest.raises(PlanError) as err:
         build_plan(config, project)
     text = str(err.value)
-    assert "generator moss-fast: options.model_dir = /models/MOSS-TTS-Local-Transformer-v1.5" in text
+    assert "generator moss-fast: options.model_dir = /models/MOSS-TTS-Local-Tr" in text
     assert "scorer parakeet: options.model_path" in text
     assert "scorer empathic-insight: options.heads_path" in text
     assert text.count("\n") == 11  # every missing path, not just the first
