@@ -83,9 +83,36 @@ def bench_backend(name, args, batches, audio16, spec, meta) -> list[dict]:
                "batch_s": t, "peak_gib": peak, "build_s": build_s}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if name == "parakeet":
+        rows += parakeet_split(backend, args, batches, audio16, meta)
     backend.close()
     if cuda:
         torch.cuda.empty_cache()
+    return rows
+
+
+def parakeet_split(backend, args, batches, audio16, meta) -> list[dict]:
+    """Where Parakeet's time goes: mel + encoder alone, and how many words the (random-weight)
+    greedy decoder emitted per clip — decode cost scales with emitted tokens."""
+    import torch
+
+    rows = []
+    for b in batches:
+        signal = torch.from_numpy(np.stack(audio16[:b])).to(backend.device)
+        lengths = torch.full((b,), signal.shape[1], dtype=torch.long, device=backend.device)
+
+        def encode(signal=signal, lengths=lengths):
+            with torch.inference_mode():
+                feats, feat_lens = backend.model.preprocessor(input_signal=signal, length=lengths)
+                with backend._autocast():
+                    backend.model.encoder(audio_signal=feats, length=feat_lens)
+
+        t = time_call(encode, args.device, args.repeats)
+        words = [len(x.split()) for x in backend.transcribe(audio16[:b], 16000)]
+        row = {**meta, "backend": "parakeet[mel+encoder only]", "batch": b, "s_per_clip": t / b,
+               "words_per_clip": float(np.mean(words))}  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
