@@ -10,7 +10,6 @@ import json
 import os
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from bestofn import __version__
-from bestofn.audio import resample, to_mono
+from bestofn.audio import mono_at
 from bestofn.backends import registry
 from bestofn.backends.base import Generator, Restorer, Scorer
 from bestofn.groupio import TAKES, take_name, write_group
@@ -98,13 +97,6 @@ def load_backends(models: dict, device: str = "cpu") -> Backends:
     return Backends(generator, restorer, scorers, models, time.perf_counter() - t0, provenance)
 
 
-def _mono_at(audios: list[np.ndarray], sr: int, want: int) -> list[np.ndarray]:
-    """Mono copies at ``want`` Hz. soxr releases the GIL, so a group's takes resample in
-    parallel (on the H200 box, 48k->16k of 64 x 15 s takes cost 6 ms/clip serially)."""
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(lambda a: resample(to_mono(a), sr, want), audios))
-
-
 def _check_scores(scorer: Scorer, scores: dict, n: int) -> None:
     for col in scorer.columns:
         if col not in scores:
@@ -158,7 +150,7 @@ def run_group(
             inputs, rate = audios, sr
         else:
             if want not in at_rate:
-                at_rate[want] = _mono_at(audios, sr, want)
+                at_rate[want] = mono_at(audios, sr, want)
             inputs, rate = at_rate[want], want
         out = scorer.score(inputs, rate, spec)
         _check_scores(scorer, out, len(audios))

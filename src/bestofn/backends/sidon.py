@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bestofn.audio import resample, to_mono
+from bestofn.audio import mono_at
 from bestofn.backends.base import Restorer
 from bestofn.hashing import file_sha256
 
@@ -591,8 +591,8 @@ class SidonRestorer(Restorer):
 
     def restore(self, audios: list[np.ndarray], sample_rate: int):
         sr = int(sample_rate)
-        audios16k = [resample(to_mono(a), sr, INPUT_SAMPLE_RATE) for a in audios]
-        targets = [int(round(to_mono(a).shape[0] * OUTPUT_SAMPLE_RATE / sr)) for a in audios]
+        audios16k = mono_at(audios, sr, INPUT_SAMPLE_RATE)
+        targets = [int(round(a.shape[0] * OUTPUT_SAMPLE_RATE / sr)) for a in audios]
         order = sorted(range(len(audios16k)), key=lambda i: len(audios16k[i]))  # little padding
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(audios16k)
         for start in range(0, len(order), self.batch_size):
