@@ -1,0 +1,347 @@
+"""`python -m bestofn.bench pipeline`: seconds per clip of the whole fused pipeline for a group
+(generate -> restore -> score -> write), the product-level figure.
+
+Every production backend is built at its REAL size with random weights (each module's
+``random_for_bench``): moss-fast (MOSS-TTS-Local-Transformer-v1.5 shape, bf16), Sidon, and the
+scorers duration, Parakeet, VoiceCLAP and Empathic-Insight; then ``bestofn.pipeline.run_group``
+runs complete groups exactly as a worker does (FLAC + parquet written atomically). One warm-up
+group (compile, CUDA-graph capture, allocator) is followed by the timed groups.
+
+What is not the product's cost, and why:
+- Takes are forced to a fixed length (``--frames``, default 188 = 15.04 s): the random model's
+  stop head is set to always continue and the frame budget is pinned (min = max = frames).
+- The codec is a RANDOM STAND-IN with the MOSS-Audio-Tokenizer-v2 interface
+  (``moss_hf.write_random_codec``: embeddings + one linear layer + upsampling), loaded through the
+  same ``RemoteCodec`` path as the real one, unless ``--codec-dir`` names a real v2 directory.
+  Its decode cost is NOT the real codec's; it is reported separately as ``codec_decode``.
+- The prompt uses a byte tokenizer (about one token per character): longer than real prompts.
+- Random weights make noise-like audio (FLAC compresses it worse than speech) and make Parakeet
+  emit more tokens than a real model: both make restore/score/write pessimistic, not optimistic.
+
+``--size tiny`` builds the tiny test variants instead (CPU smoke test of the whole flow).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from bestofn.groupio import SCORES, TAKES
+from bestofn.pipeline import Backends, run_group
+from bestofn.spec import GroupSpec
+
+# ~31 words; with the frame count pinned the words only set the prompt length.
+TEXT = (
+    "I honestly did not think you would come back after everything that happened last winter, "
+    "but here you are, standing in the doorway with that same crooked smile, "
+    "as if nothing had ever changed between us."
+)
+STAGES = ("generate", "restore", "score", "write")
+
+
+class TimedCodec:
+    """Wraps the generator's codec to time its decode, which the pipeline counts in
+    ``generate`` (decode returns numpy arrays, so the time includes the GPU work)."""
+
+    def __init__(self, codec):
+        self.codec, self.seconds = codec, 0.0
+        self.sample_rate, self.channels = codec.sample_rate, codec.channels
+
+    def decode(self, codes):
+        t0 = time.perf_counter()
+        out = self.codec.decode(codes)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def encode(self, audio, sample_rate):
+        return self.codec.encode(audio, sample_rate)
+
+
+class InlineStandInCodec:
+    """Fallback only (when the remote-code stand-in cannot be loaded): the same work shape as
+    ``write_random_codec``'s model (sum of 12 code embeddings, one linear layer, upsampled to
+    3840 samples per frame, 48 kHz stereo), batched like ``RemoteCodec``. Numbers mean nothing."""
+
+    sample_rate, channels, hop, n_vq = 48000, 2, 3840, 12
+
+    def __init__(self, device: str, tiny: bool = False, batch_size: int = 16):
+        import torch
+
+        size, dim = (64, 8) if tiny else (1024, 256)
+        g = torch.Generator().manual_seed(0)
+        self.device, self.batch_size = device, batch_size
+        self.emb = (0.1 * torch.randn(self.n_vq, size, dim, generator=g)).to(device)
+        self.proj = (torch.randn(dim, self.channels * 160, generator=g) / dim**0.5).to(device)
+
+    def decode(self, codes):
+        import torch
+
+        out = []
+        with torch.inference_mode():
+            for start in range(0, len(codes), self.batch_size):
+                chunk = codes[start : start + self.batch_size]
+                T = max(int(c.shape[0]) for c in chunk)
+                grid = torch.zeros(len(chunk), T, self.n_vq, dtype=torch.long, device=self.device)
+                for b, c in enumerate(chunk):
+                    grid[b, : c.shape[0]] = c[:, : self.n_vq].to(self.device)
+                z = sum(self.emb[k][grid[..., k]] for k in range(self.n_vq))
+                y = torch.tanh(z @ self.proj).reshape(len(chunk), T, self.channels, 160)
+                y = y.permute(0, 2, 1, 3).reshape(len(chunk), self.channels, -1)
+                y = torch.nn.functional.interpolate(y, scale_factor=self.hop / 160).cpu().numpy()
+                out += [y[b, :, : c.shape[0] * self.hop].T.copy() for b, c in enumerate(chunk)]
+        return out
+
+    def encode(self, audio, sample_rate):
+        raise NotImplementedError("the inline stand-in codec only decodes")
+
+
+def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir=None):
+    """All production backends with random weights; returns (Backends, codec, build seconds)."""
+    import torch
+
+    from bestofn.backends import empathic, moss_fast, parakeet, sidon, voiceclap
+    from bestofn.backends.duration import DurationScorer
+
+    tiny = size == "tiny"
+    build_s = {}
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        build_s[name] = time.perf_counter() - t0
+        print(f"# built {name} in {build_s[name]:.1f} s", flush=True)
+        return out
+
+    if codec_dir is None:
+        from bestofn.backends.moss_hf import write_random_codec
+
+        codec_dir = timed("codec-stand-in", lambda: write_random_codec(workdir / "codec", size))
+    gen = timed(
+        "moss-fast",
+        lambda: moss_fast.random_for_bench(
+            device, size=size, codec_dir=str(codec_dir), min_frames=frames, max_frames=frames
+        ),
+    )
+    if tiny:  # the tiny random model stops at random frames; pin its length as the real one's
+        from bestofn.moss.checkpoint import always_continue_
+
+        with torch.no_grad():
+            always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)
+    try:
+        codec = TimedCodec(timed("codec", gen._codec))
+    except Exception as e:  # keep measuring everything else; say which stand-in decoded
+        print(f"# codec could not be loaded ({type(e).__name__}: {e}); using InlineStandInCodec")
+        codec = TimedCodec(InlineStandInCodec(device, tiny=tiny))
+        gen.sample_rate = codec.sample_rate
+    gen.codec = codec
+    if tiny:
+        restorer = timed("sidon", lambda: sidon.tiny_for_tests(device))
+        asr = timed("parakeet", lambda: parakeet.tiny_for_tests(device, str(workdir / "asr")))
+    else:
+        restorer = timed("sidon", lambda: sidon.random_for_bench(device))
+        asr = timed("parakeet", lambda: parakeet.random_for_bench(device, str(workdir / "asr")))
+    scorers = [
+        DurationScorer(device),
+        asr,
+        timed("voiceclap", lambda: voiceclap.random_for_bench(device, tiny=tiny)),
+        timed("empathic-insight", lambda: empathic.random_for_bench(device, tiny=tiny)),
+    ]
+    models = {
+        "generator": {"backend": "moss-fast", "options": {"random": size, "frames": frames}},
+        "restorer": {"backend": "sidon", "options": {"random": size}},
+        "scorers": [{"backend": s.name, "options": {"random": size}} for s in scorers],
+    }
+    provenance = {
+        "generator": gen.provenance(),
+        "restorer": restorer.provenance(),
+        "scorers": [s.provenance() for s in scorers],
+    }
+    backends = Backends(gen, restorer, scorers, models, sum(build_s.values()), provenance)
+    return backends, codec, build_s
+
+
+def run_one(spec, backends, codec, out_dir: Path, device: str) -> dict:
+    """One complete group through run_group; per-stage and per-scorer seconds, checked."""
+    codec.seconds = 0.0
+    group_dir = out_dir / spec.emotion / spec.prompt_id
+    t = run_group(spec, backends, group_dir, flac_subtype="PCM_24", device=device)
+    table = pq.read_table(group_dir / SCORES)
+    n_flac = len(list((group_dir / TAKES).glob("*.flac")))
+    if table.num_rows != spec.n_takes or n_flac != spec.n_takes:
+        raise RuntimeError(f"{group_dir}: {table.num_rows} rows, {n_flac} FLACs")
+    score_seconds = json.loads(table.column("score_seconds")[0].as_py())
+    durations = table.column("duration_s").to_pylist()
+    return {
+        **{f"{s}_s": t[f"{s}_s"] for s in STAGES},
+        "codec_decode_s": codec.seconds,
+        "wall_s": t["wall_s"],
+        "score_seconds": score_seconds,
+        "clip_seconds": sum(durations) / len(durations),
+        "group_dir": str(group_dir),
+    }
+
+
+def summarize(n_takes: int, groups: list[dict]) -> dict:
+    """Mean over the timed groups, in seconds per clip."""
+
+    def per_clip(key, source=None):
+        vals = [(g[source][key] if source else g[key]) / n_takes for g in groups]
+        return sum(vals) / len(vals)
+
+    stages = {s: per_clip(f"{s}_s") for s in STAGES}
+    stages["codec_decode (in generate)"] = per_clip("codec_decode_s")
+    scorers = {name: per_clip(name, "score_seconds") for name in groups[0]["score_seconds"]}
+    return {
+        "takes": n_takes,
+        "timed_groups": len(groups),
+        "s_per_clip": stages,
+        "score_s_per_clip": scorers,
+        "total_s_per_clip": sum(stages[s] for s in STAGES),
+        "wall_s_per_clip": per_clip("wall_s"),
+        "total_s_per_clip_without_codec": sum(stages[s] for s in STAGES)
+        - stages["codec_decode (in generate)"],
+        "clip_seconds": groups[0]["clip_seconds"],
+        "groups": groups,
+    }
+
+
+def _print_summary(r: dict) -> None:
+    n = r["takes"]
+    print(f"\n## {n} takes/group, mean of {r['timed_groups']} timed groups, "
+          f"{r['clip_seconds']:.2f} s clips")  # fmt: skip
+    print("| stage | s/clip | s/group |\n|---|---:|---:|")
+    for name, v in r["s_per_clip"].items():
+        print(f"| {name} | {v:.4f} | {v * n:.2f} |")
+        if name == "score":
+            for sname, sv in r["score_s_per_clip"].items():
+                print(f"| &nbsp; score: {sname} | {sv:.4f} | {sv * n:.2f} |")
+    print(f"| **total** (generate+restore+score+write) | **{r['total_s_per_clip']:.4f}** "
+          f"| {r['total_s_per_clip'] * n:.2f} |")  # fmt: skip
+    print(f"| total without codec decode | {r['total_s_per_clip_without_codec']:.4f} | |")
+    print(f"| wall (run_group start to finish) | {r['wall_s_per_clip']:.4f} | |")
+    if "peak_gib" in r:
+        print(f"peak GPU memory (timed groups): {r['peak_gib']:.1f} GiB")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m bestofn.bench pipeline", description=__doc__)
+    ap.add_argument("--size", choices=("real", "tiny"), default="real")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--takes", default="64", help="comma-separated group sizes, e.g. 64,128")
+    ap.add_argument("--frames", type=int, default=188, help="frames per take (12.5 per second)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed groups before the first size")
+    ap.add_argument("--repeats", type=int, default=2, help="timed groups per size")
+    ap.add_argument(
+        "--budget-s", type=float, default=0.0, help="skip later sizes after this many s (0: never)"
+    )
+    ap.add_argument("--codec-dir", default=None, help="a real MOSS-Audio-Tokenizer-v2 directory")
+    ap.add_argument("--workdir", default=None, help="where groups are written (default: temp)")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+
+    t_start = time.perf_counter()
+    dev = args.device
+    cuda = dev.startswith("cuda")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-pipeline-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    meta = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "python -m bestofn.bench pipeline " + " ".join(argv),
+        "host": platform.node(),
+        "device": dev,
+        "gpu": torch.cuda.get_device_name() if cuda else None,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "size": args.size,
+        "frames_per_take": args.frames,
+        "codec": args.codec_dir
+        or "RANDOM STAND-IN (moss_hf.write_random_codec); decode cost is not the real "
+        "MOSS-Audio-Tokenizer-v2's",
+        "flac_subtype": "PCM_24",
+    }
+    for k, v in meta.items():
+        print(f"# {k}: {v}")
+    result = {"meta": meta, "sizes": []}
+
+    def save():
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2))
+
+    backends, codec, build_s = build_backends(args.size, dev, args.frames, workdir, args.codec_dir)
+    result["build_s"] = build_s
+    if isinstance(codec.codec, InlineStandInCodec):
+        meta["codec"] = "RANDOM INLINE STAND-IN (remote-code stand-in failed to load)"
+        print(f"# codec: {meta['codec']}")
+    save()
+
+    sizes = [int(n) for n in args.takes.split(",") if n]
+    for k, n in enumerate(sizes):
+        if k and args.budget_s and time.perf_counter() - t_start > args.budget_s:
+            print(f"# skipping {n} takes/group: past --budget-s {args.budget_s:.0f} s")
+            result["skipped"] = sizes[k:]
+            break
+
+        def spec(i, n=n):
+            return GroupSpec(
+                "happy", f"bench-{n}-{i}", TEXT, n, base_seed=i,
+                emotion_description="A warm, relieved voice, close to tears.",
+                negative_description="A flat, bored voice.",
+            )  # fmt: skip
+
+        for i in range(args.warmup if k == 0 else 0):
+            t0 = time.perf_counter()
+            w = run_one(spec(1000 + i), backends, codec, workdir, dev)
+            stages = json.dumps({s: round(w[f"{s}_s"], 2) for s in STAGES})
+            print(
+                f"# warm-up group of {n}: {time.perf_counter() - t0:.1f} s ({stages})", flush=True
+            )
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        groups = []
+        for i in range(args.repeats):
+            g = run_one(spec(i), backends, codec, workdir, dev)
+            groups.append(g)
+            print(f"# timed group {i} of {n}: "
+                  f"{json.dumps({s: round(g[f'{s}_s'], 3) for s in STAGES})} "
+                  f"scorers {json.dumps({s: round(v, 3) for s, v in g['score_seconds'].items()})}",
+                  flush=True)  # fmt: skip
+        summary = summarize(n, groups)
+        if cuda:
+            summary["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            summary["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
+        result["sizes"].append(summary)
+        _print_summary(summary)
+        save()
+        for g in groups:  # keep the disk small; the last group stays for inspection
+            if g is not groups[-1]:
+                shutil.rmtree(g["group_dir"], ignore_errors=True)
+
+    result["elapsed_s"] = time.perf_counter() - t_start
+    save()
+    print(f"# done in {result['elapsed_s']:.0f} s; groups under {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
