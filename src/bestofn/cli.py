@@ -36,7 +36,7 @@ def _check(args) -> int:
 def _run_group(args) -> int:
     from bestofn.workflow_glue import run_group_job
 
-    run_group_job(args.params, args.models, args.out, device=args.device)
+    run_group_job(args.params, args.models, args.out, device=args.device, runtime={"worker": False})
     return 0
 
 

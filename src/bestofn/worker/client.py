@@ -76,7 +76,8 @@ class SlotPool:
         self.dir = Path(state_dir)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.dir, 0o700)
-        os.chmod(self.dir.parent, 0o700) if self.dir.parent.name.startswith("bestofn-") else None
+        if self.dir.parent.name.startswith("bestofn-"):  # /tmp/bestofn-UID: owner only too
+            os.chmod(self.dir.parent, 0o700)
         self.slots, self.depth, self.device = slots, queue_depth, device
 
     def socket(self, slot: int) -> str:

@@ -12,6 +12,7 @@ exits by itself after ``idle_timeout_s`` with nothing running or queued."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -193,20 +194,17 @@ class Worker:
         sf.write(buf, audios[0], sr, format=fmt.upper(), subtype="PCM_16")
         return buf.getvalue(), f"audio/{fmt}"
 
+    @contextlib.contextmanager
     def _active(self):
-        worker = self
-
-        class _Active:
-            def __enter__(self):
-                with worker.lock:
-                    worker.in_flight += 1
-
-            def __exit__(self, *exc):
-                with worker.lock:
-                    worker.in_flight -= 1
-                worker.last_active = max(worker.last_active, time.monotonic())
-
-        return _Active()
+        """Count a request as in flight (queued or running): the idle reaper waits for zero."""
+        with self.lock:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+            self.last_active = max(self.last_active, time.monotonic())
 
     def idle_for(self) -> float:
         with self.lock:

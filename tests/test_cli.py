@@ -1,0 +1,37 @@
+"""`bestofn run-group` runs one group in its own process (no worker), `bestofn check` validates."""
+
+import json
+
+import pyarrow.parquet as pq
+from conftest import tiny_config
+
+from bestofn.cli import main
+
+
+def test_run_group_in_process(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = {"emotion": "calm", "prompt_id": "p1", "text": "Good morning.", "n_takes": 2}
+    out = tmp_path / "results/groups/calm/p1"
+    models = json.dumps(tiny_config()["models"])
+    assert (
+        main(["run-group", "--params", json.dumps(spec), "--models", models, "--out", str(out)])
+        == 0
+    )
+    rows = pq.read_table(out / "scores.parquet").to_pylist()
+    assert [r["take"] for r in rows] == [0, 1]
+    assert {r["worker_slot"] for r in rows} == {-1}  # loaded here, not on a worker
+    assert rows[0]["group_load_s"] > 0
+
+
+def test_check_reports_errors_with_exit_code(project, capsys):
+    assert (
+        main(["check", "--config", str(project / "config/config.yaml"), "--base", str(project)])
+        == 0
+    )
+    assert "4 groups x 2 takes" in capsys.readouterr().out
+    (project / "config/prompts.tsv").write_text("prompt_id\ttext\np1\t \n")
+    assert (
+        main(["check", "--config", str(project / "config/config.yaml"), "--base", str(project)])
+        == 2
+    )
+    assert "field 'text'" in capsys.readouterr().err
