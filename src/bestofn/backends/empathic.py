@@ -443,32 +443,11 @@ def random_for_bench(
 
     ``tiny=True`` gives a seconds-on-CPU variant with the same structure (a 3 s window).
     """
-    from transformers import WhisperConfig, WhisperFeatureExtractor
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
-    if tiny:
-        cfg = WhisperConfig(
-            d_model=16,
-            encoder_layers=1,
-            encoder_attention_heads=2,
-            encoder_ffn_dim=32,
-            decoder_layers=1,
-            decoder_attention_heads=2,
-            decoder_ffn_dim=32,
-            num_mel_bins=16,
-            max_source_positions=150,
-        )
-        fe = WhisperFeatureExtractor(feature_size=16, chunk_length=3)
-    else:  # openai/whisper-small encoder shape, which BUD-E-Whisper keeps
-        cfg = WhisperConfig(
-            d_model=768,
-            encoder_layers=12,
-            encoder_attention_heads=12,
-            encoder_ffn_dim=3072,
-            num_mel_bins=80,
-            max_source_positions=1500,
-        )
-        fe = WhisperFeatureExtractor(feature_size=80, chunk_length=30)
+    from bestofn.backends.whisper_shapes import whisper_encoder_shape
+
+    cfg, fe = whisper_encoder_shape(tiny)
     cfg._attn_implementation = "sdpa"
     dtype = kw.pop("dtype", None) or _default_dtype(device)
     encoder = WhisperEncoder(cfg).to(device, getattr(torch, dtype))

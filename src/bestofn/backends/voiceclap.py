@@ -311,19 +311,13 @@ class StandInVoiceCLAP(nn.Module):
 
     def __init__(self, tiny: bool = False):
         super().__init__()
-        from transformers import BertConfig, BertModel, WhisperConfig, WhisperFeatureExtractor
+        from transformers import BertConfig, BertModel
         from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
+        from bestofn.backends.whisper_shapes import whisper_encoder_shape
+
+        wcfg, self.fe = whisper_encoder_shape(tiny)
         if tiny:
-            wcfg = WhisperConfig(
-                d_model=16,
-                encoder_layers=1,
-                encoder_attention_heads=2,
-                encoder_ffn_dim=32,
-                num_mel_bins=16,
-                max_source_positions=150,
-            )
-            self.fe = WhisperFeatureExtractor(feature_size=16, chunk_length=3)
             tcfg = BertConfig(
                 vocab_size=260,
                 hidden_size=16,
@@ -333,15 +327,6 @@ class StandInVoiceCLAP(nn.Module):
             )
             joint = 16
         else:  # BUD-E-Whisper-Small (Whisper-Small encoder) + all-MiniLM-L6-v2, 768-d joint
-            wcfg = WhisperConfig(
-                d_model=768,
-                encoder_layers=12,
-                encoder_attention_heads=12,
-                encoder_ffn_dim=3072,
-                num_mel_bins=80,
-                max_source_positions=1500,
-            )
-            self.fe = WhisperFeatureExtractor(feature_size=80, chunk_length=30)
             tcfg = BertConfig(
                 vocab_size=30522,
                 hidden_size=384,
