@@ -84,8 +84,13 @@ class PiperGenerator(Generator):
         # PiperVoice gives us phonemisation and the voice config; we swap in our own session.
         self.voice = PiperVoice.load(self.model_path, self.config_path)
         graph, self.noise_inputs = _seedable_graph(self.model_path)
-        providers = ["CUDAExecutionProvider"] if device.startswith("cuda") else None
-        providers = providers or ["CPUExecutionProvider"]
+        # CUDA only where this onnxruntime build has it (the embedded default installs the CPU one).
+        providers = ["CPUExecutionProvider"]
+        if (
+            device.startswith("cuda")
+            and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+        ):
+            providers.insert(0, "CUDAExecutionProvider")
         self.session = onnxruntime.InferenceSession(graph, providers=providers)
         self.sample_rate = int(self.voice.config.sample_rate)
         self.scales = np.array([noise_scale, length_scale, noise_w_scale], dtype=np.float32)
