@@ -151,11 +151,17 @@ class ParakeetScorer(Scorer):
                 featurizer.dither = 0.0
             if hasattr(featurizer, "pad_to"):
                 featurizer.pad_to = 0
+        # Ask for the CUDA-graph label-looping decoder explicitly rather than trusting the
+        # checkpoint's saved decoding config: on an H200 (random weights, 64 x 15 s clips) greedy
+        # transcription took 0.0081 s/clip with it and 0.0437 without. On CPU NeMo falls back.
         decoding_cfg = self.model.cfg.decoding
-        if decoding_cfg.get("strategy") != "greedy_batch":
-            with open_dict(decoding_cfg):
-                decoding_cfg.strategy = "greedy_batch"
-            self.model.change_decoding_strategy(decoding_cfg, verbose=False)
+        with open_dict(decoding_cfg):
+            decoding_cfg.strategy = "greedy_batch"
+            if decoding_cfg.get("greedy") is None:
+                decoding_cfg.greedy = {}
+            decoding_cfg.greedy.loop_labels = True
+            decoding_cfg.greedy.use_cuda_graph_decoder = True
+        self.model.change_decoding_strategy(decoding_cfg, verbose=False)
         for p in self.model.parameters():
             p.requires_grad_(False)
 
