@@ -219,3 +219,22 @@ def test_worker_sigkill_mid_group_is_retried_and_completes(project):
     assert f"worker pid {killed} on slot 0 died while running" in logs + out
     assert "6 groups checked, 0 problem(s)" in verify(project)
     assert len({r[2] for r in per_group(project)}) == 2  # a fresh worker took over
+
+
+def test_gpu_slots_follow_cuda_visible_devices(tmp_path, monkeypatch):
+    from bestofn.worker.client import detect_slots
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # e.g. what a SLURM allocation exposes
+    assert detect_slots("cuda") == 2
+    assert detect_slots("cpu") == 1
+    pool = SlotPool(tmp_path / "gpu", slots=2, queue_depth=2, device="cuda")
+    assert [pool.cuda_visible(k) for k in range(2)] == ["2", "5"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    pool = SlotPool(tmp_path / "gpu8", slots=8, queue_depth=2, device="cuda")
+    assert [pool.cuda_visible(k) for k in range(8)] == [str(k) for k in range(8)]
+
+
+def test_places_spread_over_slots_before_queueing(tmp_path):
+    pool = SlotPool(tmp_path / "places", slots=2, queue_depth=2, device="cpu")
+    with pool.place() as a, pool.place() as b, pool.place() as c, pool.place() as d:
+        assert [a, b, c, d] == [0, 1, 0, 1]  # q0 of every slot first, then q1
