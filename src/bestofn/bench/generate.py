@@ -241,34 +241,18 @@ def main(argv=None) -> int:
         ids = ids.to(dev)
         best, first, peak, n = time_fast(engine, ids, args.frames, params, args.repeats, dev)
         floor, wbytes, kvbytes = bandwidth_floor_s(cfg, batch, args.prompt_len, args.frames, bw)
-        row = {
-            "engine": f"moss-fast[{variant}]",
-            "batch": batch,
-            "s_per_batch": best,
-            "first_call_s": first,
-            "s_per_clip": best / batch,
-            "frames_per_s": batch * args.frames / best,
-            "ms_per_frame_step": 1000 * best / args.frames,
-            "peak_gib": peak,
-            "frames_each": sorted(n),
-            "floor_s_per_batch": floor,
-            "floor_ms_per_frame_step": 1000 * floor / args.frames,
-        }
+        row = _row(f"moss-fast[{variant}]", batch, best, args.frames, peak, n)
+        row.update(
+            first_call_s=first,
+            floor_s_per_batch=floor,
+            floor_ms_per_frame_step=1000 * floor / args.frames,
+        )
         rows.append(row)
         _print(row)
         ref_batches = [int(b) for b in args.reference_batches.split(",") if b]
         if ref is not None and variant == variants[0] and batch in ref_batches:
             dt, peak, n = time_reference(ref, ids, args.frames, params, dev)
-            row = {
-                "engine": "reference",
-                "batch": batch,
-                "s_per_batch": dt,
-                "s_per_clip": dt / batch,
-                "frames_per_s": batch * args.frames / dt,
-                "ms_per_frame_step": 1000 * dt / args.frames,
-                "peak_gib": peak,
-                "frames_each": sorted(n),
-            }
+            row = _row("reference", batch, dt, args.frames, peak, n)
             rows.append(row)
             _print(row)
             print(f"  speed-up at batch {batch}: {dt / best:.1f}x")
@@ -290,6 +274,20 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0
+
+
+def _row(engine: str, batch: int, seconds: float, frames: int, peak, frames_each) -> dict:
+    """The rates every engine row reports, from one timed batch."""
+    return {
+        "engine": engine,
+        "batch": batch,
+        "s_per_batch": seconds,
+        "s_per_clip": seconds / batch,
+        "frames_per_s": batch * frames / seconds,
+        "ms_per_frame_step": 1000 * seconds / frames,
+        "peak_gib": peak,
+        "frames_each": sorted(frames_each),
+    }
 
 
 def _print(r):
