@@ -156,3 +156,31 @@ def test_runtime_knobs_are_not_group_identity(project):
     other = {**base, "generator": {"backend": "piper", "options": {"noise_scale": 0.3}}}
     assert plan(project, models=faster).models_params == plan(project, models=base).models_params
     assert plan(project, models=other).models_params != plan(project, models=base).models_params
+
+
+# --- defaults come from the schema -------------------------------------------------------------
+
+
+def test_plan_config_has_the_schema_defaults_and_input_is_untouched(project):
+    config = yaml.safe_load((project / "config/config.yaml").read_text())
+    config.pop("results")
+    before = yaml.safe_dump(config)
+    p = build_plan(config, project)
+    assert yaml.safe_dump(config) == before
+    assert p.config["results"] == "results"
+    assert p.config["device"] == "cpu" and p.config["flac_subtype"] == "PCM_16"
+    assert p.config["max_words"] == 80
+    assert p.config["runtime"]["queue_depth"] == 2 and p.config["runtime"]["slots"] is None
+
+
+def test_runtime_defaults_are_written_once_in_the_schema():
+    import dataclasses
+
+    from bestofn.schemas import runtime_defaults
+    from bestofn.worker.client import Runtime
+
+    defaults = runtime_defaults()
+    fields = {f.name: f.default for f in dataclasses.fields(Runtime)}
+    assert fields == defaults
+    assert Runtime.from_config(None) == Runtime(**defaults)
+    assert defaults["idle_timeout_s"] == 300.0 and defaults["start_timeout_s"] == 900.0

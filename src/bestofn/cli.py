@@ -80,6 +80,8 @@ def _parity(args_rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bestofn.schemas import runtime_defaults, schema
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["parity"]:
         return _parity(argv[1:])
@@ -109,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models-file", required=True)
     p.add_argument("--models-hash", required=True)
     p.add_argument("--results", required=True, help="requests may only write below this")
-    p.add_argument("--idle-timeout", type=float, default=300.0)
-    p.add_argument("--flac-subtype", default="PCM_16")
+    # defaults as the config schema declares them (group jobs always pass both)
+    p.add_argument("--idle-timeout", type=float, default=runtime_defaults()["idle_timeout_s"])
+    p.add_argument(
+        "--flac-subtype", default=schema("config")["properties"]["flac_subtype"]["default"]
+    )
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="status or stop of this workflow directory's workers")

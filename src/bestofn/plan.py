@@ -7,26 +7,21 @@ import csv
 import json
 import os
 from dataclasses import asdict, dataclass
-from functools import cache
 from pathlib import Path
 
 import jsonschema
 import yaml
 
+from bestofn import schemas
 from bestofn.backends.registry import REGISTRY
 from bestofn.spec import GroupSpec
-
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
 
 
 class PlanError(ValueError):
     """A problem in the config or a sheet, with the place it was found."""
 
 
-@cache
-def schema(name: str) -> dict:
-    with open(SCHEMA_DIR / f"{name}.schema.yaml") as f:
-        return yaml.safe_load(f)
+schema = schemas.schema  # the package's own schemas (bestofn/schemas/*.schema.yaml)
 
 
 @dataclass(frozen=True)
@@ -141,6 +136,7 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         e = errors[0]
         where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
         raise PlanError(f"config field {where}: {e.message}")
+    config = schemas.apply_defaults(config)  # Plan.config: every default the schema declares
     check_models(config["models"], base)
 
     emotions = read_sheet(base / config["emotions"], "emotions")
@@ -151,7 +147,7 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
     emotion_ids = {r["emotion"] for r in emotions}
     prompt_ids = {r["prompt_id"] for r in prompts}
 
-    max_words = config.get("max_words", 80)
+    max_words = config["max_words"]
     checked: dict = {}
     for i, row in enumerate(prompts):
         where = f"{ppath} line {i + 2} (prompt_id {row['prompt_id']!r})"
@@ -186,7 +182,7 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
                 prompt_id=p["prompt_id"],
                 text=" ".join(p["text"].split()),
                 n_takes=int(config["takes"]),
-                base_seed=int(config.get("seed", 0)),
+                base_seed=int(config["seed"]),
                 reference_audio=p.get("reference_audio") or e.get("reference_audio") or None,
                 emotion_description=e["description"],
                 negative_description=e.get("negative_description", ""),

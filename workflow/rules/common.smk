@@ -6,15 +6,15 @@ from bestofn.plan import PlanError, build_plan
 from bestofn.selection import SelectionError
 from bestofn.workflow_glue import check_selection_for
 
-validate(config, "../schemas/config.schema.yaml")
-
+# Validated once, by the library (its schemas ship in the package; errors name the field).
 try:
     PLAN = build_plan(config, base=".")
     check_selection_for(config)
 except (PlanError, SelectionError) as e:
     raise WorkflowError(str(e)) from None
+config.update(PLAN.config)  # the defaults the schema declares, for rules and scripts
 
-RESULTS = config.get("results", "results")
+RESULTS = config["results"]
 GROUPS = sorted(PLAN.groups)
 DATABASE = f"{RESULTS}/bestofn.duckdb"
 REPORT = f"{RESULTS}/report/throughput.md"

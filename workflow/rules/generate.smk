@@ -13,7 +13,7 @@ rule group:
         # live in config['runtime'] and are deliberately not params (changing them reruns nothing).
         spec=group_params,
         models=MODELS_PARAMS,
-        device=config.get("device", "cpu"),
-        flac_subtype=config.get("flac_subtype", "PCM_16"),
+        device=config["device"],
+        flac_subtype=config["flac_subtype"],
     script:
         "../scripts/run_group.py"

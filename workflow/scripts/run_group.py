@@ -14,5 +14,5 @@ run_group_job(
     flac_subtype=snakemake.params.flac_subtype,
     # Read from config, not params: speed knobs must never rerun finished groups.
     runtime=snakemake.config.get("runtime"),
-    results_dir=snakemake.config.get("results", "results"),
+    results_dir=snakemake.config["results"],
 )

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from bestofn.groupio import SCORES
 from bestofn.pipeline import stable_hash
+from bestofn.schemas import runtime_defaults
 from bestofn.worker.uds_http import request
 
 log = logging.getLogger("bestofn.client")
@@ -49,17 +50,21 @@ def detect_slots(device: str) -> int:
     return max(1, len(list(gpus.iterdir()))) if gpus.is_dir() else 1
 
 
+_DEFAULT = runtime_defaults()  # written once, in the config schema
+
+
 @dataclass
 class Runtime:
-    """Performance knobs from config['runtime'] (never group params)."""
+    """Performance knobs from config['runtime'] (never group params). Every field and its
+    default come from the config schema's ``runtime`` section."""
 
-    worker: bool = True
-    slots: int | None = None
-    queue_depth: int = 2
-    idle_timeout_s: float = 300.0
-    start_timeout_s: float = 900.0
-    state_dir: str | None = None
-    log_dir: str | None = None
+    worker: bool = _DEFAULT["worker"]
+    slots: int | None = _DEFAULT["slots"]
+    queue_depth: int = _DEFAULT["queue_depth"]
+    idle_timeout_s: float = _DEFAULT["idle_timeout_s"]
+    start_timeout_s: float = _DEFAULT["start_timeout_s"]
+    state_dir: str | None = _DEFAULT["state_dir"]
+    log_dir: str | None = _DEFAULT["log_dir"]
 
     @classmethod
     def from_config(cls, runtime: dict | None) -> Runtime:
