@@ -158,6 +158,59 @@ def test_runtime_knobs_are_not_group_identity(project):
     assert plan(project, models=other).models_params != plan(project, models=base).models_params
 
 
+# --- sheets as spreadsheets save them ---------------------------------------------------------
+
+
+def test_sheet_with_utf8_bom_is_read(project):
+    # Excel's "CSV UTF-8" and Google Sheets' exports start the file with a byte-order mark.
+    sheet = "prompt_id\ttext\np1\tCafé au lait.\np2\tIt is nine.\n"
+    (project / "config/prompts.tsv").write_bytes(b"\xef\xbb\xbf" + sheet.encode("utf-8"))
+    p = plan(project)
+    assert sorted(p.groups) == [("calm", "p1"), ("calm", "p2"), ("happy", "p1"), ("happy", "p2")]
+    assert p.groups[("calm", "p1")].text == "Café au lait."
+
+
+def test_latin1_sheet_gets_a_clear_error(project):
+    sheet = "prompt_id\ttext\np1\tGood morning.\np2\tCafé au lait.\n"
+    (project / "config/prompts.tsv").write_bytes(sheet.encode("latin-1"))
+    with pytest.raises(PlanError) as err:
+        plan(project)
+    msg = str(err.value)
+    assert str(project / "config/prompts.tsv") in msg
+    # line 3, "p2\tCaf" is 6 bytes, so the é is byte 7 of the line (offset 38 in the file)
+    assert "line 3, byte 7 (file offset 38): 0xe9 is not UTF-8" in msg
+    assert "'é' in Latin-1" in msg
+    assert "Save the sheet as UTF-8" in msg
+
+
+def test_latin1_sheet_after_a_bom_names_the_file_offset(project):
+    data = b"\xef\xbb\xbfprompt_id\ttext\np1\tna\xefve\n"
+    (project / "config/prompts.tsv").write_bytes(data)
+    with pytest.raises(PlanError, match=r"line 2, byte 6 \(file offset 23\): 0xef is not UTF-8"):
+        plan(project)
+
+
+def test_crlf_sheet_is_read_without_carriage_returns(project):
+    # Excel on Windows ends lines with CRLF; no value (nor the last column's name) keeps the CR.
+    (project / "config/emotions.tsv").write_bytes(
+        b"emotion\tdescription\r\ncalm\tA calm voice.\r\nhappy\tA happy voice.\r\n"
+    )
+    (project / "config/prompts.tsv").write_bytes(
+        b"\xef\xbb\xbfprompt_id\ttext\r\np1\tGood morning.\r\np2\tIt is nine.\r\n"
+    )
+    p = plan(project)
+    assert sorted(p.groups) == [("calm", "p1"), ("calm", "p2"), ("happy", "p1"), ("happy", "p2")]
+    assert p.groups[("happy", "p2")].text == "It is nine."
+    assert p.groups[("happy", "p2")].emotion_description == "A happy voice."
+
+
+def test_utf16_sheet_with_bom_is_read(project):
+    # Excel's "Unicode Text" export: tab-separated UTF-16 with a byte-order mark.
+    sheet = "prompt_id\ttext\r\np1\tNaïve.\r\np2\tIt is nine.\r\n"
+    (project / "config/prompts.tsv").write_bytes(sheet.encode("utf-16"))
+    assert plan(project).groups[("calm", "p1")].text == "Naïve."
+
+
 # --- defaults come from the schema -------------------------------------------------------------
 
 

@@ -3,7 +3,9 @@ model loads: a bad row is named by file, line and field."""
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -41,14 +43,45 @@ class Plan:
         return json.dumps(models_identity(self.config["models"]), sort_keys=True)
 
 
+def _decode_sheet(path: Path, data: bytes) -> str:
+    """A sheet's text as spreadsheets save it: UTF-8 with or without a byte-order mark (Excel's
+    and Google Sheets' "UTF-8" exports write one), or UTF-16 with its BOM (Excel's "Unicode
+    Text"). Anything else that is not UTF-8 (Latin-1, Windows-1252...) is refused by place."""
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise PlanError(
+                f"{path}: starts with a UTF-16 byte-order mark but {e.reason}"
+            ) from None
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[skip:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        at = skip + e.start  # offset in the file
+        line = data.count(b"\n", 0, at) + 1
+        col = at - (data.rfind(b"\n", 0, at) + 1) + 1
+        byte = data[at]
+        seen = bytes([byte]).decode("cp1252", errors="replace")
+        raise PlanError(
+            f"{path} line {line}, byte {col} (file offset {at}): 0x{byte:02x} is not UTF-8 "
+            f"(it would be {seen!r} in Latin-1/Windows-1252). Save the sheet as UTF-8 (Excel: "
+            "'CSV UTF-8' or 'Unicode Text'; LibreOffice: character set 'Unicode (UTF-8)') and "
+            "run again"
+        ) from None
+
+
 def read_sheet(path: Path, kind: str) -> list[dict]:
-    """Read a TSV sheet; check its columns and each row against the sheet's schema."""
+    """Read a TSV sheet; check its columns and each row against the sheet's schema.
+
+    Line ends may be LF or CRLF (Excel on Windows): the csv module takes both, and a CR never
+    ends up in a value."""
     if not path.is_file():
         raise PlanError(f"{kind} sheet {path} does not exist")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.DictReader(f, delimiter="\t")
-        header = reader.fieldnames or []
-        rows = list(reader)
+    text = _decode_sheet(path, path.read_bytes())
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t")
+    header = reader.fieldnames or []
+    rows = list(reader)
     sch = schema(kind)
     missing = [c for c in sch["required"] if c not in header]
     if missing:
