@@ -3,6 +3,7 @@
 import json
 
 import pyarrow.parquet as pq
+import yaml
 from conftest import tiny_config
 
 from bestofn.cli import main
@@ -35,3 +36,14 @@ def test_check_reports_errors_with_exit_code(project, capsys):
         == 2
     )
     assert "field 'text'" in capsys.readouterr().err
+
+
+def test_check_refuses_an_unknown_backend_option(project, capsys):
+    config = yaml.safe_load((project / "config/config.yaml").read_text())
+    config["models"]["generator"]["options"] = {"noise_scal": 0.5}
+    (project / "config/config.yaml").write_text(yaml.safe_dump(config))
+    args = ["check", "--config", str(project / "config/config.yaml"), "--base", str(project)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "generator backend 'piper' has no option 'noise_scal'" in err
+    assert "did you mean 'noise_scale'?" in err

@@ -152,7 +152,9 @@ def test_missing_weights_paths_are_all_listed_before_any_load(project):
 
 def test_runtime_knobs_are_not_group_identity(project):
     base = tiny_config()["models"]
-    faster = {**base, "generator": {"backend": "piper", "runtime": {"batch_size": 128}}}
+    asr = {"backend": "whisper-asr", "options": {"beam_size": 1}}
+    base = {**base, "scorers": [{"backend": "duration"}, asr]}
+    faster = {**base, "scorers": [{"backend": "duration"}, {**asr, "runtime": {"cpu_threads": 2}}]}
     other = {**base, "generator": {"backend": "piper", "options": {"noise_scale": 0.3}}}
     assert plan(project, models=faster).models_params == plan(project, models=base).models_params
     assert plan(project, models=other).models_params != plan(project, models=base).models_params
@@ -209,6 +211,95 @@ def test_utf16_sheet_with_bom_is_read(project):
     sheet = "prompt_id\ttext\r\np1\tNaïve.\r\np2\tIt is nine.\r\n"
     (project / "config/prompts.tsv").write_bytes(sheet.encode("utf-16"))
     assert plan(project).groups[("calm", "p1")].text == "Naïve."
+
+
+# --- backend options ----------------------------------------------------------------------------
+
+
+def test_unknown_backend_option_is_refused_with_a_close_match(project):
+    models = tiny_config()["models"]
+    models["generator"] = {"backend": "piper", "options": {"noise_scal": 0.5}}
+    with pytest.raises(PlanError) as err:
+        plan(project, models=models)
+    msg = str(err.value)
+    assert "models.generator.options: generator backend 'piper' has no option 'noise_scal'" in msg
+    assert "did you mean 'noise_scale'?" in msg
+    assert (
+        "piper's options: config_path, length_scale, model_path, noise_scale, noise_w_scale" in msg
+    )
+
+
+def test_unknown_runtime_knob_is_refused(project):
+    models = tiny_config()["models"]
+    models["scorers"] = [{"backend": "duration"}, {"backend": "dnsmos", "runtime": {"thread": 2}}]
+    expect(
+        project,
+        r"models.scorers\[1\].runtime: scorer backend 'dnsmos' has no option 'thread'; "
+        r"did you mean 'threads'\?",
+        models=models,
+    )
+
+
+def test_injected_objects_are_not_config_options(project):
+    models = tiny_config()["models"]
+    models["scorers"] = [{"backend": "parakeet", "options": {"_model": "x"}}]
+    expect(project, r"scorer backend 'parakeet' has no option '_model'", models=models)
+
+
+def test_option_in_both_options_and_runtime_is_refused(project):
+    models = tiny_config()["models"]
+    models["scorers"] = [
+        {"backend": "dnsmos", "options": {"threads": 1}, "runtime": {"threads": 2}}
+    ]
+    expect(project, r"\['threads'\] set in both options and runtime", models=models)
+
+
+def _entries(models: dict):
+    yield "generator", models["generator"]
+    if models.get("restorer"):
+        yield "restorer", models["restorer"]
+    for s in models.get("scorers", []):
+        yield "scorer", s
+
+
+@pytest.mark.parametrize("config_name", ["config.yaml", "production.yaml"])
+def test_shipped_configs_use_only_known_options(config_name):
+    from conftest import REPO
+
+    from bestofn.backends.registry import backend_class
+    from bestofn.plan import load_config
+
+    models = load_config(REPO / "config" / config_name)["models"]
+    for role, entry in _entries(models):
+        keys = set(entry.get("options") or {}) | set(entry.get("runtime") or {})
+        known = backend_class(role, entry["backend"]).known_options()
+        assert keys <= known, (entry["backend"], keys - known)
+
+
+def test_every_registered_backend_declares_its_options():
+    from bestofn.backends import moss_fast, moss_hf
+    from bestofn.backends.registry import REGISTRY, backend_class
+
+    for role, names in REGISTRY.items():
+        for name in names:
+            known = backend_class(role, name).known_options()  # TypeError if undeclared
+            assert "device" not in known and not any(k.startswith("_") for k in known)
+    assert backend_class("generator", "moss-fast").known_options() == set(moss_fast.DEFAULTS)
+    assert backend_class("generator", "moss-hf").known_options() == set(moss_hf.DEFAULTS)
+    assert {"batch_size", "model_path", "dtype"} <= backend_class(
+        "scorer", "parakeet"
+    ).known_options()
+
+
+def test_a_kwargs_constructor_must_declare_its_options():
+    from bestofn.backends.base import Scorer
+
+    class Loose(Scorer):
+        def __init__(self, device="cpu", **options):
+            pass
+
+    with pytest.raises(TypeError, match="override known_options"):
+        Loose.known_options()
 
 
 # --- defaults come from the schema -------------------------------------------------------------

@@ -119,3 +119,16 @@ def test_sigkill_mid_run_then_restart_completes(project):
     snakemake(project, "--unlock")
     snakemake(project)
     assert "4 groups checked, 0 problem(s)" in verify(project)
+
+
+def test_unknown_backend_option_fails_at_dag_time(project):
+    import yaml
+
+    config = yaml.safe_load((project / "config/config.yaml").read_text())
+    config["models"]["generator"]["options"] = {"noise_scal": 0.5}
+    (project / "config/config.yaml").write_text(yaml.safe_dump(config))
+    proc = snakemake(project, "-n", check=False)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "generator backend 'piper' has no option 'noise_scal'" in out
+    assert "did you mean 'noise_scale'?" in out

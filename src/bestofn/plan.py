@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import difflib
 import io
 import json
 import os
@@ -15,7 +16,7 @@ import jsonschema
 import yaml
 
 from bestofn import schemas
-from bestofn.backends.registry import REGISTRY
+from bestofn.backends.registry import REGISTRY, UnknownBackend, backend_class
 from bestofn.spec import GroupSpec
 
 
@@ -131,14 +132,53 @@ def _is_weight_option(key: str) -> bool:
     return not key.startswith("cache") and (key.endswith(("_path", "_dir")) or key == "lora")
 
 
-def check_models(models: dict, base: Path = Path(".")) -> None:
-    """Unknown backend names, and every weights path that does not exist, all listed at once."""
-    roles = [("generator", models.get("generator"))]
+def _roles(models: dict) -> list[tuple[str, str, dict]]:
+    """(role, config place, entry) of every backend the models section names."""
+    roles = [("generator", "models.generator", models["generator"])]
     if models.get("restorer"):
-        roles.append(("restorer", models["restorer"]))
-    roles += [("scorer", s) for s in models.get("scorers", [])]
+        roles.append(("restorer", "models.restorer", models["restorer"]))
+    roles += [
+        ("scorer", f"models.scorers[{i}]", s) for i, s in enumerate(models.get("scorers", []))
+    ]
+    return roles
+
+
+def check_options(role: str, where: str, entry: dict) -> None:
+    """Refuse an option (or runtime knob) the backend does not take, with a close match.
+
+    Imports the backend's module but loads nothing: the known keys come from the class."""
+    name = entry["backend"]
+    try:
+        known = backend_class(role, name).known_options()
+    except UnknownBackend as e:
+        raise PlanError(f"config {where}: {e}") from None
+    except ImportError as e:
+        raise PlanError(
+            f"config {where}: backend {name!r} cannot be imported ({e}); is its extra installed "
+            "(pip install 'bestofn[production]' or '[embedded]')?"
+        ) from None
+    options, runtime = entry.get("options") or {}, entry.get("runtime") or {}
+    both = sorted(set(options) & set(runtime))
+    if both:
+        raise PlanError(f"config {where}: {both} set in both options and runtime; keep one")
+    for section, keys in (("options", options), ("runtime", runtime)):
+        for key in keys:
+            if key in known:
+                continue
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            listed = ", ".join(sorted(known)) or "(none)"
+            raise PlanError(
+                f"config {where}.{section}: {role} backend {name!r} has no option {key!r}; "
+                f"{hint}{name}'s options: {listed}"
+            )
+
+
+def check_models(models: dict, base: Path = Path(".")) -> None:
+    """Unknown backend names, and every weights path that does not exist, all listed at once;
+    then options that the backend does not know."""
     missing = []
-    for role, entry in roles:
+    for role, _, entry in _roles(models):
         if entry["backend"] not in REGISTRY[role]:
             known = ", ".join(sorted(REGISTRY[role]))
             raise PlanError(
@@ -154,6 +194,8 @@ def check_models(models: dict, base: Path = Path(".")) -> None:
             "config models: these weights paths do not exist (nothing is downloaded; put the "
             "weights there or change the paths):\n" + "\n".join(missing)
         )
+    for role, where, entry in _roles(models):
+        check_options(role, where, entry)
 
 
 def load_config(path: str | Path) -> dict:

@@ -6,6 +6,7 @@ Audio convention everywhere: ``numpy.float32`` arrays, shape ``(frames,)`` for m
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -25,6 +26,23 @@ class Backend:
     """Common surface: a name, a device, and provenance for every row it touches."""
 
     name: ClassVar[str] = "?"
+
+    @classmethod
+    def known_options(cls) -> frozenset[str]:
+        """The config keys this backend accepts, under ``options`` and ``runtime`` alike (both
+        reach the constructor as keyword arguments). By default the constructor's named
+        parameters, less ``device`` and private ones (``_model``...: objects that tests and
+        benches inject, never config). A constructor taking ``**options`` must override this.
+        Needs only the class, so config checks find typos without loading any model."""
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # less self
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            raise TypeError(f"{cls.__qualname__} takes **kwargs: override known_options()")
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return frozenset(
+            p.name
+            for p in params
+            if p.kind in named and p.name != "device" and not p.name.startswith("_")
+        )
 
     def provenance(self) -> dict:
         """Model ids/paths, hashes and settings that made this backend's output."""

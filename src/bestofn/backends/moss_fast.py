@@ -38,6 +38,10 @@ def _auto(value, on_gpu: bool) -> bool:
 class MossFastGenerator(Generator):
     name = "moss-fast"
 
+    @classmethod
+    def known_options(cls) -> frozenset[str]:
+        return frozenset(DEFAULTS)
+
     def __init__(self, device: str = "cpu", **options):
         unknown = set(options) - set(DEFAULTS) - {"_model", "_prompt"}
         if unknown:

@@ -249,6 +249,10 @@ def _default_cache_dir() -> Path:
 class MossHFGenerator(Generator):
     name = "moss-hf"
 
+    @classmethod
+    def known_options(cls) -> frozenset[str]:
+        return frozenset(DEFAULTS)
+
     def __init__(self, device: str = "cpu", **options):
         unknown = set(options) - set(DEFAULTS)
         if unknown:
