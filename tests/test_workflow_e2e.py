@@ -132,3 +132,47 @@ def test_unknown_backend_option_fails_at_dag_time(project):
     out = proc.stdout + proc.stderr
     assert "generator backend 'piper' has no option 'noise_scal'" in out
     assert "did you mean 'noise_scale'?" in out
+
+
+def test_quarantine_then_rerun_regenerates_exactly_the_broken_groups(project):
+    snakemake(project)
+    groups = project / "results/groups"
+    (groups / "calm/p2/takes/001.flac").unlink()  # a lost FLAC
+    (groups / "happy/p1/scores.parquet").unlink()  # a lost parquet
+    intact = {
+        g: (groups / g / "scores.parquet").stat().st_mtime_ns for g in ("calm/p1", "happy/p2")
+    }
+    # Snakemake sees both directories and plans nothing: the reason --quarantine exists.
+    assert planned_jobs(project) == {}
+
+    bestofn = [str(BIN / "bestofn"), "verify", "results"]
+    proc = subprocess.run(bestofn, cwd=project, capture_output=True, text=True)
+    assert proc.returncode == 1 and "4 groups checked, 2 problem(s)" in proc.stdout
+    assert (groups / "calm/p2").is_dir()  # plain verify moves nothing
+
+    proc = subprocess.run([*bestofn, "--quarantine"], cwd=project, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "moved 2 broken group(s)" in proc.stdout
+    quarantine = project / "results/quarantine"
+    assert sorted(str(p.relative_to(quarantine)) for p in quarantine.glob("*/*")) == [
+        "calm/p2",
+        "happy/p1",
+    ]
+    reason = (quarantine / "calm/p2/REASON.txt").read_text()
+    assert "takes/001.flac does not exist" in reason and "from: results/groups/calm/p2" in reason
+    assert "no scores.parquet" in (quarantine / "happy/p1/REASON.txt").read_text()
+    assert sorted(str(p.relative_to(groups)) for p in groups.glob("*/*")) == ["calm/p1", "happy/p2"]
+
+    # The next run regenerates exactly the two quarantined groups.
+    assert planned_jobs(project) == {"group": 2, "database": 1, "report": 1, "all": 1}
+    snakemake(project)
+    assert "4 groups checked, 0 problem(s)" in verify(project)
+    assert planned_jobs(project) == {}
+    for g, mtime in intact.items():
+        assert (groups / g / "scores.parquet").stat().st_mtime_ns == mtime, g
+
+    # Quarantining the same group again keeps the first copy: calm/p2-1.
+    (groups / "calm/p2/scores.parquet").unlink()
+    subprocess.run([*bestofn, "--quarantine"], cwd=project, capture_output=True, text=True)
+    assert (quarantine / "calm/p2-1/REASON.txt").is_file()
+    assert (quarantine / "calm/p2/REASON.txt").is_file()

@@ -7,15 +7,26 @@ import sys
 
 
 def _verify(args) -> int:
-    from bestofn.verify import verify_results
+    from bestofn.verify import quarantine_group, verify_groups
 
-    problems, warnings, checked = verify_results(args.results)
+    per_group, warnings = verify_groups(args.results)
+    problems = [p for group_problems in per_group.values() for p in group_problems]
     for w in warnings:
         print(f"warning: {w}")
     for p in problems:
         print(f"error: {p}")
-    print(f"verify: {checked} groups checked, {len(problems)} problem(s)")
-    return 1 if problems or checked == 0 else 0
+    print(f"verify: {len(per_group)} groups checked, {len(problems)} problem(s)")
+    if args.quarantine:
+        broken = {g: ps for g, ps in per_group.items() if ps}
+        for group_dir, group_problems in broken.items():
+            dest = quarantine_group(args.results, group_dir, group_problems)
+            print(f"quarantined: {group_dir} -> {dest} (reasons in {dest}/REASON.txt)")
+        if broken:
+            print(
+                f"verify: moved {len(broken)} broken group(s) out of {args.results}/groups; "
+                "the next snakemake run regenerates exactly those"
+            )
+    return 1 if problems or not per_group else 0
 
 
 def _check(args) -> int:
@@ -90,6 +101,12 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("verify", help="check every parquet row against its FLAC and back")
     p.add_argument("results", nargs="?", default="results")
+    p.add_argument(
+        "--quarantine",
+        action="store_true",
+        help="move each broken group to RESULTS/quarantine/<emotion>/<prompt_id>[-N]/ with a "
+        "REASON.txt, so the next run regenerates exactly those groups (not while a run writes)",
+    )
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("check", help="validate config, sheets and selection SQL (no models load)")
