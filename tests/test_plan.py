@@ -291,7 +291,7 @@ def test_every_registered_backend_declares_its_options():
     ).known_options()
 
 
-def test_a_kwargs_constructor_must_declare_its_options():
+def test_a_kwargs_constructor_must_declare_its_options(monkeypatch):
     from bestofn.backends.base import Scorer
 
     class Loose(Scorer):
@@ -300,6 +300,12 @@ def test_a_kwargs_constructor_must_declare_its_options():
 
     with pytest.raises(TypeError, match="override known_options"):
         Loose.known_options()
+    # ... and a config naming such a backend is refused with that, not a traceback
+    import bestofn.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "backend_class", lambda role, name: Loose)
+    with pytest.raises(PlanError, match=r"backend 'loose' does not declare its options: .*Loose"):
+        plan_module.check_options("scorer", "models.scorers[0]", {"backend": "loose"})
 
 
 # --- defaults come from the schema -------------------------------------------------------------

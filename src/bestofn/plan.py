@@ -152,6 +152,10 @@ def check_options(role: str, where: str, entry: dict) -> None:
         known = backend_class(role, name).known_options()
     except UnknownBackend as e:
         raise PlanError(f"config {where}: {e}") from None
+    except TypeError as e:  # a constructor taking **options that does not say which
+        raise PlanError(
+            f"config {where}: backend {name!r} does not declare its options: {e}"
+        ) from None
     except ImportError as e:
         raise PlanError(
             f"config {where}: backend {name!r} cannot be imported ({e}); is its extra installed "
