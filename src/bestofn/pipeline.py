@@ -20,7 +20,7 @@ import pyarrow as pa
 from bestofn import __version__
 from bestofn.audio import mono_at
 from bestofn.backends import registry
-from bestofn.backends.base import Generator, Restorer, Scorer
+from bestofn.backends.base import Generator, Restorer, Scorer, Take
 from bestofn.groupio import TAKES, take_name, write_group
 from bestofn.spec import GroupSpec
 
@@ -32,6 +32,44 @@ ARROW_TYPES = {
     "VARCHAR": pa.string(),
     "BOOLEAN": pa.bool_(),
 }
+
+
+# How a take ended (column ``stop_reason``): the stop head fired ('eos'), the frame budget cut
+# it ('budget', and ``truncated`` is true), or it has no audio at all ('empty').
+STOP_REASONS = ("eos", "budget", "empty")
+# An empty take is published as this much digital silence (a 0-frame FLAC does not decode);
+# its row says stop_reason 'empty' and n_frames 0, and duration_s is the silence's length.
+EMPTY_TAKE_S = 0.25
+
+
+def take_ending(take: Take, generator: str) -> dict:
+    """``n_frames``, ``truncated`` and ``stop_reason`` of one take, from its meta.
+
+    A generator without codec frames (piper) leaves ``n_frames`` unset (NULL). A take with no
+    audio samples is 'empty' whatever its meta says; a truncated one is 'budget'."""
+    meta = take.meta or {}
+    n_frames = meta.get("n_frames")
+    truncated = bool(meta.get("truncated", False))
+    reason = meta.get("stop_reason")
+    if np.asarray(take.audio).shape[0] == 0:
+        reason = "empty"
+    elif reason is None:
+        reason = "budget" if truncated else "eos"
+    if reason not in STOP_REASONS or (truncated and reason == "eos"):
+        raise RuntimeError(
+            f"generator {generator!r}: take with seed {take.seed} says stop_reason {reason!r}, "
+            f"truncated {truncated}; expected one of {STOP_REASONS} ('budget' when truncated)"
+        )
+    return {
+        "n_frames": None if n_frames is None else int(n_frames),
+        "truncated": truncated and reason == "budget",
+        "stop_reason": reason,
+    }
+
+
+def _silence_like(audio: np.ndarray, sample_rate: int) -> np.ndarray:
+    n = max(1, int(round(EMPTY_TAKE_S * sample_rate)))
+    return np.zeros((n, *np.asarray(audio).shape[1:]), dtype=np.float32)
 
 
 def stable_hash(obj) -> str:
@@ -73,7 +111,13 @@ class Backends:
 
 
 def load_backends(models: dict, device: str = "cpu") -> Backends:
-    """Build every backend named in the config's ``models`` section, once."""
+    """Build every backend named in the config's ``models`` section, once.
+
+    The weight files' facts are compared first (nothing loads on a mismatch), the rates between
+    the loaded stages after (bestofn.agreement): either raises AgreementError naming both."""
+    from bestofn import agreement
+
+    agreement.check_files(models)
     t0 = time.perf_counter()
     gen = models["generator"]
     rest = models.get("restorer") or {"backend": "identity"}
@@ -89,12 +133,16 @@ def load_backends(models: dict, device: str = "cpu") -> Backends:
             if col in seen:
                 raise ValueError(f"scorers {seen[col]!r} and {s.name!r} both write column {col!r}")
             seen[col] = s.name
+    backends = Backends(generator, restorer, scorers, models)
+    agreement.check_loaded(backends)
     provenance = {
         "generator": generator.provenance(),
         "restorer": restorer.provenance(),
         "scorers": [s.provenance() for s in scorers],
     }
-    return Backends(generator, restorer, scorers, models, time.perf_counter() - t0, provenance)
+    backends.provenance = provenance
+    backends.load_s = time.perf_counter() - t0
+    return backends
 
 
 def _check_scores(scorer: Scorer, scores: dict, n: int) -> None:
@@ -117,11 +165,14 @@ def run_group(
     worker_idle_s: float = 0.0,
     device: str = "cpu",
     worker_slot: int = -1,
+    paths_relative_to: Path | None = None,
 ) -> dict:
     """Generate, restore, score and atomically write one group. Returns its stage timings.
 
     ``charged_load_s`` is the model-load time attributed to this group (the whole load when the
-    group's own process loaded the models; 0 for later groups on a warm worker)."""
+    group's own process loaded the models; 0 for later groups on a warm worker).
+    ``flac_path`` is recorded relative to ``paths_relative_to`` (the workflow's working
+    directory; default: this process's)."""
     group_dir = Path(group_dir)
     started = datetime.now(UTC)
     t = {}
@@ -130,12 +181,16 @@ def run_group(
     takes = backends.generator.generate(spec)
     if len(takes) != spec.n_takes:
         raise RuntimeError(f"generator returned {len(takes)} takes, expected {spec.n_takes}")
+    endings = [take_ending(tk, backends.generator.name) for tk in takes]
+    gen_rate = backends.generator.sample_rate
+    raw = [
+        _silence_like(tk.audio, gen_rate) if end["stop_reason"] == "empty" else tk.audio
+        for tk, end in zip(takes, endings, strict=True)
+    ]
     t["generate_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    audios, sr = backends.restorer.restore(
-        [tk.audio for tk in takes], backends.generator.sample_rate
-    )
+    audios, sr = backends.restorer.restore(raw, gen_rate)
     t["restore_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -159,7 +214,7 @@ def run_group(
     t["score_s"] = time.perf_counter() - t0
 
     load_s = backends.load_s if charged_load_s is None else charged_load_s
-    rows = _rows(spec, takes, audios, sr, scores, backends, group_dir)
+    rows = _rows(spec, takes, endings, audios, sr, scores, backends, group_dir, paths_relative_to)
     fixed = {
         "group_generate_s": t["generate_s"],
         "group_restore_s": t["restore_s"],
@@ -193,21 +248,28 @@ def run_group(
     return t
 
 
-def _rows(spec, takes, audios, sr, scores, backends: Backends, group_dir: Path) -> pa.Table:
+def _rows(
+    spec, takes, endings, audios, sr, scores, backends: Backends, group_dir: Path, relative_to
+) -> pa.Table:
     n = len(audios)
     provenance = json.dumps(backends.provenance, sort_keys=True)
     cols = {
+    base = Path(relative_to) if relative_to is not None else Path.cwd()
+    takes_dir = Path(os.path.relpath(Path(group_dir).absolute() / TAKES, base.absolute()))
         "group_id": pa.array([spec.group_id] * n),
         "emotion": pa.array([spec.emotion] * n),
         "prompt_id": pa.array([spec.prompt_id] * n),
         "take": pa.array(range(n), pa.int32()),
         "seed": pa.array([tk.seed for tk in takes], pa.int64()),
         "text": pa.array([spec.text] * n),
-        "flac_path": pa.array([str(group_dir / TAKES / take_name(i)) for i in range(n)]),
+        "flac_path": pa.array([str(takes_dir / take_name(i)) for i in range(n)]),
         "duration_s": pa.array([a.shape[0] / sr for a in audios], pa.float64()),
         "sample_rate": pa.array([sr] * n, pa.int32()),
         "channels": pa.array([1 if a.ndim == 1 else a.shape[1] for a in audios], pa.int32()),
         "reference_audio": pa.array([spec.reference_audio or ""] * n),
+        "n_frames": pa.array([e["n_frames"] for e in endings], pa.int32()),
+        "truncated": pa.array([e["truncated"] for e in endings], pa.bool_()),
+        "stop_reason": pa.array([e["stop_reason"] for e in endings], pa.string()),
     }
     for scorer in backends.scorers:
         for col, typ in scorer.columns.items():

@@ -16,7 +16,12 @@ import jsonschema
 import yaml
 
 from bestofn import schemas
-from bestofn.backends.registry import REGISTRY, UnknownBackend, backend_class
+from bestofn.backends.registry import (
+    UnknownBackend,
+    backend_class,
+    check_name,
+    is_plugin,
+)
 from bestofn.spec import GroupSpec
 
 
@@ -183,11 +188,12 @@ def check_models(models: dict, base: Path = Path(".")) -> None:
     then options that the backend does not know."""
     missing = []
     for role, _, entry in _roles(models):
-        if entry["backend"] not in REGISTRY[role]:
-            known = ", ".join(sorted(REGISTRY[role]))
-            raise PlanError(
-                f"config models: unknown {role} backend {entry['backend']!r}; known: {known}"
-            )
+        try:
+            check_name(role, entry["backend"])
+            if is_plugin(entry["backend"]):  # your own class: it must import now, not mid-run
+                backend_class(role, entry["backend"])
+        except UnknownBackend as e:
+            raise PlanError(f"config models: {e}") from None
         for key, value in (entry.get("options") or {}).items():
             if _is_weight_option(key) and isinstance(value, str) and value:
                 path = Path(value).expanduser()
@@ -200,6 +206,12 @@ def check_models(models: dict, base: Path = Path(".")) -> None:
         )
     for role, where, entry in _roles(models):
         check_options(role, where, entry)
+    from bestofn.agreement import AgreementError, check_files
+
+    try:  # codebooks and sample rates the weight files state (small JSON/YAML reads)
+        check_files(models, base)
+    except AgreementError as e:
+        raise PlanError(f"config models: {e}") from None
 
 
 def load_config(path: str | Path) -> dict:

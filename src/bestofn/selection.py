@@ -21,6 +21,9 @@ BASE_COLUMNS = {
     "duration_s": "DOUBLE",
     "sample_rate": "INTEGER",
     "channels": "INTEGER",
+    "n_frames": "INTEGER",  # codec frames generated (NULL for generators without frames)
+    "truncated": "BOOLEAN",  # cut by the frame budget
+    "stop_reason": "VARCHAR",  # 'eos' | 'budget' | 'empty'
     "reference_audio": "VARCHAR",
     "generator": "VARCHAR",
     "models": "VARCHAR",

@@ -119,7 +119,14 @@ class PiperGenerator(Generator):
 
     def generate(self, spec: GroupSpec) -> list[Take]:
         ids = self.phoneme_ids(spec.text)
-        return [Take(self.synthesize(ids, seed), seed) for seed in spec.seeds()]
+        takes = []
+        for seed in spec.seeds():
+            audio = self.synthesize(ids, seed)
+            # VITS has no codec frames and no frame budget: it is never cut, n_frames is NULL.
+            reason = "eos" if audio.shape[0] else "empty"
+            meta = {"n_frames": None, "truncated": False, "stop_reason": reason}
+            takes.append(Take(audio, seed, meta))
+        return takes
 
     def provenance(self) -> dict:
         return {

@@ -1,5 +1,8 @@
 """Backends chosen by name in config. Entries are import paths, so naming a backend
-never imports the heavy libraries of the others (nemo, transformers, onnxruntime...)."""
+never imports the heavy libraries of the others (nemo, transformers, onnxruntime...).
+
+A config may also name its own backend by import path, ``package.module:Class`` (a plugin:
+any importable class deriving from the role's base class in ``bestofn.backends.base``)."""
 
 from __future__ import annotations
 
@@ -36,16 +39,39 @@ class UnknownBackend(ValueError):
     pass
 
 
-def backend_class(role: str, name: str) -> type:
-    try:
-        target = REGISTRY[role][name]
-    except KeyError:
+def is_plugin(name: str) -> bool:
+    """A backend named by import path (``package.module:Class``) rather than a short name."""
+    return ":" in name
+
+
+def check_name(role: str, name: str) -> None:
+    """Raise UnknownBackend for a short name that is not registered (imports nothing)."""
+    if not is_plugin(name) and name not in REGISTRY.get(role, {}):
         known = ", ".join(sorted(REGISTRY.get(role, {})))
-        raise UnknownBackend(f"unknown {role} backend {name!r}; known: {known}") from None
+        raise UnknownBackend(
+            f"unknown {role} backend {name!r}; known: {known}, or your own class as "
+            "'package.module:Class'"
+        )
+
+
+def backend_class(role: str, name: str) -> type:
+    check_name(role, name)
+    target = name if is_plugin(name) else REGISTRY[role][name]
     module_name, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), attr)
-    if not issubclass(cls, ROLE_BASE[role]):
-        raise TypeError(f"{target} is not a {ROLE_BASE[role].__name__}")
+    if is_plugin(name):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as e:
+            raise UnknownBackend(
+                f"{role} backend {name!r}: cannot import {module_name}: {e}"
+            ) from None
+        if not attr or not hasattr(module, attr):
+            raise UnknownBackend(f"{role} backend {name!r}: module {module_name} has no {attr!r}")
+        cls = getattr(module, attr)
+    else:
+        cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, ROLE_BASE[role])):
+        raise UnknownBackend(f"{role} backend {target} is not a {ROLE_BASE[role].__name__}")
     return cls
 
 
