@@ -92,7 +92,7 @@ def test_bad_requests_get_4xx_and_worker_keeps_serving(pool, tmp_path, url, body
 
 
 def test_malformed_json_and_paths_outside_results(pool, tmp_path):
-    start(pool, tmp_path)
+    h = start(pool, tmp_path)
     from bestofn.worker.uds_http import UnixHTTPConnection
 
     conn = UnixHTTPConnection(pool.socket(0), timeout=10)
@@ -105,7 +105,7 @@ def test_malformed_json_and_paths_outside_results(pool, tmp_path):
     for out in ("/etc/evil", str(tmp_path / "results/../escape")):
         got, answer, _ = request(
             pool.socket(0), "POST", "/v1/groups",
-            {"spec": spec, "out": out, "models_hash": stable_hash(MODELS)},
+            {"spec": spec, "out": out, "worker_key": h["worker_key"]},
         )  # fmt: skip
         assert got == 403 and "outside the results directory" in answer["error"]
     assert not (tmp_path / "escape").exists()
@@ -132,7 +132,7 @@ def test_killed_client_does_not_wedge_worker(pool, tmp_path):
     spec = {"emotion": "calm", "prompt_id": "p1", "text": "One two three four five.", "n_takes": 3}
     body = json.dumps(
         {"spec": spec, "out": str(tmp_path / "results/groups/calm/p1"),
-         "models_hash": stable_hash(MODELS)}
+         "worker_key": h["worker_key"]}
     )  # fmt: skip
     script = (
         "import sys; from bestofn.worker.uds_http import request; "

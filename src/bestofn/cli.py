@@ -62,7 +62,7 @@ def _worker(args) -> int:
         models = json.load(f)
     serve(
         args.socket, models, args.models_hash, args.results, args.device, args.slot,
-        args.idle_timeout, args.flac_subtype,
+        args.idle_timeout, args.flac_subtype, args.worker_key,
     )  # fmt: skip
     return 0
 
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--flac-subtype", default=schema("config")["properties"]["flac_subtype"]["default"]
     )
+    p.add_argument("--worker-key", help="the key of the worker spec (client.worker_spec)")
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="status or stop of this workflow directory's workers")

@@ -4,7 +4,13 @@ the right models (start or replace it), send the group, wait for the published d
 Slot pool: ``slots x queue_depth`` lock files taken with non-blocking flock. A job holds one
 for its whole request, so at most ``queue_depth`` groups are sent to one worker at a time: one
 running, the next already waiting. Places are tried place-major (q0 on every slot, then q1...),
-which spreads groups over GPUs before queueing behind a busy one."""
+which spreads groups over GPUs before queueing behind a busy one.
+
+Worker contract (``bestofn.worker.contract``): a warm worker is reused only when it is healthy
+and its key (models, device, FLAC subtype, results directory) is the one the group needs; any
+other worker on the slot is stopped first (and waited for) and a fresh one started. A worker
+that answered "fatal device error" is waited for until its process is gone, so neither its
+socket nor its pid file can route a retry to it."""
 
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ from pathlib import Path
 from bestofn.groupio import SCORES
 from bestofn.pipeline import stable_hash
 from bestofn.schemas import runtime_defaults
+from bestofn.worker.contract import spec_difference, worker_key, worker_spec
 from bestofn.worker.uds_http import request
 
 log = logging.getLogger("bestofn.client")
@@ -178,45 +185,78 @@ def _wait_gone(pid: int | None, timeout: float) -> bool:
 
 def stop_worker(pool: SlotPool, slot: int, timeout: float = 120.0) -> bool:
     """Ask a slot's worker to exit after its current group; kill it if it doesn't."""
+def _is_worker(pid: int | None, sock: str) -> bool:
+    """True while ``pid`` runs and is the worker of ``sock`` (a recycled pid is not)."""
+    if not pid or not _pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc (or not ours to read): trust the pid
+    return os.fsencode(sock) in cmdline
+
+
     sock, pid = pool.socket(slot), _read_pid(pool.pidfile(slot))
     with contextlib.suppress(OSError, http.client.HTTPException):
         request(sock, "POST", "/v1/shutdown", {}, timeout=5)
     if not _wait_gone(pid, timeout) and pid:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         _wait_gone(pid, 10)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(sock)
     return True
 
+    if not _is_worker(pid, sock):
+        pid = None  # gone, or the pid was recycled by another process: never signal that one
 
 def ensure_worker(
     pool: SlotPool, slot: int, models: dict, results_dir: Path, rt: Runtime, log_dir: Path,
     flac_subtype: str = "PCM_16",
 ) -> dict:  # fmt: skip
-    """Return the health of a ready worker on ``slot`` serving ``models``, starting it if needed."""
-    want = stable_hash(models)
+    """Return the health of a ready worker on ``slot`` for this spec, starting it if needed."""
+    spec = slot_spec(pool, slot, models, results_dir, flac_subtype)
+    key = worker_key(spec)
     sock = pool.socket(slot)
     h = health(sock)
-    if h and h["models_hash"] == want and h["status"] == "ok":
+    if _serves(h, key):
+def slot_spec(
+    pool: SlotPool, slot: int, models: dict, results_dir: Path, flac_subtype: str
+) -> dict:
+    """The spec of the worker a group on ``slot`` needs (see bestofn.worker.contract)."""
+    visible = pool.cuda_visible(slot) if pool.device.startswith("cuda") else None
+    return worker_spec(models, pool.device, flac_subtype, results_dir, visible)
+
+
+def _serves(h: dict | None, key: str) -> bool:
+    return bool(h) and h.get("status") == "ok" and h.get("worker_key") == key
+
+
         return h
     with pool.starter(slot):
         h = health(sock)
-        if h and h["models_hash"] == want and h["status"] == "ok":
+        if _serves(h, key):
             return h
         pid = _read_pid(pool.pidfile(slot))
-        if h is not None:  # other models, or on its way out: replace it
-            log.info("slot %d: replacing worker %s (models %s)", slot, h["pid"], h["models_hash"])
+        if h is not None:  # another spec, stopping, or dying of a device error: replace it
+            if h.get("fatal_error"):
+                why = f"dying of a fatal device error: {h['fatal_error']}"
+            elif h.get("worker_key") != key:
+                why = f"spec differs: {spec_difference(h, spec)}"
+            else:
+                why = h.get("status")
+            log.info("slot %d: replacing worker %s (%s)", slot, h["pid"], why)
             stop_worker(pool, slot, timeout=rt.start_timeout_s)
-        elif pid and _pid_alive(pid):
+        elif _is_worker(pid, sock):
             # A worker still loading (its starter may have died): give it the start timeout.
-            h = _wait_ready(sock, None, rt.start_timeout_s, None)
-            if h and h["models_hash"] == want:
+            h = _wait_ready(sock, None, rt.start_timeout_s, None, pid=pid)
+            if _serves(h, key):
                 return h
             stop_worker(pool, slot, timeout=10)
-        return _start(pool, slot, models, want, results_dir, rt, log_dir, flac_subtype)
+        return _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype)
 
 
-def _start(pool, slot, models, models_hash, results_dir, rt, log_dir, flac_subtype) -> dict:
+def _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"slot{slot}.log"
     models_file = pool.dir / f"slot{slot}.models.json"
@@ -229,7 +269,8 @@ def _start(pool, slot, models, models_hash, results_dir, rt, log_dir, flac_subty
     cmd = [
         sys.executable, "-m", "bestofn.cli", "worker",
         "--socket", pool.socket(slot), "--slot", str(slot), "--device", device,
-        "--models-file", str(models_file), "--models-hash", models_hash,
+        "--models-file", str(models_file), "--models-hash", stable_hash(models),
+        "--worker-key", key,
         "--results", str(results_dir), "--idle-timeout", str(rt.idle_timeout_s),
         "--flac-subtype", flac_subtype,
     ]  # fmt: skip
@@ -256,7 +297,8 @@ def _tail(path: Path | None, n: int = 20) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
-def _wait_ready(sock, proc, timeout, log_path) -> dict | None:
+def _wait_ready(sock, proc, timeout, log_path, pid: int | None = None) -> dict | None:
+    """Health once the worker answers; None after ``timeout`` or once ``pid`` has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         h = health(sock, timeout=2)
@@ -276,18 +318,31 @@ def run_group_via_worker(
     results_dir: str, flac_subtype: str = "PCM_16",
 ) -> dict:  # fmt: skip
     """What a group job does with workers on: returns the worker's answer."""
+        if pid is not None and not _pid_alive(pid):
+            return None
     rt = Runtime.from_config(runtime)
     models = json.loads(models_json)
     state = Path(rt.state_dir) if rt.state_dir else default_state_dir()
     pool = SlotPool(state, rt.slots or detect_slots(device), rt.queue_depth, device)
+def _await_exit(pool: SlotPool, slot: int, pid: int | None, timeout: float = 60.0) -> None:
+    """A worker that announced a fatal error exits by itself; make sure it is gone (kill it if
+    it hangs) before the job fails, so the retry finds no socket or pid to go back to."""
+    if pid and not _wait_gone(pid, timeout) and _is_worker(pid, pool.socket(slot)):
+        log.warning(
+            "slot %d: dying worker %d still runs after %.0f s: killing it", slot, pid, timeout
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _wait_gone(pid, 10)
+    if _read_pid(pool.pidfile(slot)) == pid:
+        pool.pidfile(slot).unlink(missing_ok=True)
+
+
     log_dir = Path(rt.log_dir or Path(results_dir) / "logs" / "workers")
-    body = {"spec": json.loads(params), "out": str(Path(out).resolve()),
-            "models_hash": stable_hash(models)}  # fmt: skip
+    results = Path(results_dir).resolve()
     with pool.place() as slot:
         for attempt in range(3):
-            h = ensure_worker(
-                pool, slot, models, Path(results_dir).resolve(), rt, log_dir, flac_subtype
-            )
+            h = ensure_worker(pool, slot, models, results, rt, log_dir, flac_subtype)
             log.info("slot %d: worker pid %s, %d groups served", slot, h["pid"], h["groups_served"])
             try:
                 status, answer, _ = request(pool.socket(slot), "POST", "/v1/groups", body)
@@ -297,7 +352,17 @@ def run_group_via_worker(
                     f"see {log_dir / f'slot{slot}.log'}. The group was not published; a retry "
                     "starts a fresh worker."
                 ) from None
-            if status in (409, 503) and attempt < 2:  # replaced or stopping: start again
+            if isinstance(answer, dict) and answer.get("fatal"):
+                _await_exit(pool, slot, h["pid"])
+                raise WorkerError(
+                    f"worker pid {h['pid']} on slot {slot} hit a fatal device error while "
+                    f"running {out} ({answer['fatal']}) and has exited; see "
+                    f"{log_dir / f'slot{slot}.log'}. The group was not published; a retry "
+                    "starts a fresh worker."
+                )
+            if status in (409, 503) and attempt < 2:  # replaced, stopping or dying: again
+            body = {"spec": json.loads(params), "out": str(Path(out).resolve()),
+                    "worker_key": h["worker_key"], "workdir": os.getcwd()}  # fmt: skip
                 continue
             if status != 200:
                 raise WorkerError(

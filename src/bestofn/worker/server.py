@@ -8,7 +8,13 @@ then serves over a Unix socket that only its owner can reach:
 
 Groups run one at a time (the GPU is the bottleneck); further requests wait in a FIFO queue,
 so with two clients per slot the next group is already waiting when one finishes. The worker
-exits by itself after ``idle_timeout_s`` with nothing running or queued."""
+exits by itself after ``idle_timeout_s`` with nothing running or queued.
+
+A worker never serves after a fatal device error (``fatal_device_error``): it answers that
+request with a 500 that says it is exiting, answers every queued or later request with a 503,
+and exits the process (``EXIT_FATAL``) as soon as those answers are out. The group was not
+published (nothing is written before the whole group is scored), and the client's retry
+starts a fresh worker: ``/health`` says ``"status": "dying"`` until the process is gone."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import json
 import logging
 import os
 import socketserver
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -31,6 +38,59 @@ from bestofn.spec import GroupSpec
 log = logging.getLogger("bestofn.worker")
 
 MAX_BODY = 1 << 20  # requests are small JSON documents
+EXIT_FATAL = 70  # exit status after a fatal device error (EX_SOFTWARE)
+EXIT_GRACE_S = 30.0  # at most this long to get the answers out before exiting anyway
+
+# Messages of errors after which the CUDA context (or the device) cannot be trusted. A CUDA
+# kernel fault is "sticky": every later CUDA call in the process fails or, worse, computes
+# garbage, so the only recovery is a new process. torch raises them as torch.AcceleratorError
+# ("CUDA error: ..."); NeMo, cuDNN, cuBLAS and onnxruntime's CUDA provider raise RuntimeError
+# or their own types with these messages.
+_FATAL_MESSAGES = (
+    "cuda error",  # any cudaError_t that torch reports (C10_CUDA_CHECK), OOM excepted below
+    "device-side assert",
+    "illegal memory access",
+    "an illegal instruction",
+    "misaligned address",
+    "unspecified launch failure",
+    "cuda failure",  # onnxruntime's CUDA execution provider
+    "cudnn_status_execution_failed",
+    "cudnn_status_internal_error",
+    "cublas_status_execution_failed",
+    "cublas_status_internal_error",
+    "uncorrectable ecc error",
+    "cuda driver",
+    "nccl error",
+)
+
+
+def fatal_device_error(exc: BaseException) -> str | None:
+    """Why ``exc`` (or an exception it was raised from) leaves the device unusable, else None.
+
+    Fatal: torch.AcceleratorError and every error whose message names a CUDA error, a
+    device-side assert, an illegal address or instruction, a launch failure, or a cuDNN /
+    cuBLAS execution or internal failure. Those are sticky: the process's CUDA context is
+    poisoned, so a worker that went on would fail (or silently corrupt) every later group.
+    An unknown "CUDA error: ..." counts as fatal: a needless restart costs one model load,
+    serving from a broken context costs every later group.
+
+    Not fatal: running out of memory (torch.OutOfMemoryError, "CUDA out of memory", "CUDA
+    error: out of memory"). An allocation that failed never ran a kernel; the context stays
+    valid and the memory of the failed group is released when its tensors go, so the worker
+    frees its cache and keeps serving (the group itself fails and is retried). Errors without
+    a device in them (a bad option, a scorer bug) are not fatal either."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        names = {t.__name__ for t in type(e).__mro__}
+        text = str(e).lower()
+        oom = "OutOfMemoryError" in names or "out of memory" in text
+        if not oom and ("AcceleratorError" in names or any(m in text for m in _FATAL_MESSAGES)):
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            return f"{type(e).__name__}: {first}"
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class BadRequest(Exception):
@@ -79,8 +139,17 @@ class Worker:
         slot: int,
         idle_timeout_s: float,
         flac_subtype: str = "PCM_16",
+        worker_key: str | None = None,
     ):
+        from bestofn.worker.contract import worker_key as key_of
+        from bestofn.worker.contract import worker_spec
+
         self.models_hash = models_hash
+        # The spec this worker serves; the group job that started it passes its key (which
+        # also covers the physical GPU behind the slot); computed here when started by hand.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES") if device.startswith("cuda") else None
+        self.spec = worker_spec(models, device, flac_subtype, results_dir, visible)
+        self.worker_key = worker_key or key_of(self.spec)
         self.results_dir = results_dir.resolve()
         self.device = device
         self.slot = slot
@@ -96,14 +165,22 @@ class Worker:
         self.last_active = time.monotonic()  # end of the last job (or readiness)
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.fatal: str | None = None  # set once: the device error this worker dies of
+        self.open_requests = 0  # POSTs not yet answered (the fatal exit waits for them)
+        self.on_exit = None  # set by the server: cleanup before a fatal exit
         log.info("slot %s: models loaded in %.1f s on %s", slot, self.backends.load_s, device)
 
     def health(self) -> dict:
+        status = "dying" if self.fatal else "stopping" if self.stopping.is_set() else "ok"
         return {
-            "status": "stopping" if self.stopping.is_set() else "ok",
+            "status": status,
+            "fatal_error": self.fatal,
             "pid": os.getpid(),
             "slot": self.slot,
             "device": self.device,
+            "worker_key": self.worker_key,
+            "spec": {k: v for k, v in self.spec.items() if k != "models"},
+            "flac_subtype": self.flac_subtype,
             "models_hash": self.models_hash,
             "models_loaded": True,
             "load_count": self.load_count,
@@ -125,11 +202,20 @@ class Worker:
             )
         return path
 
+    def refuse_if_dying(self) -> None:
+        if self.fatal:
+            raise BadRequest(
+                503,
+                f"worker pid {os.getpid()} is exiting after a fatal device error ({self.fatal}); "
+                "nothing was run; a retry gets a fresh worker",
+            )
+
     def run_group(self, body: dict) -> dict:
-        if body.get("models_hash") != self.models_hash:
+        if body.get("worker_key") != self.worker_key:
             raise BadRequest(
                 409,
-                f"worker serves models {self.models_hash}, request wants {body.get('models_hash')}",
+                f"worker serves spec {self.worker_key}, request wants {body.get('worker_key')} "
+                "(models, device, flac_subtype and results directory must all match)",
             )
         try:
             spec = GroupSpec(**body["spec"])
@@ -142,21 +228,25 @@ class Worker:
             if not ref.is_file():
                 raise BadRequest(400, f"reference_audio {spec.reference_audio!r} does not exist")
         out = self._confined(str(body.get("out", "")))
+        workdir = body.get("workdir")
         with self._active():
             with self.gate:
+                self.refuse_if_dying()  # queued behind the group that broke the device
                 idle = time.monotonic() - self.last_active
                 first = self.groups_served == 0
                 try:
-                    timings = run_group(
-                        spec,
-                        self.backends,
-                        out,
-                        flac_subtype=self.flac_subtype,
-                        charged_load_s=self.backends.load_s if first else 0.0,
-                        worker_idle_s=idle,
-                        device=self.device,
-                        worker_slot=self.slot,
-                    )
+                    with self._device_guard():
+                        timings = run_group(
+                            spec,
+                            self.backends,
+                            out,
+                            flac_subtype=self.flac_subtype,
+                            charged_load_s=self.backends.load_s if first else 0.0,
+                            worker_idle_s=idle,
+                            device=self.device,
+                            worker_slot=self.slot,
+                            paths_relative_to=Path(workdir) if workdir else None,
+                        )
                 finally:
                     self.last_active = time.monotonic()
                 self.groups_served += 1
@@ -184,15 +274,29 @@ class Worker:
             raise BadRequest(400, "'seed' must be a non-negative integer")
         spec = GroupSpec("speech", "api", " ".join(text.split()), 1, seed, reference_audio=voice)
         with self._active(), self.gate:
-            takes = self.backends.generator.generate(spec)
-            audios, sr = self.backends.restorer.restore(
-                [t.audio for t in takes], self.backends.generator.sample_rate
-            )
+            self.refuse_if_dying()
+            with self._device_guard():
+                takes = self.backends.generator.generate(spec)
+                audios, sr = self.backends.restorer.restore(
+                    [t.audio for t in takes], self.backends.generator.sample_rate
+                )
             self.last_active = time.monotonic()
             self.speech_served += 1
         buf = io.BytesIO()
         sf.write(buf, audios[0], sr, format=fmt.upper(), subtype="PCM_16")
         return buf.getvalue(), f"audio/{fmt}"
+
+    @contextlib.contextmanager
+    def _device_guard(self):
+        """Inside the gate: a fatal device error marks the worker dying before the gate lets
+        the next queued request in, so nothing else ever runs on the broken context."""
+        try:
+            yield
+        except Exception as e:
+            reason = fatal_device_error(e)
+            if reason is not None:
+                self.die(reason)
+            raise
 
     @contextlib.contextmanager
     def _active(self):
@@ -211,6 +315,49 @@ class Worker:
             if self.in_flight:
                 return 0.0
         return time.monotonic() - self.last_active
+
+    # ---- fatal device errors ---------------------------------------------------------------
+
+    def die(self, reason: str) -> None:
+        """Stop taking work and exit once every open request has its answer."""
+        with self.lock:
+            if self.fatal:
+                return
+            self.fatal = reason
+        self.stopping.set()
+        log.error(
+            "slot %s: fatal device error (%s): answering open requests with errors, then "
+            "exiting; the CUDA context of this process is not used again",
+            self.slot,
+            reason,
+        )
+        threading.Thread(target=self._exit_when_answered, daemon=True).start()
+
+    def _exit_when_answered(self) -> None:
+        deadline = time.monotonic() + EXIT_GRACE_S
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.open_requests == 0:
+                    break
+            time.sleep(0.02)
+        self.exit_now()
+
+    def exit_now(self) -> None:
+        """Leave at once: no interpreter shutdown, no CUDA teardown in a poisoned context."""
+        with contextlib.suppress(Exception):
+            if self.on_exit is not None:
+                self.on_exit()
+        log.error(
+            "slot %s: worker pid %d exited after a fatal device error (%s), %d groups served",
+            self.slot,
+            os.getpid(),
+            self.fatal,
+            self.groups_served,
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_FATAL)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -253,6 +400,12 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(400, "body must be a JSON object")
         return body
 
+    def _drain_body(self) -> None:
+        with contextlib.suppress(ValueError):
+            length = int(self.headers.get("Content-Length") or 0)
+            if 0 < length <= MAX_BODY:
+                self.rfile.read(length)
+
     def do_GET(self):
         if self.path == "/health":
             self._send(200, self.worker.health())
@@ -260,24 +413,65 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no such endpoint GET {self.path}"})
 
     def do_POST(self):
+        worker = self.worker
+        with worker.lock:
+            worker.open_requests += 1
         try:
+            self._post()
+        finally:
+            with worker.lock:
+                worker.open_requests -= 1
+
+    def _post(self):
+        worker = self.worker
+        try:
+            if self.path in ("/v1/groups", "/v1/audio/speech"):
+                worker.refuse_if_dying()
             if self.path == "/v1/groups":
-                if self.worker.stopping.is_set():
+                if worker.stopping.is_set():
                     raise BadRequest(503, "worker is stopping")
-                self._send(200, self.worker.run_group(self._json_body()))
+                self._send(200, worker.run_group(self._json_body()))
             elif self.path == "/v1/audio/speech":
-                data, ctype = self.worker.speech(self._json_body())
+                data, ctype = worker.speech(self._json_body())
                 self._send(200, data, ctype)
             elif self.path == "/v1/shutdown":
+                self._drain_body()  # a body left unread would parse as the next request
                 self._send(200, {"status": "stopping"})
                 self.server.begin_shutdown()
             else:
                 self._send(404, {"error": f"no such endpoint POST {self.path}"})
         except BadRequest as e:
-            self._send(e.status, {"error": str(e)})
-        except Exception as e:  # a failed group: report it, keep serving
-            log.exception("request %s failed", self.path)
-            self._send(500, {"error": f"{type(e).__name__}: {e}"})
+            self._send(e.status, {"error": str(e), "worker_exiting": bool(worker.fatal)})
+        except Exception as e:
+            reason = fatal_device_error(e)
+            if reason is None:  # a failed group: report it, keep serving
+                log.exception("request %s failed", self.path)
+                _release_cached_memory()
+                self._send(500, {"error": f"{type(e).__name__}: {e}"})
+                return
+            log.exception("request %s hit a fatal device error", self.path)
+            worker.die(reason)
+            self._send(
+                500,
+                {
+                    "error": f"fatal device error in worker pid {os.getpid()}: {reason}. The "
+                    "worker is exiting and the group was not published; a retry gets a fresh "
+                    "worker",
+                    "fatal": reason,
+                    "worker_exiting": True,
+                    "pid": os.getpid(),
+                },
+            )
+
+
+def _release_cached_memory() -> None:
+    """After a failed request (e.g. out of memory), give the failed group's cached blocks
+    back, so the next group starts from the same free memory as a fresh worker."""
+    torch = sys.modules.get("torch")  # never import torch just for this
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
 
 
 class WorkerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -295,6 +489,14 @@ class WorkerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         finally:
             os.umask(old)
         os.chmod(socket_path, 0o600)
+        self.socket_inode = os.stat(socket_path).st_ino
+        worker.on_exit = self.unlink_socket
+
+    def unlink_socket(self) -> None:
+        """Remove our socket file, never a successor's that was bound at the same path."""
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.socket_path).st_ino == self.socket_inode:
+                os.unlink(self.socket_path)
 
     def begin_shutdown(self):
         def stop():
@@ -326,17 +528,20 @@ def serve(
     slot: int,
     idle_timeout_s: float,
     flac_subtype: str = "PCM_16",
+    worker_key: str | None = None,
 ) -> None:
     worker = Worker(
-        models, models_hash, Path(results_dir), device, slot, idle_timeout_s, flac_subtype
-    )
+        models, models_hash, Path(results_dir), device, slot, idle_timeout_s, flac_subtype,
+        worker_key,
+    )  # fmt: skip
     server = WorkerServer(socket_path, worker)
     server.reap_when_idle()
-    log.info("slot %s: serving on %s", slot, socket_path)
+    log.info("slot %s: serving on %s (pid %d)", slot, socket_path, os.getpid())
     try:
         server.serve_forever(poll_interval=0.2)
     finally:
+        if worker.fatal:  # never a normal interpreter exit from a poisoned CUDA context
+            worker.exit_now()
         server.server_close()
-        if os.path.exists(socket_path):
-            os.unlink(socket_path)
+        server.unlink_socket()
         log.info("slot %s: stopped after %d groups", slot, worker.groups_served)
