@@ -127,13 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--models-file", required=True)
     p.add_argument("--models-hash", required=True)
+    p.add_argument("--worker-key", help="the key of the worker spec (client.worker_spec)")
     p.add_argument("--results", required=True, help="requests may only write below this")
     # defaults as the config schema declares them (group jobs always pass both)
     p.add_argument("--idle-timeout", type=float, default=runtime_defaults()["idle_timeout_s"])
     p.add_argument(
         "--flac-subtype", default=schema("config")["properties"]["flac_subtype"]["default"]
     )
-    p.add_argument("--worker-key", help="the key of the worker spec (client.worker_spec)")
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="status or stop of this workflow directory's workers")

@@ -253,9 +253,9 @@ def _rows(
 ) -> pa.Table:
     n = len(audios)
     provenance = json.dumps(backends.provenance, sort_keys=True)
-    cols = {
     base = Path(relative_to) if relative_to is not None else Path.cwd()
     takes_dir = Path(os.path.relpath(Path(group_dir).absolute() / TAKES, base.absolute()))
+    cols = {
         "group_id": pa.array([spec.group_id] * n),
         "emotion": pa.array([spec.emotion] * n),
         "prompt_id": pa.array([spec.prompt_id] * n),
@@ -266,10 +266,10 @@ def _rows(
         "duration_s": pa.array([a.shape[0] / sr for a in audios], pa.float64()),
         "sample_rate": pa.array([sr] * n, pa.int32()),
         "channels": pa.array([1 if a.ndim == 1 else a.shape[1] for a in audios], pa.int32()),
-        "reference_audio": pa.array([spec.reference_audio or ""] * n),
         "n_frames": pa.array([e["n_frames"] for e in endings], pa.int32()),
         "truncated": pa.array([e["truncated"] for e in endings], pa.bool_()),
         "stop_reason": pa.array([e["stop_reason"] for e in endings], pa.string()),
+        "reference_audio": pa.array([spec.reference_audio or ""] * n),
     }
     for scorer in backends.scorers:
         for col, typ in scorer.columns.items():

@@ -197,6 +197,8 @@ class MossFastGenerator(Generator):
                     "n_frames": int(c.shape[0]),
                     "frame_budget": budget,
                     "truncated": not done,
+                    # 'empty': the stop head fired at frame 0; 'budget': cut at frame_budget
+                    "stop_reason": "empty" if c.shape[0] == 0 else "eos" if done else "budget",
                     "gen_seconds": c.shape[0] / rate,
                 },
             )
@@ -218,8 +220,6 @@ class MossFastGenerator(Generator):
                 for f in sorted(self.codec_dir.glob("*.safetensors")):
                     h[str(f)] = file_sha256(f)
             self._hashes = h
-                    # 'empty': the stop head fired at frame 0; 'budget': cut at frame_budget
-                    "stop_reason": "empty" if c.shape[0] == 0 else "eos" if done else "budget",
         return self._hashes
 
     def provenance(self) -> dict:

@@ -480,10 +480,10 @@ class MossHFGenerator(Generator):
                 seed=seed,
                 meta={
                     "n_frames": int(c.shape[0]),
-                    # 'empty': the stop head fired at frame 0; 'budget': cut at frame_budget
-                    "stop_reason": "empty" if c.shape[0] == 0 else "budget" if cut else "eos",
                     "frame_budget": budget,
                     "truncated": bool(cut),
+                    # 'empty': the stop head fired at frame 0; 'budget': cut at frame_budget
+                    "stop_reason": "empty" if c.shape[0] == 0 else "budget" if cut else "eos",
                     "gen_seconds": c.shape[0] / frame_rate,
                 },
             )

@@ -176,15 +176,6 @@ def _read_pid(path: Path) -> int | None:
         return None
 
 
-def _wait_gone(pid: int | None, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while pid and _pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return not (pid and _pid_alive(pid))
-
-
-def stop_worker(pool: SlotPool, slot: int, timeout: float = 120.0) -> bool:
-    """Ask a slot's worker to exit after its current group; kill it if it doesn't."""
 def _is_worker(pid: int | None, sock: str) -> bool:
     """True while ``pid`` runs and is the worker of ``sock`` (a recycled pid is not)."""
     if not pid or not _pid_alive(pid):
@@ -196,7 +187,18 @@ def _is_worker(pid: int | None, sock: str) -> bool:
     return os.fsencode(sock) in cmdline
 
 
+def _wait_gone(pid: int | None, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while pid and _pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not (pid and _pid_alive(pid))
+
+
+def stop_worker(pool: SlotPool, slot: int, timeout: float = 120.0) -> bool:
+    """Ask a slot's worker to exit after its current group; kill it if it doesn't."""
     sock, pid = pool.socket(slot), _read_pid(pool.pidfile(slot))
+    if not _is_worker(pid, sock):
+        pid = None  # gone, or the pid was recycled by another process: never signal that one
     with contextlib.suppress(OSError, http.client.HTTPException):
         request(sock, "POST", "/v1/shutdown", {}, timeout=5)
     if not _wait_gone(pid, timeout) and pid:
@@ -207,19 +209,7 @@ def _is_worker(pid: int | None, sock: str) -> bool:
         os.unlink(sock)
     return True
 
-    if not _is_worker(pid, sock):
-        pid = None  # gone, or the pid was recycled by another process: never signal that one
 
-def ensure_worker(
-    pool: SlotPool, slot: int, models: dict, results_dir: Path, rt: Runtime, log_dir: Path,
-    flac_subtype: str = "PCM_16",
-) -> dict:  # fmt: skip
-    """Return the health of a ready worker on ``slot`` for this spec, starting it if needed."""
-    spec = slot_spec(pool, slot, models, results_dir, flac_subtype)
-    key = worker_key(spec)
-    sock = pool.socket(slot)
-    h = health(sock)
-    if _serves(h, key):
 def slot_spec(
     pool: SlotPool, slot: int, models: dict, results_dir: Path, flac_subtype: str
 ) -> dict:
@@ -232,6 +222,16 @@ def _serves(h: dict | None, key: str) -> bool:
     return bool(h) and h.get("status") == "ok" and h.get("worker_key") == key
 
 
+def ensure_worker(
+    pool: SlotPool, slot: int, models: dict, results_dir: Path, rt: Runtime, log_dir: Path,
+    flac_subtype: str = "PCM_16",
+) -> dict:  # fmt: skip
+    """Return the health of a ready worker on ``slot`` for this spec, starting it if needed."""
+    spec = slot_spec(pool, slot, models, results_dir, flac_subtype)
+    key = worker_key(spec)
+    sock = pool.socket(slot)
+    h = health(sock)
+    if _serves(h, key):
         return h
     with pool.starter(slot):
         h = health(sock)
@@ -309,21 +309,12 @@ def _wait_ready(sock, proc, timeout, log_path, pid: int | None = None) -> dict |
                 f"worker exited with code {proc.returncode} while starting; last lines of "
                 f"{log_path}:\n{_tail(log_path)}"
             )
+        if pid is not None and not _pid_alive(pid):
+            return None
         time.sleep(0.2)
     return None
 
 
-def run_group_via_worker(
-    params: str, models_json: str, out: str, device: str, runtime: dict | None,
-    results_dir: str, flac_subtype: str = "PCM_16",
-) -> dict:  # fmt: skip
-    """What a group job does with workers on: returns the worker's answer."""
-        if pid is not None and not _pid_alive(pid):
-            return None
-    rt = Runtime.from_config(runtime)
-    models = json.loads(models_json)
-    state = Path(rt.state_dir) if rt.state_dir else default_state_dir()
-    pool = SlotPool(state, rt.slots or detect_slots(device), rt.queue_depth, device)
 def _await_exit(pool: SlotPool, slot: int, pid: int | None, timeout: float = 60.0) -> None:
     """A worker that announced a fatal error exits by itself; make sure it is gone (kill it if
     it hangs) before the job fails, so the retry finds no socket or pid to go back to."""
@@ -338,12 +329,23 @@ def _await_exit(pool: SlotPool, slot: int, pid: int | None, timeout: float = 60.
         pool.pidfile(slot).unlink(missing_ok=True)
 
 
+def run_group_via_worker(
+    params: str, models_json: str, out: str, device: str, runtime: dict | None,
+    results_dir: str, flac_subtype: str = "PCM_16",
+) -> dict:  # fmt: skip
+    """What a group job does with workers on: returns the worker's answer."""
+    rt = Runtime.from_config(runtime)
+    models = json.loads(models_json)
+    state = Path(rt.state_dir) if rt.state_dir else default_state_dir()
+    pool = SlotPool(state, rt.slots or detect_slots(device), rt.queue_depth, device)
     log_dir = Path(rt.log_dir or Path(results_dir) / "logs" / "workers")
     results = Path(results_dir).resolve()
     with pool.place() as slot:
         for attempt in range(3):
             h = ensure_worker(pool, slot, models, results, rt, log_dir, flac_subtype)
             log.info("slot %d: worker pid %s, %d groups served", slot, h["pid"], h["groups_served"])
+            body = {"spec": json.loads(params), "out": str(Path(out).resolve()),
+                    "worker_key": h["worker_key"], "workdir": os.getcwd()}  # fmt: skip
             try:
                 status, answer, _ = request(pool.socket(slot), "POST", "/v1/groups", body)
             except (OSError, http.client.HTTPException) as e:
@@ -361,8 +363,6 @@ def _await_exit(pool: SlotPool, slot: int, pid: int | None, timeout: float = 60.
                     "starts a fresh worker."
                 )
             if status in (409, 503) and attempt < 2:  # replaced, stopping or dying: again
-            body = {"spec": json.loads(params), "out": str(Path(out).resolve()),
-                    "worker_key": h["worker_key"], "workdir": os.getcwd()}  # fmt: skip
                 continue
             if status != 200:
                 raise WorkerError(
