@@ -28,6 +28,7 @@ import torch.nn as nn
 
 from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
+from bestofn.dtypes import resolve_dtype
 from bestofn.spec import GroupSpec
 
 SAMPLE_RATE = 16000
@@ -191,6 +192,16 @@ def _default_dtype(device: str) -> str:
     return "bfloat16" if str(device).startswith("cuda") else "float32"
 
 
+# What runs with weights cast to the dtype: the Whisper encoder and the MLP heads.
+CAST_OPS = ("conv1d", "linear", "layer_norm", "attention")
+
+
+def _dtype(device: str, dtype: str | None) -> str:
+    """The asked dtype where this device runs it, else float32 (logged)."""
+    want = dtype or _default_dtype(device)
+    return resolve_dtype("empathic-insight", device, want, CAST_OPS, "cast")
+
+
 def _to_mono_16k(audio: np.ndarray, sample_rate: int, max_samples: int) -> np.ndarray:
     return resample(to_mono(audio), sample_rate, SAMPLE_RATE)[:max_samples]
 
@@ -223,7 +234,7 @@ class EmpathicInsightScorer(Scorer):
 
         enc_dir = _existing_dir(encoder_path, "encoder_path")
         heads_dir = _existing_dir(heads_path, "heads_path")
-        dtype = dtype or _default_dtype(device)
+        dtype = _dtype(device, dtype)
         torch_dtype = getattr(torch, dtype)
         try:
             feature_extractor = WhisperFeatureExtractor.from_pretrained(enc_dir)
@@ -284,7 +295,7 @@ class EmpathicInsightScorer(Scorer):
 
     def _setup(self, encoder, feature_extractor, heads, device, dtype, batch_size, column_prefix):
         self.device = str(device)
-        self.dtype = dtype
+        self.dtype = dtype = _dtype(self.device, dtype)
         self.batch_size = int(batch_size)
         self.feature_extractor = feature_extractor
         self.encoder = encoder.to(self.device, getattr(torch, dtype)).eval()

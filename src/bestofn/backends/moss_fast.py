@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from bestofn.backends.base import Generator, Take
+from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
 from bestofn.moss.options import COMMON_DEFAULTS
 from bestofn.moss.sampling import SamplingParams
@@ -29,6 +30,10 @@ DEFAULTS = {
     "compile": "auto",  # torch.compile the per-token pieces (auto: on cuda)
     "cuda_graphs": "auto",  # capture the frame step (auto: on cuda)
 }
+
+
+# What runs with weights cast to the model dtype: embeddings, attention, linear layers.
+CAST_OPS = ("embedding", "attention", "linear")
 
 
 def _auto(value, on_gpu: bool) -> bool:
@@ -61,7 +66,9 @@ class MossFastGenerator(Generator):
             dtype = torch.bfloat16 if on_gpu else torch.float32
         elif isinstance(dtype, str):
             dtype = getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype))
-        self.dtype = dtype
+        # reduced precision only where this device runs the backbone's ops in it; else float32
+        dtype = resolve_dtype("moss-fast", device, dtype, CAST_OPS, "cast")
+        self.dtype = dtype = getattr(torch, dtype)
         if on_gpu:
             torch.backends.cuda.enable_cudnn_sdp(False)  # as the model card advises
         from bestofn.moss.checkpoint import CheckpointError, load_model, weight_files

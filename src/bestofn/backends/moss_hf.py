@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from bestofn.backends.base import Generator, Take
+from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
 from bestofn.moss.options import COMMON_DEFAULTS
 from bestofn.moss.prompt import LANGUAGE_TAGS  # the same tags as moss-fast
@@ -292,6 +293,9 @@ class MossHFGenerator(Generator):
         elif isinstance(dtype, str):
             alias = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
             dtype = getattr(torch, alias.get(dtype, dtype))
+        # reduced precision only where this device runs the backbone's ops in it; else float32
+        ops = ("embedding", "attention", "linear")
+        dtype = getattr(torch, resolve_dtype("moss-hf", self.device, dtype, ops, "cast"))
         attn = self.options["attn_implementation"]
         if attn == "auto":
             if not on_cuda:

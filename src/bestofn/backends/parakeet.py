@@ -5,7 +5,9 @@ Face cache (``model_name``); nothing is downloaded. Takes are transcribed in mem
 batches: resample to 16 kHz mono, pad to the longest take, then preprocessor -> encoder ->
 greedy TDT decoding called directly (no manifest, no temp files, no dataloader). On CUDA the
 encoder and decoder run under bf16 autocast (the single biggest scoring win); the mel
-preprocessor always runs in float32, as NeMo recommends.
+preprocessor always runs in float32, as NeMo recommends. A device that cannot run an op of the
+model in the asked dtype (a CPU without AVX512-BF16 has no bf16 LSTM under autocast) runs
+float32 instead, with a warning (``bestofn.dtypes``).
 
 v3 emits punctuation and casing, so WER/CER are computed after English normalisation
 (``bestofn.textnorm``) of both the prompt text and the transcript.
@@ -22,6 +24,7 @@ import numpy as np
 
 from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
+from bestofn.dtypes import resolve_dtype
 from bestofn.hashing import file_sha256
 from bestofn.spec import GroupSpec
 from bestofn.textnorm import asr_columns
@@ -32,6 +35,9 @@ DEFAULT_MODEL = "nvidia/parakeet-tdt-0.6b-v3"
 SAMPLE_RATE = 16000  # what the model's preprocessor expects
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 _DTYPES.update({"float32": "float32", "fp32": "float32"})
+# What runs under autocast: FastConformer (conv2d subsampling, depthwise conv, attention,
+# layer norm), the LSTM prediction net, the joint.
+AUTOCAST_OPS = ("conv2d", "depthwise_conv1d", "conv1d", "linear", "layer_norm", "lstm", "embedding")
 
 
 class ParakeetLoadError(RuntimeError):
@@ -125,7 +131,9 @@ class ParakeetScorer(Scorer):
             raise ValueError(
                 f"parakeet: dtype must be one of auto, {', '.join(_DTYPES)}; got {dtype!r}"
             )
-        self.dtype = _DTYPES[dtype]
+        # bf16/fp16 only where this device runs every op of the model under autocast (a CPU
+        # without AVX512-BF16 has no reduced-precision LSTM); else float32, logged.
+        self.dtype = resolve_dtype("parakeet", device, _DTYPES[dtype], AUTOCAST_OPS)
         self.pad_min_samples = int(float(pad_min_duration) * SAMPLE_RATE)
         if _model is not None:
             self.source, self.nemo_path = "random-weights", None

@@ -40,6 +40,7 @@ from torch import nn
 
 from bestofn.audio import mono_at
 from bestofn.backends.base import Restorer
+from bestofn.dtypes import resolve_dtype
 from bestofn.hashing import file_sha256
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,15 @@ DECODER_RATES = (8, 5, 4, 3, 2)  # product 960 = 48000 / 50 Hz
 LORA_TARGET = "output_dense"  # ffn1.output_dense and ffn2.output_dense of each layer
 MERGE_VERSION = "1"  # part of the merged-cache key: bump when the merge changes
 _PEFT_PREFIX = "base_model.model."
+# What runs under autocast: the w2v-BERT conformer layers and the DAC-style decoder.
+AUTOCAST_OPS = (
+    "linear",
+    "depthwise_conv1d",
+    "conv1d",
+    "conv_transpose1d",
+    "layer_norm",
+    "attention",
+)
 
 
 class SidonLoadError(RuntimeError):
@@ -445,7 +455,8 @@ class SidonRestorer(Restorer):
             raise ValueError(
                 f"sidon: dtype must be auto, float16, bfloat16 or float32; got {dtype!r}"
             )
-        self.dtype = dtype
+        # reduced precision only where this device runs every op under autocast; else float32
+        self.dtype = resolve_dtype("sidon", device, dtype, AUTOCAST_OPS)
         self.tail_pad = int(round(float(tail_pad_s) * INPUT_SAMPLE_RATE))
         self.num_layers = int(num_layers)
         self.hashes: dict[str, str] = {}

@@ -20,6 +20,7 @@ checkpoint that lacks them, so a different API fails at load, not with wrong num
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -29,12 +30,15 @@ import torch.nn.functional as F
 
 from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
+from bestofn.dtypes import resolve_dtype
 from bestofn.spec import GroupSpec
 
 SAMPLE_RATE = 16000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
 GENUINENESS_RANGE = (0.0, 6.0)
 BLEND_RANGE = (0.0, 10.0)
+# What runs under autocast: a Whisper-style audio tower and a BERT-style text tower.
+AUTOCAST_OPS = ("conv1d", "linear", "layer_norm", "attention", "embedding")
 
 
 class WeightsError(ValueError):
@@ -175,7 +179,8 @@ class VoiceCLAPScorer(Scorer):
     """Config options: ``model_path`` (local voiceclap-commercial directory, remote code),
     ``genuineness_path`` / ``blend_path`` (head ``.pt`` file, or a directory holding exactly one),
     ``batch_size`` (default 32), ``dtype`` of the embedder (default bfloat16 on CUDA, float32 on
-    CPU; applied with autocast), ``window_s`` (default 30, as the heads were fitted),
+    CPU; applied with autocast on the device; float32, logged, where the device cannot run
+    it), ``window_s`` (default 30, as the heads were fitted),
     ``cache_dir`` (optional; memoises weight hashes under ``cache_dir/hash-memo``).
 
     ``vc_prompt_sim`` = cos(audio, text(emotion_description)), minus cos(audio,
@@ -234,7 +239,9 @@ class VoiceCLAPScorer(Scorer):
         return self
 
     def _setup(self, model, genu, blend, device, dtype, batch_size, window_s):
-        self.device, self.dtype, self.batch_size = str(device), dtype, int(batch_size)
+        self.device, self.batch_size = str(device), int(batch_size)
+        # reduced precision only where this device runs every op under autocast; else float32
+        self.dtype = resolve_dtype("voiceclap", self.device, dtype, AUTOCAST_OPS)
         self.window = int(round(window_s * SAMPLE_RATE))
         self.model = model.to(self.device).eval()
         self.genuineness = genu.to(self.device).eval()
@@ -249,8 +256,10 @@ class VoiceCLAPScorer(Scorer):
             return _as_embedding(self.model.encode_waveform(wav, sample_rate=SAMPLE_RATE))
 
     def _autocast(self):
-        on = self.dtype != "float32" and self.device.startswith("cuda")
-        return torch.autocast("cuda", dtype=getattr(torch, self.dtype), enabled=on)
+        if self.dtype == "float32":
+            return contextlib.nullcontext()
+        kind = torch.device(self.device).type
+        return torch.autocast(kind, dtype=getattr(torch, self.dtype))
 
     @torch.inference_mode()
     def embed_text(self, text: str) -> torch.Tensor:
