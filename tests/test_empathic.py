@@ -241,10 +241,10 @@ def test_clear_errors(weights, tmp_path):
         EmpathicInsightScorer(encoder_path=enc, heads_path=str(wrong))
 
 
-def test_random_for_bench_tiny_runs():
-    from bestofn.backends.empathic import random_for_bench
+def test_random_tiny_build_runs():
+    from bestofn.fakes.empathic import build
 
-    s = random_for_bench("cpu", tiny=True, n_emotion_heads=3, n_quality_heads=1)
+    s = build("cpu", "tiny", n_emotion_heads=3, n_quality_heads=1)
     out = s.score(clips(2, sr=16000), 16000, SPEC)
     assert len(out) == 4 and all(len(v) == 2 for v in out.values())
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from bestofn.moss.checkpoint import CheckpointError, load_model, random_state_dict, save_checkpoint
-from bestofn.moss.config import MossLocalConfig, local_v15_config, tiny_config
+from bestofn.fakes.moss import random_state_dict, save_checkpoint, tiny_config
+from bestofn.moss.checkpoint import CheckpointError, load_model
+from bestofn.moss.config import MossLocalConfig, local_v15_config
 from bestofn.moss.engine import MossLocalEngine
 from bestofn.moss.sampling import (
     SamplingParams,
@@ -217,12 +218,12 @@ def test_prompt_follows_the_v15_template(model_dir):
 
 
 def test_backend_generates_reproducible_takes(tmp_path, model_dir):
-    moss_hf = pytest.importorskip("bestofn.backends.moss_hf")
     pytest.importorskip("transformers")
     from bestofn.backends.moss_fast import MossFastGenerator
+    from bestofn.fakes import moss_codec
     from bestofn.spec import GroupSpec
 
-    codec_dir = moss_hf.write_random_codec(tmp_path / "codec", "tiny")
+    codec_dir = moss_codec.write(tmp_path / "codec", "tiny")
     gen = MossFastGenerator(
         model_dir=str(model_dir),
         codec_dir=str(codec_dir),
@@ -247,10 +248,10 @@ def test_backend_generates_reproducible_takes(tmp_path, model_dir):
     )
 
 
-def test_random_for_bench_tiny_runs():
-    from bestofn.backends.moss_fast import random_for_bench
+def test_random_tiny_build_runs():
+    from bestofn.fakes.moss import build
     from bestofn.spec import GroupSpec
 
-    gen = random_for_bench("cpu", size="tiny", max_frames=6, min_frames=2)
+    gen = build("cpu", size="tiny", max_frames=6, min_frames=2)
     codes, stopped, budget = gen.generate_codes(GroupSpec("e", "p", "a b", n_takes=2))
     assert budget == 6 and len(codes) == 2 and all(c.shape[1] == CFG.n_vq for c in codes)

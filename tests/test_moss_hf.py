@@ -159,7 +159,9 @@ def _one_thread():
 def tiny_ckpt(tmp_path_factory):
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("moss")
-    model_dir, codec_dir = moss_hf.write_random_checkpoint(root, REF_CODE, size="tiny")
+    from bestofn.fakes.moss import write_random_checkpoint
+
+    model_dir, codec_dir = write_random_checkpoint(root, REF_CODE, size="tiny")
     return root, model_dir, codec_dir
 
 
@@ -305,8 +307,10 @@ def test_batched_decode_matches_the_processors_single_decode(gen):
 
 
 @needs_ref
-def test_random_for_bench_tiny(tmp_path):
-    g = moss_hf.random_for_bench("cpu", size="tiny", workdir=tmp_path, code_dir=REF_CODE,
-                                 max_frames=3, min_frames=1, hash_weights=False)  # fmt: skip
+def test_random_tiny_build(tmp_path):
+    from bestofn.fakes.moss import build_hf
+
+    g = build_hf("cpu", size="tiny", workdir=tmp_path, code_dir=REF_CODE,
+                 max_frames=3, min_frames=1, hash_weights=False)  # fmt: skip
     takes = g.generate(GroupSpec(emotion="e", prompt_id="b", text="Bench.", n_takes=2))
     assert len(takes) == 2 and g.provenance()["backend"] == "moss-hf"

@@ -41,7 +41,7 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from bestofn.moss.config import tiny_config
+    from bestofn.fakes.moss import tiny_config
     from bestofn.moss.parity import load_reference_class
     from bestofn.moss.prompt import PromptBuilder
 
@@ -85,9 +85,10 @@ def test_moss_fast_and_moss_hf_make_the_same_takes(tmp_path):
 
     moss_hf = pytest.importorskip("bestofn.backends.moss_hf")
     from bestofn.backends.moss_fast import MossFastGenerator
+    from bestofn.fakes.moss import write_random_checkpoint
     from bestofn.spec import GroupSpec
 
-    model_dir, codec_dir = moss_hf.write_random_checkpoint(tmp_path, REF, size="tiny")
+    model_dir, codec_dir = write_random_checkpoint(tmp_path, REF, size="tiny")
     opts = dict(model_dir=str(model_dir), codec_dir=str(codec_dir), max_frames=16, min_frames=3)
     spec = GroupSpec("calm", "p7", "Hello there, how are you today?", n_takes=4, language="en")
     hf_codes, _, _ = moss_hf.MossHFGenerator(cache_dir=str(tmp_path / "c"), **opts).generate_codes(

@@ -20,7 +20,9 @@ from bestofn.textnorm import wer_cer  # noqa: E402
 @pytest.fixture(scope="module")
 def tiny_nemo(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("parakeet")
-    model = parakeet.build_tdt_model(workdir, parakeet.TINY_SIZE, seed=0)
+    from bestofn.fakes.parakeet import TINY_SIZE, build_tdt_model
+
+    model = build_tdt_model(workdir, TINY_SIZE, seed=0)
     path = workdir / "tiny_tdt.nemo"
     model.save_to(str(path))
     return path

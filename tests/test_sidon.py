@@ -17,6 +17,7 @@ pytest.importorskip("transformers", reason="transformers not installed")
 
 from bestofn.backends import sidon  # noqa: E402
 from bestofn.backends.registry import build  # noqa: E402
+from bestofn.fakes import sidon as fake_sidon  # noqa: E402
 
 N_LAYERS = 2
 R, ALPHA = 4, 16
@@ -43,7 +44,7 @@ def release(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("sidon")
     torch.manual_seed(0)
-    base = Wav2Vec2BertModel(sidon.w2v_bert_config(tiny=True, num_layers=3)).eval()
+    base = Wav2Vec2BertModel(fake_sidon.w2v_bert_config(tiny=True, num_layers=3)).eval()
     base.save_pretrained(root / "w2v-bert-2.0")
 
     adapter = root / "sidon_raw_weight"
@@ -207,7 +208,7 @@ def test_provenance_has_hashes(restorer):
 
 
 def test_random_tiny_variant():
-    r = sidon.tiny_for_tests()
+    r = fake_sidon.build("cpu", "tiny")
     out, sr = r.restore(_takes(seconds=(0.2,)), 16000)
     assert sr == 48000 and len(out[0]) == 0.2 * 48000
 

@@ -252,14 +252,14 @@ def test_clear_errors(weights, tmp_path):
         build(weights, model_path=str(write_remote_model(tmp_path / "no_text", no_text)))
 
 
-def test_provenance_and_random_for_bench(weights):
+def test_provenance_and_random_tiny_build(weights):
     p = build(weights).provenance()
     names = {Path(k).name for k in p["weights_sha256"]}
     assert {"model.safetensors", "modeling_voiceclap.py", "genu_commercial_best.pt"} <= names
     assert VoiceCLAPScorer.input_sample_rate == 16000
-    from bestofn.backends.voiceclap import random_for_bench
+    from bestofn.fakes.voiceclap import build as random_build
 
-    s = random_for_bench("cpu", tiny=True)
+    s = random_build("cpu", "tiny")
     out = s.score(takes(2, sr=16000), 16000, SPEC)
     assert all(len(v) == 2 for v in out.values())
     assert 0 <= min(out["vc_genuineness"]) and max(out["vc_blend"]) <= 10

@@ -3,10 +3,10 @@ import time
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from bestofn.backends.parakeet import random_for_bench
 from bestofn.bench.scorers import clips
+from bestofn.fakes.parakeet import build
 
-b = random_for_bench("cuda")
+b = build("cuda", "real")
 cfg = b.model.cfg.decoding
 print("greedy cfg:", OmegaConf.to_container(cfg.greedy))
 inner = b.model.decoding.decoding

@@ -278,7 +278,8 @@ class EmpathicInsightScorer(Scorer):
         batch_size: int = 32,
         column_prefix: str = "ei_",
     ) -> EmpathicInsightScorer:
-        """Build from objects in memory (``random_for_bench``, tests); heads: name -> state dict."""
+        """Build from objects in memory (``bestofn.fakes.empathic``, tests); heads: name ->
+        state dict."""
         self = cls.__new__(cls)
         self._setup(
             encoder,
@@ -414,63 +415,3 @@ def _existing_dir(path: str | None, field: str) -> Path:
             f"empathic-insight: {field} {str(p)!r} is not a directory (config option {field!r})"
         )
     return p
-
-
-# ---------------------------------------------------------------------------------------------
-# real-size random instance for the GPU benchmark, and the published head shapes
-
-
-def random_head_state(
-    in_dim: int,
-    proj: int = 64,
-    hidden=(64, 32, 16),
-    device="cpu",
-    dtype=torch.float32,
-    generator: torch.Generator | None = None,
-    compiled: bool = False,
-) -> dict:
-    """A random head in the published key layout (``compiled`` adds the ``_orig_mod.`` prefix)."""
-    dims = [in_dim, proj, *hidden, 1]
-    keys = ["proj"] + [
-        f"mlp.{2 + 3 * i}" for i in range(len(hidden) + 1)
-    ]  # Linear slots of the Sequential
-    sd = {}
-    for key, d_in, d_out in zip(keys, dims[:-1], dims[1:], strict=True):
-        bound = d_in**-0.5
-        sd[f"{key}.weight"] = (
-            torch.rand(d_out, d_in, generator=generator, device=device, dtype=dtype) * 2 - 1
-        ) * bound
-        sd[f"{key}.bias"] = (
-            torch.rand(d_out, generator=generator, device=device, dtype=dtype) * 2 - 1
-        ) * bound
-    prefix = "_orig_mod." if compiled else ""
-    return OrderedDict((prefix + k, v) for k, v in sd.items())
-
-
-def random_for_bench(
-    device: str, n_emotion_heads: int = 55, n_quality_heads: int = 4, tiny: bool = False, **kw
-) -> EmpathicInsightScorer:
-    """Real size (Whisper-Small encoder, 55 full-sequence + 4 pooled heads), random weights.
-
-    ``tiny=True`` gives a seconds-on-CPU variant with the same structure (a 3 s window).
-    """
-    from transformers.models.whisper.modeling_whisper import WhisperEncoder
-
-    from bestofn.backends.whisper_shapes import whisper_encoder_shape
-
-    cfg, fe = whisper_encoder_shape(tiny)
-    cfg._attn_implementation = "sdpa"
-    dtype = kw.pop("dtype", None) or _default_dtype(device)
-    encoder = WhisperEncoder(cfg).to(device, getattr(torch, dtype))
-    # heads are made on the device in the target dtype: 55 fp32 heads on the host are 16 GB
-    hd = getattr(torch, dtype)
-    flat = cfg.max_source_positions * cfg.d_model
-    heads = {
-        f"emotion_{i:02d}": random_head_state(flat, device=device, dtype=hd)
-        for i in range(n_emotion_heads)
-    }
-    heads |= {
-        f"score_quality_{i}": random_head_state(4 * cfg.d_model, device=device, dtype=hd)
-        for i in range(n_quality_heads)
-    }
-    return EmpathicInsightScorer.from_modules(encoder, fe, heads, device=device, dtype=dtype, **kw)

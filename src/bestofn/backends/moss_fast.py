@@ -48,13 +48,48 @@ class MossFastGenerator(Generator):
         return frozenset(DEFAULTS)
 
     def __init__(self, device: str = "cpu", **options):
-        unknown = set(options) - set(DEFAULTS) - {"_model", "_prompt"}
+        self._configure(device, options)
+        from bestofn.moss.checkpoint import CheckpointError, load_model, weight_files
+        from bestofn.moss.prompt import PromptBuilder
+
+        o = self.options
+        if not o["model_dir"]:
+            raise ValueError("moss-fast: set model_dir (the checkpoint directory)")
+        self.model_dir = self.load_dir = Path(o["model_dir"]).expanduser()
+        for need in ("config.json", "tokenizer.json"):
+            if not (self.model_dir / need).is_file():
+                raise FileNotFoundError(
+                    f"moss-fast: {self.model_dir / need} not found (config field: model_dir)"
+                )
+        try:
+            weight_files(self.model_dir)
+        except CheckpointError as e:
+            raise FileNotFoundError(f"moss-fast: {e} (config field: model_dir)") from None
+        if o["lora"]:
+            from bestofn.moss.lora import merged_weights_dir
+
+            cache = Path(o["cache_dir"] or "~/.cache/bestofn/moss").expanduser()
+            self.load_dir = merged_weights_dir(self.model_dir, Path(o["lora"]), cache)
+        model = load_model(self.load_dir, device=device, dtype=self.dtype)
+        prompt = PromptBuilder.from_tokenizer_json(self.model_dir / "tokenizer.json", model.config)
+        self._attach(model, prompt)
+
+    @classmethod
+    def from_modules(cls, model, prompt_builder, device: str = "cpu", **options):
+        """A generator around a model already in memory (``bestofn.fakes.moss``, tests): a
+        ``MossLocalModel`` and a ``PromptBuilder``; ``options`` as in config (``model_dir`` is
+        not read; ``codec_dir`` is, when takes are decoded)."""
+        self = cls.__new__(cls)
+        self._configure(device, options)
+        self._attach(model, prompt_builder)
+        return self
+
+    def _configure(self, device: str, options: dict) -> None:
+        unknown = set(options) - set(DEFAULTS)
         if unknown:
             raise TypeError(
                 f"moss-fast: unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}"
             )
-        model = options.pop("_model", None)  # random_for_bench: a model built in memory
-        prompt = options.pop("_prompt", None)
         self.options = o = {**DEFAULTS, **options}
         if o["instruction"] not in ("none", "emotion", "emotion_description"):
             raise ValueError(f"moss-fast: bad instruction mode {o['instruction']!r}")
@@ -71,33 +106,12 @@ class MossFastGenerator(Generator):
         self.dtype = dtype = getattr(torch, dtype)
         if on_gpu:
             torch.backends.cuda.enable_cudnn_sdp(False)  # as the model card advises
-        from bestofn.moss.checkpoint import CheckpointError, load_model, weight_files
-        from bestofn.moss.prompt import PromptBuilder
-
         self.model_dir = self.load_dir = None
-        if model is None:
-            if not o["model_dir"]:
-                raise ValueError("moss-fast: set model_dir (the checkpoint directory)")
-            self.model_dir = self.load_dir = Path(o["model_dir"]).expanduser()
-            for need in ("config.json", "tokenizer.json"):
-                if not (self.model_dir / need).is_file():
-                    raise FileNotFoundError(
-                        f"moss-fast: {self.model_dir / need} not found (config field: model_dir)"
-                    )
-            try:
-                weight_files(self.model_dir)
-            except CheckpointError as e:
-                raise FileNotFoundError(f"moss-fast: {e} (config field: model_dir)") from None
-            if o["lora"]:
-                from bestofn.moss.lora import merged_weights_dir
 
-                cache = Path(o["cache_dir"] or "~/.cache/bestofn/moss").expanduser()
-                self.load_dir = merged_weights_dir(self.model_dir, Path(o["lora"]), cache)
-            model = load_model(self.load_dir, device=device, dtype=dtype)
-            prompt = PromptBuilder.from_tokenizer_json(
-                self.model_dir / "tokenizer.json", model.config
-            )
-        self.model, self.prompt_builder = model, prompt
+    def _attach(self, model, prompt_builder) -> None:
+        o = self.options
+        on_gpu = torch.device(self.device).type == "cuda"
+        self.model, self.prompt_builder = model, prompt_builder
         self.config = model.config
         from bestofn.moss.engine import MossLocalEngine
 
@@ -239,7 +253,7 @@ class MossFastGenerator(Generator):
         return {
             "backend": self.name,
             "bestofn_version": __version__,
-            "model_dir": str(self.model_dir) if self.model_dir else "random (benchmark)",
+            "model_dir": str(self.model_dir) if self.model_dir else "in-memory model",
             "load_dir": str(self.load_dir) if self.load_dir else None,
             "codec_dir": str(self.codec_dir) if self.codec_dir else None,
             "config_sha256": hashlib.sha256(cfg.encode()).hexdigest(),
@@ -256,36 +270,3 @@ class MossFastGenerator(Generator):
         self._ref_codes.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def random_for_bench(device: str, size: str = "real", seed: int = 0, **options):
-    """A MossFastGenerator with random weights: ``size="real"`` is the 4B v1.5 shape (built on
-    the device directly, no files; its stop head always says "continue", so takes run to the
-    frame budget), ``size="tiny"`` the test shape. The tokenizer is a byte tokenizer (ids <
-    256): prompts of realistic length, not the real tokens. No codec unless ``codec_dir`` is
-    given (benchmark generation with ``generate_codes``)."""
-    from bestofn.moss.checkpoint import (
-        always_continue_,
-        init_random_,
-        model_from_state_dict,
-        random_state_dict,
-    )
-    from bestofn.moss.config import local_v15_config, tiny_config
-    from bestofn.moss.model import MossLocalModel
-    from bestofn.moss.prompt import PromptBuilder
-
-    on_gpu = torch.device(device).type == "cuda"
-    dtype = torch.bfloat16 if on_gpu else torch.float32
-    if size == "tiny":
-        cfg = tiny_config(vocab_size=264)
-        model = model_from_state_dict(cfg, random_state_dict(cfg, seed), device, dtype)
-    else:
-        cfg = local_v15_config()
-        with torch.device(device):
-            model = MossLocalModel(cfg).to(dtype)
-        model.build_buffers(device)
-        init_random_(model, seed)
-        # Random stop heads stop at random frames; a benchmark wants full-length takes.
-        always_continue_(model.local_ln_f.bias, model.stop_head)
-    prompt = PromptBuilder.bytes(cfg)
-    return MossFastGenerator(device=device, _model=model, _prompt=prompt, **options)

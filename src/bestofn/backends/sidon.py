@@ -443,8 +443,28 @@ class SidonRestorer(Restorer):
         dtype: str = "auto",  # auto: float16 on CUDA (as Sidon's own inference), float32 on CPU
         tail_pad_s: float = 0.5,
         num_layers: int = N_LAYERS,
-        _modules: tuple | None = None,  # (encoder, decoder) built in memory: benches, tests
     ):
+        self._configure(device, batch_size, dtype, tail_pad_s, num_layers)
+        self._attach(*self._load(w2v_bert_dir, adapter_dir, decoder_path, cache_dir))
+
+    @classmethod
+    def from_modules(cls, encoder, decoder, device: str = "cpu", **options) -> SidonRestorer:
+        """A restorer around modules already in memory (``bestofn.fakes.sidon``, tests): a
+        ``Wav2Vec2BertModel`` with the LoRA merged and a ``DACDecoder``. ``options``: the
+        constructor's batch_size, dtype, tail_pad_s, num_layers."""
+        self = cls.__new__(cls)
+        self._configure(device, **options)
+        self._attach(encoder, decoder)
+        return self
+
+    def _configure(
+        self,
+        device: str,
+        batch_size: int = 32,
+        dtype: str = "auto",
+        tail_pad_s: float = 0.5,
+        num_layers: int = N_LAYERS,
+    ) -> None:
         self.device = device
         self.batch_size = int(batch_size)
         if self.batch_size <= 0:
@@ -463,13 +483,10 @@ class SidonRestorer(Restorer):
         self.paths: dict[str, str] = {}
         self.merged_from_cache = False
 
-        if _modules is not None:
-            encoder, decoder = _modules
-        else:
-            encoder, decoder = self._load(w2v_bert_dir, adapter_dir, decoder_path, cache_dir)
-        self.fbank = SeamlessFbank().to(device)
-        self.encoder = encoder.eval().to(device)
-        self.decoder = decoder.eval().to(device)
+    def _attach(self, encoder, decoder) -> None:
+        self.fbank = SeamlessFbank().to(self.device)
+        self.encoder = encoder.eval().to(self.device)
+        self.decoder = decoder.eval().to(self.device)
         for p in [*self.encoder.parameters(), *self.decoder.parameters()]:
             p.requires_grad_(False)
 
@@ -617,7 +634,7 @@ class SidonRestorer(Restorer):
     def provenance(self) -> dict:
         return {
             "backend": self.name,
-            "paths": self.paths or "random-weights",
+            "paths": self.paths or "in-memory modules",
             "sha256": self.hashes,
             "num_layers": self.num_layers,
             "lora_merged": True,
@@ -632,50 +649,3 @@ class SidonRestorer(Restorer):
         self.encoder = self.decoder = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-# ---------------------------------------------------------------------------------------------
-# in-memory models with random weights: the real size for benchmarks, a tiny one for tests
-
-
-def w2v_bert_config(tiny: bool = False, num_layers: int = N_LAYERS):
-    from transformers import Wav2Vec2BertConfig
-
-    if not tiny:  # transformers' defaults are facebook/w2v-bert-2.0's architecture
-        return Wav2Vec2BertConfig(num_hidden_layers=num_layers, layerdrop=0.0)
-    return Wav2Vec2BertConfig(
-        hidden_size=32,
-        num_hidden_layers=num_layers,
-        num_attention_heads=2,
-        intermediate_size=64,
-        conv_depthwise_kernel_size=5,
-        left_max_position_embeddings=8,
-        right_max_position_embeddings=2,
-        output_hidden_size=32,
-        layerdrop=0.0,
-    )
-
-
-def build_modules(tiny: bool = False, num_layers: int = N_LAYERS, seed: int = 0):
-    from transformers import Wav2Vec2BertModel
-
-    torch.manual_seed(seed)
-    config = w2v_bert_config(tiny, num_layers)
-    encoder = Wav2Vec2BertModel(config)
-    decoder = DACDecoder(config.hidden_size, 32 if tiny else DECODER_CHANNELS, DECODER_RATES)
-    return encoder, decoder
-
-
-def random_for_bench(device: str, **kw) -> SidonRestorer:
-    """Sidon at its real size (8-layer w2v-BERT 2.0 + 1536-channel DAC decoder), random weights."""
-    return SidonRestorer(device=device, _modules=build_modules(tiny=False), **kw)
-
-
-def tiny_for_tests(device: str = "cpu", num_layers: int = 2, **kw) -> SidonRestorer:
-    kw.setdefault("tail_pad_s", 0.3)
-    return SidonRestorer(
-        device=device,
-        num_layers=num_layers,
-        _modules=build_modules(tiny=True, num_layers=num_layers),
-        **kw,
-    )

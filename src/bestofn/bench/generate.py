@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from bestofn.moss.checkpoint import always_continue_, model_from_state_dict
-from bestofn.moss.config import MossLocalConfig, local_v15_config, tiny_config
+from bestofn.fakes.moss import always_continue_, random_state_dict, tiny_config
+from bestofn.moss.checkpoint import model_from_state_dict
+from bestofn.moss.config import MossLocalConfig, local_v15_config
 from bestofn.moss.engine import MossLocalEngine
 from bestofn.moss.parity import load_reference_class, make_prompts
 from bestofn.moss.sampling import SamplingParams
@@ -55,8 +56,6 @@ def build_models(cfg: MossLocalConfig, ref_dir: Path | None, device: str, dtype)
             print(f"# reference could not be built: {type(e).__name__}: {e}")
             ref_dir = None
     if ref_dir is None:
-        from bestofn.moss.checkpoint import random_state_dict
-
         sd = {k: v.to(device) for k, v in random_state_dict(cfg, std=0.02).items()}
         always_continue_(sd["local_transformer.ln_f.bias"], sd["local_text_lm_head.weight"])
     fast = model_from_state_dict(cfg, sd, device=device, dtype=dtype)

@@ -1,8 +1,8 @@
 """`python -m bestofn.bench pipeline`: seconds per clip of the whole fused pipeline for a group
 (generate -> restore -> score -> write), the product-level figure.
 
-Every production backend is built at its REAL size with random weights (each module's
-``random_for_bench``): moss-fast (MOSS-TTS-Local-Transformer-v1.5 shape, bf16), Sidon, and the
+Every production backend is built at its REAL size with random weights (``bestofn.fakes``,
+each family's ``build``): moss-fast (MOSS-TTS-Local-Transformer-v1.5 shape, bf16), Sidon, and the
 scorers duration, Parakeet, VoiceCLAP and Empathic-Insight; then ``bestofn.pipeline.run_group``
 runs complete groups exactly as a worker does (FLAC + parquet written atomically). One warm-up
 group (compile, CUDA-graph capture, allocator) is followed by the timed groups.
@@ -11,7 +11,7 @@ What is not the product's cost, and why:
 - Takes are forced to a fixed length (``--frames``, default 188 = 15.04 s): the random model's
   stop head is set to always continue and the frame budget is pinned (min = max = frames).
 - The codec is a RANDOM STAND-IN with the MOSS-Audio-Tokenizer-v2 interface
-  (``moss_hf.write_random_codec``: embeddings + one linear layer + upsampling), loaded through the
+  (``bestofn.fakes.moss_codec``: embeddings + one linear layer + upsampling), loaded through the
   same ``RemoteCodec`` path as the real one, unless ``--codec-dir`` names a real v2 directory.
   Its decode cost is NOT the real codec's; it is reported separately as ``codec_decode``.
 - The prompt uses a byte tokenizer (about one token per character): longer than real prompts.
@@ -69,7 +69,7 @@ class TimedCodec:
 
 class InlineStandInCodec:
     """Fallback only (when the remote-code stand-in cannot be loaded): the same work shape as
-    ``write_random_codec``'s model (sum of 12 code embeddings, one linear layer, upsampled to
+    ``bestofn.fakes.moss_codec``'s model (sum of 12 code embeddings, one linear layer, upsampled to
     3840 samples per frame, 48 kHz stereo), batched like ``RemoteCodec``. Numbers mean nothing."""
 
     sample_rate, channels, hop, n_vq = 48000, 2, 3840, 12
@@ -109,8 +109,8 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
     """All production backends with random weights; returns (Backends, codec, build seconds)."""
     import torch
 
-    from bestofn.backends import empathic, moss_fast, parakeet, sidon, voiceclap
     from bestofn.backends.duration import DurationScorer
+    from bestofn.fakes import empathic, moss, moss_codec, parakeet, sidon, voiceclap
 
     tiny = size == "tiny"
     build_s = {}
@@ -125,20 +125,16 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
         return out
 
     if codec_dir is None:
-        from bestofn.backends.moss_hf import write_random_codec
-
-        codec_dir = timed("codec-stand-in", lambda: write_random_codec(workdir / "codec", size))
+        codec_dir = timed("codec-stand-in", lambda: moss_codec.write(workdir / "codec", size))
     gen = timed(
         "moss-fast",
-        lambda: moss_fast.random_for_bench(
+        lambda: moss.build(
             device, size=size, codec_dir=str(codec_dir), min_frames=frames, max_frames=frames
         ),
     )
     if tiny:  # the tiny random model stops at random frames; pin its length as the real one's
-        from bestofn.moss.checkpoint import always_continue_
-
         with torch.no_grad():
-            always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)
+            moss.always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)
     try:
         codec = TimedCodec(timed("codec", gen._codec))
     except Exception as e:  # keep measuring everything else; say which stand-in decoded
@@ -146,17 +142,13 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
         codec = TimedCodec(InlineStandInCodec(device, tiny=tiny))
         gen.sample_rate = codec.sample_rate
     gen.codec = codec
-    if tiny:
-        restorer = timed("sidon", lambda: sidon.tiny_for_tests(device))
-        asr = timed("parakeet", lambda: parakeet.tiny_for_tests(device, str(workdir / "asr")))
-    else:
-        restorer = timed("sidon", lambda: sidon.random_for_bench(device))
-        asr = timed("parakeet", lambda: parakeet.random_for_bench(device, str(workdir / "asr")))
+    restorer = timed("sidon", lambda: sidon.build(device, size))
+    asr = timed("parakeet", lambda: parakeet.build(device, size, str(workdir / "asr")))
     scorers = [
         DurationScorer(device),
         asr,
-        timed("voiceclap", lambda: voiceclap.random_for_bench(device, tiny=tiny)),
-        timed("empathic-insight", lambda: empathic.random_for_bench(device, tiny=tiny)),
+        timed("voiceclap", lambda: voiceclap.build(device, size)),
+        timed("empathic-insight", lambda: empathic.build(device, size)),
     ]
     models = {
         "generator": {"backend": "moss-fast", "options": {"random": size, "frames": frames}},
@@ -274,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "size": args.size,
         "frames_per_take": args.frames,
         "codec": args.codec_dir
-        or "RANDOM STAND-IN (moss_hf.write_random_codec); decode cost is not the real "
+        or "RANDOM STAND-IN (bestofn.fakes.moss_codec); decode cost is not the real "
         "MOSS-Audio-Tokenizer-v2's",
         "flac_subtype": "PCM_24",
     }

@@ -19,11 +19,11 @@ import numpy as np
 from bestofn.audio import resample
 from bestofn.spec import GroupSpec
 
-BACKENDS = {
-    "voiceclap": "bestofn.backends.voiceclap",
-    "empathic-insight": "bestofn.backends.empathic",
-    "sidon": "bestofn.backends.sidon",
-    "parakeet": "bestofn.backends.parakeet",
+BACKENDS = {  # the random-weight builders (bestofn.fakes), one module per backend
+    "voiceclap": "bestofn.fakes.voiceclap",
+    "empathic-insight": "bestofn.fakes.empathic",
+    "sidon": "bestofn.fakes.sidon",
+    "parakeet": "bestofn.fakes.parakeet",
 }
 
 
@@ -64,7 +64,7 @@ def time_call(fn, device: str, repeats: int) -> float:
 def bench_backend(name, args, batches, audio16, spec, meta) -> list[dict]:
     module = importlib.import_module(BACKENDS[name])
     t0 = time.perf_counter()
-    backend = module.random_for_bench(args.device)
+    backend = module.build(args.device, "real")
     build_s = time.perf_counter() - t0
     cuda = args.device.startswith("cuda")
     if cuda:

@@ -1,5 +1,5 @@
 """Read a published MOSS-TTS-Local checkpoint directory (config.json + *.safetensors) into
-``MossLocalModel``, and write random checkpoints in the same layout (tests, parity, benchmark).
+``MossLocalModel`` (random checkpoints in the same layout: ``bestofn.fakes.moss``).
 
 Published keys follow the reference remote code (transformer.*, local_transformer.*,
 audio_embeddings.{k}, local_text_lm_head); tied heads (text_lm_head, audio_lm_heads.{k}) may be
@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.model import MossLocalModel
@@ -158,92 +157,3 @@ def model_from_tensors(cfg, t, device, dtype, ckpt_dir: str) -> MossLocalModel:
     if extra:
         raise CheckpointError(f"{ckpt_dir}: unexpected tensors (layout mismatch?): {extra[:8]}")
     return model.eval()
-
-
-# ---- random checkpoints in the published layout ----------------------------------------------
-
-
-def random_state_dict(cfg: MossLocalConfig, seed: int = 0, std: float = 0.2) -> dict:
-    """Published-layout tensors with random values (float32, CPU). The stop head is biased
-    towards "continue" (through ln_f's bias) so greedy decodes run for a while and only some
-    rows stop: a more telling parity check than one that stops at frame 0."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=std):
-        return torch.randn(*shape, generator=g) * scale
-
-    H, D = cfg.hidden_size, cfg.head_dim
-    sd = {"transformer.embed_tokens.weight": rnd(cfg.vocab_size, H, scale=1.0)}
-    for i in range(cfg.num_layers):
-        p = f"transformer.layers.{i}."
-        sd[p + "self_attn.q_proj.weight"] = rnd(cfg.num_heads * D, H)
-        sd[p + "self_attn.k_proj.weight"] = rnd(cfg.num_kv_heads * D, H)
-        sd[p + "self_attn.v_proj.weight"] = rnd(cfg.num_kv_heads * D, H)
-        sd[p + "self_attn.o_proj.weight"] = rnd(H, cfg.num_heads * D)
-        sd[p + "self_attn.q_norm.weight"] = 1 + rnd(D, scale=0.1)
-        sd[p + "self_attn.k_norm.weight"] = 1 + rnd(D, scale=0.1)
-        sd[p + "input_layernorm.weight"] = 1 + rnd(H, scale=0.1)
-        sd[p + "post_attention_layernorm.weight"] = 1 + rnd(H, scale=0.1)
-        sd[p + "mlp.gate_proj.weight"] = rnd(cfg.intermediate_size, H)
-        sd[p + "mlp.up_proj.weight"] = rnd(cfg.intermediate_size, H)
-        sd[p + "mlp.down_proj.weight"] = rnd(H, cfg.intermediate_size)
-    sd["transformer.norm.weight"] = 1 + rnd(H, scale=0.1)
-    for i in range(cfg.local_layers):
-        p = f"local_transformer.h.{i}."
-        for name, (o, n) in {
-            "attn.c_attn": (3 * H, H),
-            "attn.c_proj": (H, H),
-            "mlp.fc_in": (cfg.local_inner, H),
-            "mlp.fc_out": (H, cfg.local_inner),
-        }.items():
-            sd[f"{p}{name}.weight"] = rnd(o, n)
-            sd[f"{p}{name}.bias"] = rnd(o, scale=0.05)
-        for ln in ("ln_1", "ln_2"):
-            sd[f"{p}{ln}.weight"] = 1 + rnd(H, scale=0.1)
-            sd[f"{p}{ln}.bias"] = rnd(H, scale=0.05)
-    bias = rnd(H, scale=1.0)
-    bias = bias * (1.5 / bias.norm())
-    sd["local_transformer.ln_f.weight"] = 1 + rnd(H, scale=0.1)
-    sd["local_transformer.ln_f.bias"] = bias
-    if cfg.local_positions == "absolute":
-        sd["local_transformer.wpe.weight"] = rnd(cfg.n_vq + 1, H)
-    for k, size in enumerate(cfg.audio_codebook_sizes):
-        sd[f"audio_embeddings.{k}.weight"] = rnd(size, H, scale=1.0)
-    w = rnd(H, scale=1.0)
-    sd["local_text_lm_head.weight"] = torch.stack([w, w - 2.0 * bias / bias.norm() ** 2])
-    return sd
-
-
-def save_checkpoint(ckpt_dir: str | Path, cfg: MossLocalConfig, state_dict: dict) -> Path:
-    ckpt_dir = Path(ckpt_dir)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    (ckpt_dir / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
-    save_file(
-        {k: v.contiguous() for k, v in state_dict.items()}, str(ckpt_dir / "model.safetensors")
-    )
-    return ckpt_dir
-
-
-def init_random_(model: MossLocalModel, seed: int = 0, std: float = 0.02) -> MossLocalModel:
-    """Fill a model's parameters in place with random values (fast on GPU; for benchmarks)."""
-    g = torch.Generator(device=model.audio_embed.device).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or ".ln_" in name or name.startswith("local_ln_f"):
-                p.fill_(1.0) if name.endswith("weight") else p.zero_()
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, std, generator=g)
-    return model
-
-
-@torch.no_grad()
-def always_continue_(ln_f_bias: torch.Tensor, stop_head: torch.Tensor, norm: float = 10.0) -> None:
-    """Make a random model's stop head always choose "continue" (benchmarks: fixed lengths).
-    The local ln_f bias b (|b| = norm) dominates the stop logit gap 2 * h.b = 2|b|^2 + noise."""
-    b = torch.randn(ln_f_bias.shape, device=ln_f_bias.device, dtype=torch.float32)
-    b = b * (norm / b.norm())
-    ln_f_bias.copy_(b)
-    stop_head[0].copy_(b)
-    stop_head[1].copy_(-b)

@@ -194,34 +194,3 @@ def _text_head_mode(value) -> str:
 def local_v15_config() -> MossLocalConfig:
     """The real MOSS-TTS-Local-Transformer-v1.5 shape (Qwen3-4B backbone, 1-layer local)."""
     return MossLocalConfig()
-
-
-def tiny_config(vocab_size: int = 256, n_vq: int = 4, codebook: int = 16) -> MossLocalConfig:
-    """A few-kilobyte model with the same structure, for CPU tests and parity checks.
-
-    Special token ids are remapped into the small text vocabulary.
-    """
-    return MossLocalConfig(
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        intermediate_size=48,
-        vocab_size=vocab_size,
-        rope_theta=10000.0,
-        local_layers=1,
-        local_heads=4,
-        local_inner=40,
-        local_rope_base=10000.0,
-        n_vq=n_vq,
-        audio_codebook_sizes=[codebook] * n_vq,
-        audio_pad_code=codebook,
-        pad_token_id=vocab_size - 8,
-        im_start_token_id=vocab_size - 7,
-        im_end_token_id=vocab_size - 6,
-        audio_start_token_id=vocab_size - 5,
-        audio_end_token_id=vocab_size - 4,
-        audio_user_slot_token_id=vocab_size - 3,
-        audio_assistant_slot_token_id=vocab_size - 2,
-    )

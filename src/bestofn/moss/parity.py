@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from bestofn.moss.checkpoint import load_model, random_state_dict, save_checkpoint
-from bestofn.moss.config import MossLocalConfig, tiny_config
+from bestofn.fakes.moss import random_state_dict, save_checkpoint, tiny_config
+from bestofn.moss.checkpoint import load_model
+from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.engine import MossLocalEngine
 from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams, sample_tokens, take_uniform
 

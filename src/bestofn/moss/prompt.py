@@ -54,11 +54,6 @@ class PromptBuilder:
         tok = Tokenizer.from_file(str(path))
         return cls(cfg, lambda text: tok.encode(text, add_special_tokens=False).ids)
 
-    @classmethod
-    def bytes(cls, cfg: MossLocalConfig) -> PromptBuilder:
-        """UTF-8 bytes as token ids (< 256): random-weight benchmarks and tests only."""
-        return cls(cfg, lambda text: list(text.encode("utf-8")))
-
     def _text_rows(self, ids: list[int]) -> torch.Tensor:
         rows = torch.full((len(ids), 1 + self.cfg.n_vq), self.cfg.audio_pad_code, dtype=torch.long)
         rows[:, 0] = torch.tensor(ids, dtype=torch.long)

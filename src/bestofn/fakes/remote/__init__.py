@@ -1,0 +1,1 @@
+"""Remote code written next to random weights (copied into checkpoint directories)."""

@@ -1,0 +1,1 @@
+"""STAND-IN remote code for VoiceCLAP (random weights, written by bestofn.fakes)."""
