@@ -23,6 +23,7 @@ demo: install
 
 # Command 2: install and run the tests (what .ci/run calls), plus the linters.
 test: install
+	bash .ci/chromium-up.sh >/dev/null  # headless Chromium for the listening-page test
 	$(PY) -m pytest
 	$(MAKE) lint
 

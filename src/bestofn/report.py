@@ -90,3 +90,7 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     report.write_text("\n".join(lines))
     con.close()
     return report
+    # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).
+    from bestofn.trust_report import write_selection_report
+
+    lines += write_selection_report(db_path, out_dir)

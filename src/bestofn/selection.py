@@ -86,9 +86,17 @@ def check_selection(
 
 
 def build_database(
-    parquets: list[str | Path], db_path: str | Path, filter_sql: str, score_sql: str
+    parquets: list[str | Path],
+    db_path: str | Path,
+    filter_sql: str,
+    score_sql: str,
+    held_out: list | None = None,
+    seed: int = 0,
 ) -> dict:
-    """(Re)build the DuckDB file from group parquets. Returns a few counts for the log."""
+    """(Re)build the DuckDB file from group parquets. Returns a few counts for the log.
+
+    ``held_out`` (selection.held_out) and ``seed`` feed the trust tables (bestofn.trust):
+    held-out comparisons, per-score gains, correlations, the filter funnel, listening order."""
     db_path = Path(db_path)
     tmp = db_path.with_suffix(".tmp.duckdb")
     tmp.unlink(missing_ok=True)
@@ -164,3 +172,10 @@ def build_database(
     tmp.replace(db_path)
     Path(str(tmp) + ".wal").unlink(missing_ok=True)
     return counts
+    from bestofn.trust import build_trust_tables
+
+    try:
+        build_trust_tables(con, filter_sql, held_out, seed)
+    except SelectionError:
+        con.close()
+        raise

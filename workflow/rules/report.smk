@@ -18,6 +18,31 @@ rule report:
             caption="../report/gain.rst",
             category="Selection",
         ),
+        # Selection you can trust (bestofn.trust_report): held-out scorers, per-score gains,
+        # correlations, the filter funnel; index.html is the listening page (not embedded:
+        # its audio links are relative to results/report/).
+        held_out=report(
+            f"{RESULTS}/report/held_out.html",
+            caption="../report/held_out.rst",
+            category="Selection",
+        ),
+        score_gains=report(
+            f"{RESULTS}/report/score_gains.html",
+            caption="../report/score_gains.rst",
+            category="Selection",
+        ),
+        correlation=report(
+            f"{RESULTS}/report/score_correlation.png",
+            caption="../report/score_correlation.rst",
+            category="Selection",
+        ),
+        funnel=report(
+            f"{RESULTS}/report/filter_funnel.png",
+            caption="../report/filter_funnel.rst",
+            category="Selection",
+        ),
+        selection=f"{RESULTS}/report/selection.md",
+        listen=f"{RESULTS}/report/index.html",
     log:
         f"{RESULTS}/logs/report.log",
     script:

@@ -9,5 +9,8 @@ rule database:
     params:
         filter=config["selection"]["filter"],
         score=config["selection"]["score"],
+        # Held-out scorers and the seed of the random baseline take and listening order.
+        held_out=config["selection"]["held_out"],
+        seed=config["seed"],
     script:
         "../scripts/build_database.py"
