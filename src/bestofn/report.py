@@ -82,6 +82,10 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
         "![best-of-N gain](bestofn_gain.png)",
         "",
     ]
+    # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).
+    from bestofn.trust_report import write_selection_report
+
+    lines += write_selection_report(db_path, out_dir)
     if n_unselected:
         lines += ["## Groups with no passing take", ""]
         lines += [f"- {g}" for g in groups.loc[groups["status"] != "selected", "group_id"]]
@@ -90,7 +94,3 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     report.write_text("\n".join(lines))
     con.close()
     return report
-    # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).
-    from bestofn.trust_report import write_selection_report
-
-    lines += write_selection_report(db_path, out_dir)

@@ -163,6 +163,13 @@ def build_database(
         FROM levels ORDER BY level DESC, group_id
         """
     )
+    from bestofn.trust import build_trust_tables
+
+    try:
+        build_trust_tables(con, filter_sql, held_out, seed)
+    except SelectionError:
+        con.close()
+        raise
     counts = dict(
         takes=con.execute("SELECT count(*) FROM takes").fetchone()[0],
         groups=con.execute("SELECT count(*) FROM groups").fetchone()[0],
@@ -172,10 +179,3 @@ def build_database(
     tmp.replace(db_path)
     Path(str(tmp) + ".wal").unlink(missing_ok=True)
     return counts
-    from bestofn.trust import build_trust_tables
-
-    try:
-        build_trust_tables(con, filter_sql, held_out, seed)
-    except SelectionError:
-        con.close()
-        raise
