@@ -84,6 +84,12 @@ def _workers(args) -> int:
     return 0
 
 
+def _fake_weights(args) -> int:
+    from bestofn.fakes.weights import main as fake_weights_main
+
+    return fake_weights_main(args)
+
+
 def _parity(args_rest: list[str]) -> int:
     from bestofn.moss.parity import parity_main
 
@@ -140,6 +146,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["status", "stop"])
     p.add_argument("--state-dir", help="default: derived from the current directory")
     p.set_defaults(func=_workers)
+
+    p = sub.add_parser(
+        "fake-weights",
+        help="write random-weight checkpoints of every production backend + DIR/config.yaml",
+        description="Random-weight checkpoints for every production backend, in the published "
+        "on-disk layouts, and DIR/config.yaml: a complete production config pointing at them. "
+        "tiny: a CPU test run; real: the published sizes, for GPUs (about 31 GB).",
+    )
+    p.add_argument("dir", help="output directory (created)")
+    p.add_argument("--size", choices=["tiny", "real"], default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--moss-code",
+        help="copy of OpenMOSS/MOSS-TTS moss_tts_local_v1.5/: its remote code is copied into the "
+        "MOSS checkpoint so moss-hf loads it too (moss-fast needs none)",
+    )
+    p.set_defaults(func=_fake_weights)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
     args = ap.parse_args(argv)

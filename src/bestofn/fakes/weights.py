@@ -1,0 +1,266 @@
+"""`bestofn fake-weights DIR [--size tiny|real] [--seed N] [--moss-code DIR]`: random-weight
+checkpoints for every production backend, in the on-disk layouts of the published ones, plus a
+complete production config that points at them.
+
+    DIR/config.yaml                             moss-fast -> sidon -> duration, parakeet,
+                                                voiceclap, empathic-insight (absolute paths)
+    DIR/emotions.tsv, prompts.tsv, joe_reference.flac
+    DIR/FAKE_WEIGHTS.md                         what is here, and what is a stand-in
+    DIR/MOSS-TTS-Local-Transformer-v1.5/        config.json, tokenizer.json, processor_config.json,
+                                                model.safetensors (tiny) or shards + index (real)
+    DIR/MOSS-Audio-Tokenizer-v2-STAND-IN/       a random codec with the v2 interface (remote code)
+    DIR/w2v-bert-2.0/, DIR/sidon_raw_weight/    Sidon: base encoder, LoRA adapter, decoder
+    DIR/parakeet-tdt-0.6b-v3/*.nemo             Parakeet-TDT (NeMo archive)
+    DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: STAND-IN embedder (remote code), heads
+    DIR/BUD-E-Whisper/, Empathic-Insight-Voice-Plus/
+
+``tiny`` runs the whole workflow on a CPU in about a minute (the CI test); ``real`` has the
+published sizes (about 31 GB on disk, mostly the 59 Empathic-Insight heads) for GPU runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+from bestofn.fakes import check_size
+
+NEED_BYTES = {"tiny": 200 * 2**20, "real": 34 * 2**30}  # what a write needs free, with margin
+REFERENCE_VOICE = Path(__file__).resolve().parents[3] / "config" / "voices" / "joe_reference.flac"
+
+EMOTIONS = [
+    ["emotion", "description", "reference_audio"],
+    ["calm", "A calm, warm voice, speaking slowly.", "{reference}"],
+    ["angry", "An angry voice, loud and sharp.", ""],
+]
+PROMPTS = [
+    ["prompt_id", "text"],
+    ["p1", "Good morning to you."],
+    ["p2", "It is nine o'clock."],
+]
+
+# Per size: what differs between a CPU test run and a GPU run.
+RUN = {
+    "tiny": dict(
+        device="cpu",
+        generator_options="      min_frames: 8  # tiny only: short takes keep the CPU run fast\n"
+        "      max_frames: 16\n",
+        generator_runtime="{batch_size: 4, decode_batch_size: 4}",
+        restorer_runtime="{batch_size: 4}",
+        parakeet_runtime="{batch_size: 4}",
+        scorer_runtime="{batch_size: 4}",
+        idle_timeout_s=120,
+        start_timeout_s=600,
+    ),
+    "real": dict(
+        device="cuda",
+        generator_options="",
+        generator_runtime="{batch_size: 64, decode_batch_size: 16}",
+        restorer_runtime="{batch_size: 32}",
+        parakeet_runtime="{batch_size: 64}",
+        scorer_runtime="{batch_size: 32}",
+        idle_timeout_s=600,
+        start_timeout_s=1800,
+    ),
+}
+
+CONFIG = """\
+# Written by `bestofn fake-weights {out} --size {size} --seed {seed}`.
+# The production pipeline (as config/production.yaml: moss-fast -> sidon -> duration, parakeet,
+# voiceclap, empathic-insight) on RANDOM weights in the published on-disk layouts. The audio is
+# noise and every score is meaningless; the MOSS codec and the VoiceCLAP embedder are random
+# stand-ins (see FAKE_WEIGHTS.md). It exists to run the production path end to end:
+#   snakemake --profile profiles/{profile} --configfile {out}/config.yaml --replace-workflow-config
+# (--replace-workflow-config: without it, run from a directory holding config/config.yaml,
+# Snakemake would merge that config's generator options into this one's.)
+emotions: {emotions}
+prompts: {prompts}
+results: results
+takes: 4  # raise for a benchmark, e.g. --config takes=64
+seed: 1234
+max_words: 80
+device: {device}
+flac_subtype: PCM_24
+
+models:
+  generator:
+    backend: moss-fast  # moss-hf loads the same directory once --moss-code copied its code in
+    options:
+      model_dir: {model_dir}
+      codec_dir: {codec_dir}
+      frames_per_word: 6.0
+{generator_options}    runtime: {generator_runtime}
+  restorer:
+    backend: sidon
+    options:
+      w2v_bert_dir: {w2v_bert_dir}
+      adapter_dir: {adapter_dir}
+      decoder_path: {decoder_path}
+    runtime: {restorer_runtime}
+  scorers:
+    - backend: duration
+    - backend: parakeet
+      options:
+        model_path: {parakeet_path}
+      runtime: {parakeet_runtime}
+    - backend: voiceclap
+      options:
+{voiceclap_options}      runtime: {scorer_runtime}
+    - backend: empathic-insight
+      options:
+        encoder_path: {encoder_path}
+        heads_path: {heads_path}
+      runtime: {scorer_runtime}
+
+runtime:
+  queue_depth: 2
+  idle_timeout_s: {idle_timeout_s}
+  start_timeout_s: {start_timeout_s}
+
+selection:
+  # Random weights never transcribe a prompt right (WER near 1), so production's
+  # "wer <= 0.1" would reject every take, and their stop head often runs a take to the frame
+  # budget. This filter asks only for audio (no empty take), which random weights satisfy;
+  # the score is production's, over the same scorer columns.
+  filter: "n_frames > 0"
+  score: "vc_genuineness / 6 + vc_prompt_sim - cer"
+"""
+
+README = """\
+# Random-weight test models (`bestofn fake-weights`, size {size}, seed {seed})
+
+Every production backend's checkpoint, in the on-disk layout of the published one, with RANDOM
+weights: the real loading code runs on them, and the audio and scores they make are noise.
+`config.yaml` is a complete production config pointing here (absolute paths).
+
+- `MOSS-TTS-Local-Transformer-v1.5/` (moss-fast; moss-hf{moss_hf}): the published layout:
+  config.json, a byte-level tokenizer (MOSS specials at ids 256..262), processor_config.json,
+  safetensors{shards}. Stop probability per frame: {p_stop}.
+- `MOSS-Audio-Tokenizer-v2-STAND-IN/` (the codec): a **STAND-IN**, our own random model with the
+  v2 interface, not the v2 codec (whose code is published only on the model hub).
+- `w2v-bert-2.0/`, `sidon_raw_weight/` (sidon): w2v-BERT 2.0 ({w2v_layers} layers), a peft LoRA
+  adapter, the DAC decoder state dict (weight norm).
+- `parakeet-tdt-0.6b-v3/` (parakeet): a FastConformer-TDT `.nemo` with a tokenizer trained on
+  random words.
+- `voiceclap-commercial/`, `voiceclap-heads/` (voiceclap): a **STAND-IN** embedder (our remote
+  code with VoiceCLAP's shapes and API), and the two heads in the published format.
+- `BUD-E-Whisper/`, `Empathic-Insight-Voice-Plus/` (empathic-insight): a Whisper checkpoint and
+  {n_heads} head files `model_<Name>_best.pth`.
+"""
+
+
+def _yaml(value) -> str:
+    """A YAML scalar: a JSON string or number is one."""
+    return json.dumps(str(value) if isinstance(value, Path) else value)
+
+
+def _check_free_space(out: Path, size: str) -> None:
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < NEED_BYTES[size]:
+        raise OSError(
+            f"fake-weights: {size} size needs about {NEED_BYTES[size] / 2**30:.1f} GiB free "
+            f"under {probe}, only {free / 2**30:.1f} GiB are; nothing was written"
+        )
+
+
+def write_reference_voice(path: Path) -> Path:
+    """The repository's reference voice when this is a source checkout, else a synthetic one
+    (2 s of a voiced-speech-like harmonic tone with a syllable envelope, 24 kHz)."""
+    if REFERENCE_VOICE.is_file():
+        shutil.copyfile(REFERENCE_VOICE, path)
+        return path
+    import numpy as np
+    import soundfile as sf
+
+    sr = 24000
+    t = np.arange(2 * sr) / sr
+    f0 = 140 + 20 * np.sin(2 * np.pi * 0.5 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / sr
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = np.clip(np.sin(2 * np.pi * 3 * t), 0, None)
+    sf.write(path, (0.2 * voiced * envelope).astype(np.float32), sr, subtype="PCM_16")
+    return path
+
+
+def write_all(out_dir, size: str = "tiny", seed: int = 0, moss_code=None, log=print) -> Path:
+    """Write every production backend's random checkpoint, the sheets and ``config.yaml`` into
+    ``out_dir``; returns the config's path."""
+    from bestofn.fakes import empathic, moss, parakeet, sidon, voiceclap
+
+    check_size(size)
+    out = Path(out_dir).expanduser().resolve()
+    if moss_code and not (Path(moss_code) / "modeling_moss_tts.py").is_file():
+        raise FileNotFoundError(
+            f"fake-weights: --moss-code {moss_code} has no modeling_moss_tts.py (expected a copy "
+            "of OpenMOSS/MOSS-TTS moss_tts_local_v1.5/)"
+        )
+    _check_free_space(out, size)
+    out.mkdir(parents=True, exist_ok=True)
+    opts = {}
+    for name, writer in (
+        ("moss-tts-local + codec", lambda: moss.write(out, size, seed, moss_code)),
+        ("sidon", lambda: sidon.write(out, size, seed)),
+        ("parakeet", lambda: parakeet.write(out, size, seed)),
+        ("voiceclap", lambda: voiceclap.write(out, size, seed)),
+        ("empathic-insight", lambda: empathic.write(out, size, seed)),
+    ):
+        t0 = time.perf_counter()
+        opts[name] = writer()
+        log(f"fake-weights: {name} written in {time.perf_counter() - t0:.1f} s")
+
+    reference = write_reference_voice(out / "joe_reference.flac")
+    for path, rows in ((out / "emotions.tsv", EMOTIONS), (out / "prompts.tsv", PROMPTS)):
+        lines = ["\t".join(c.format(reference=reference) for c in row) for row in rows]
+        path.write_text("\n".join(lines) + "\n")
+
+    vc = opts["voiceclap"]
+    voiceclap_options = "".join(f"        {k}: {_yaml(v)}\n" for k, v in vc.items())
+    (out / "config.yaml").write_text(
+        CONFIG.format(
+            out=out,
+            size=size,
+            seed=seed,
+            profile="local" if size == "tiny" else "h200x8",
+            emotions=_yaml(out / "emotions.tsv"),
+            prompts=_yaml(out / "prompts.tsv"),
+            model_dir=_yaml(opts["moss-tts-local + codec"]["model_dir"]),
+            codec_dir=_yaml(opts["moss-tts-local + codec"]["codec_dir"]),
+            **{k: _yaml(v) for k, v in opts["sidon"].items()},
+            parakeet_path=_yaml(opts["parakeet"]["model_path"]),
+            voiceclap_options=voiceclap_options,
+            **{k: _yaml(v) for k, v in opts["empathic-insight"].items()},
+            **RUN[size],
+        )
+    )
+    emotion_heads, quality_heads = empathic.N_HEADS[size]
+    (out / "FAKE_WEIGHTS.md").write_text(
+        README.format(
+            size=size,
+            seed=seed,
+            moss_hf=" too: remote code copied in" if moss_code else ": add --moss-code DIR",
+            shards=" shards + model.safetensors.index.json" if size == "real" else "",
+            p_stop=moss.P_STOP[size],
+            w2v_layers=sidon.DISK_LAYERS[size],
+            n_heads=f"{emotion_heads} + {quality_heads}",
+        )
+    )
+    return out / "config.yaml"
+
+
+def main(args) -> int:
+    """The `bestofn fake-weights` subcommand."""
+    t0 = time.perf_counter()
+    try:
+        config = write_all(args.dir, args.size, args.seed, args.moss_code)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}")
+        return 2
+    seconds = time.perf_counter() - t0
+    print(f"fake-weights: {args.size} checkpoints in {config.parent} ({seconds:.0f} s)")
+    print(f"config: {config}  (check it: bestofn check --config {config})")
+    return 0

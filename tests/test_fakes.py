@@ -1,0 +1,91 @@
+"""bestofn.fakes: the layouts `bestofn fake-weights` writes beyond what the CPU workflow test
+(test_production_workflow.py) loads: sharded MOSS weights, the moss-hf remote-code check, the
+tuned stop probability, and the refusals before anything is written."""
+
+import json
+from collections import namedtuple
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from bestofn.backends.moss_hf import check_checkpoint  # noqa: E402
+from bestofn.fakes import moss  # noqa: E402
+from bestofn.moss.checkpoint import load_model, weight_files  # noqa: E402
+
+
+def test_sharded_weights_load_like_one_file(tmp_path):
+    one = moss.write_model(tmp_path / "one", "tiny", seed=3)
+    sharded = moss.write_model(tmp_path / "sharded", "tiny", seed=3, shard_bytes=64_000)
+    assert [p.name for p in weight_files(one)] == ["model.safetensors"]
+    files = weight_files(sharded)
+    n = len(files)
+    assert n > 1 and [p.name for p in files] == [
+        f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)
+    ]
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    a, b = load_model(one), load_model(sharded)
+    assert index["metadata"]["total_size"] == sum(
+        t.numel() * t.element_size() for t in _published_tensors(sharded, index)
+    )
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def _published_tensors(ckpt, index):
+    from safetensors import safe_open
+
+    for f in sorted(set(index["weight_map"].values())):
+        with safe_open(str(ckpt / f), framework="pt") as sf:
+            yield from (sf.get_tensor(k) for k in sf.keys())
+
+
+def test_moss_hf_needs_the_remote_code_and_finds_it_once_copied(tmp_path):
+    model_dir = moss.write_model(tmp_path / "model", "tiny")
+    with pytest.raises(FileNotFoundError, match="configuration_moss_tts.py"):
+        check_checkpoint(model_dir, "model_dir", tokenizer=True)
+    code = tmp_path / "code"
+    code.mkdir()
+    for name in moss.REMOTE_CODE_FILES[:-1]:
+        (code / name).write_text("# stand-in for the published file\n")
+    with pytest.raises(FileNotFoundError, match=moss.REMOTE_CODE_FILES[-1]):
+        moss.add_remote_code(model_dir, code)
+    (code / moss.REMOTE_CODE_FILES[-1]).write_text("\n")
+    moss.add_remote_code(model_dir, code)
+    assert check_checkpoint(model_dir, "model_dir", tokenizer=True) == [
+        model_dir / "model.safetensors"
+    ]
+
+
+def test_stop_head_stops_with_the_asked_probability(tmp_path):
+    """Per frame, "stop" comes out with probability p_stop (estimated over every frame at risk:
+    stops / (stops + frames that continued))."""
+    from bestofn.backends.moss_fast import MossFastGenerator
+    from bestofn.spec import GroupSpec
+
+    p_stop = 0.25
+    model_dir = moss.write_model(tmp_path / "model", "tiny", seed=1, p_stop=p_stop)
+    gen = MossFastGenerator(model_dir=str(model_dir), min_frames=6, max_frames=6)
+    spec = GroupSpec(emotion="calm", prompt_id="p", text="A b c.", n_takes=200)
+    codes, stopped, budget = gen.generate_codes(spec)
+    assert budget == 6
+    stops = sum(stopped)
+    continued = sum(int(c.shape[0]) for c in codes)
+    estimate = stops / (stops + continued)  # ~650 frames at risk: sd ~0.017
+    assert abs(estimate - p_stop) < 0.07, (estimate, stops, continued)
+    assert 0 < sum(c.shape[0] == 0 for c in codes) < len(codes)  # some takes stop at once
+
+
+def test_refusals_come_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    from bestofn.cli import main
+    from bestofn.fakes import weights
+
+    out = tmp_path / "w"
+    assert main(["fake-weights", str(out), "--moss-code", str(tmp_path / "nowhere")]) == 2
+    assert "has no modeling_moss_tts.py" in capsys.readouterr().out
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(weights.shutil, "disk_usage", lambda _: usage(2**40, 2**40, 2**20))
+    assert main(["fake-weights", str(out), "--size", "real"]) == 2
+    assert "needs about 34.0 GiB free" in capsys.readouterr().out
+    assert not out.exists()

@@ -1,0 +1,75 @@
+"""The whole production workflow on a CPU, as a user runs it, on random weights:
+
+    bestofn fake-weights TMP --size tiny
+    snakemake --snakefile REPO/Snakefile --directory PROJECT --profile REPO/profiles/local \
+              --configfile TMP/config.yaml
+    bestofn verify results
+
+moss-fast -> Sidon -> duration, Parakeet, VoiceCLAP, Empathic-Insight, every one of them loaded
+by its real loader from the published on-disk layout, in one warm worker."""
+
+import importlib.util
+from pathlib import Path
+
+import duckdb
+import pytest
+from test_workflow_e2e import snakemake, verify
+
+from bestofn.cli import main as bestofn
+
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
+    reason="the production backends need transformers and nemo_toolkit[asr]",
+)
+GROUPS = ["angry/p1", "angry/p2", "calm/p1", "calm/p2"]
+
+
+def expected_columns(weights: Path) -> set[str]:
+    """Every production scorer's columns; Empathic-Insight's come from its head files."""
+    from bestofn.backends.duration import DurationScorer
+    from bestofn.backends.empathic import column_name, head_name
+    from bestofn.backends.parakeet import ParakeetScorer
+    from bestofn.backends.voiceclap import VoiceCLAPScorer
+
+    heads = sorted((weights / "Empathic-Insight-Voice-Plus").glob("*.pth"))
+    assert len(heads) == 4
+    ei = {column_name(head_name(p), "ei_") for p in heads}
+    return {*DurationScorer.columns, *ParakeetScorer.columns, *VoiceCLAPScorer.columns, *ei}
+
+
+def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
+    weights, project = tmp_path / "weights", tmp_path / "project"
+    # the `bestofn` command's own entry point, in this process (the imports are paid once)
+    assert bestofn(["fake-weights", str(weights), "--size", "tiny"]) == 0
+    config = weights / "config.yaml"
+    assert bestofn(["check", "--config", str(config)]) == 0
+    assert "ok: 4 groups x 4 takes" in capsys.readouterr().out
+
+    project.mkdir()  # no config/ here: the production config is the only one
+    snakemake(project, "--configfile", str(config))
+    assert "4 groups checked, 0 problem(s)" in verify(project)
+
+    con = duckdb.connect(str(project / "results/bestofn.duckdb"), read_only=True)
+    columns = {row[0] for row in con.execute("DESCRIBE takes").fetchall()}
+    missing = (expected_columns(weights) | {"n_frames", "truncated", "stop_reason"}) - columns
+    assert not missing, f"takes lacks {sorted(missing)}"
+
+    takes = con.execute(
+        "SELECT group_id, count(*), count(DISTINCT worker_pid), min(sample_rate), max(sample_rate),"
+        " count(wer), count(vc_genuineness), count(ei_anger) FROM takes GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    # 4 takes per group, one warm worker, Sidon's 48 kHz, every scorer filled every row
+    assert takes == [(g, 4, 1, 48000, 48000, 4, 4, 4) for g in GROUPS]
+    generators = con.execute("SELECT DISTINCT generator FROM takes").fetchall()
+    assert generators == [("moss-fast",)]
+    # the tuned stop head: takes end on their stop token and on the budget, never all at once
+    reasons = {r for (r,) in con.execute("SELECT DISTINCT stop_reason FROM takes").fetchall()}
+    assert {"eos", "budget"} <= reasons <= {"eos", "budget", "empty"}
+
+    selection = con.execute(
+        "SELECT s.group_id, count(*), min(t.n_frames) FROM selection s "
+        "JOIN takes t USING (group_id, take) GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    con.close()
+    assert [(g, n) for g, n, _ in selection] == [(g, 1) for g in GROUPS]  # one take per group
+    assert all(n_frames > 0 for _, _, n_frames in selection)  # the config's filter held
