@@ -158,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", choices=["tiny", "real"], default="tiny")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--p-stop",
+        type=float,
+        help="MOSS stop probability per frame (default: 0.05 tiny, 0.01 real); a benchmark that "
+        "wants every take to run to its frame budget, as `bench pipeline` does, passes 1e-9",
+    )
+    p.add_argument(
         "--moss-code",
         help="copy of OpenMOSS/MOSS-TTS moss_tts_local_v1.5/: its remote code is copied into the "
         "MOSS checkpoint so moss-hf loads it too (moss-fast needs none)",

@@ -5,6 +5,7 @@ and the warm per-GPU worker can call it for every group it serves."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -155,6 +156,21 @@ def _check_scores(scorer: Scorer, scores: dict, n: int) -> None:
             )
 
 
+@functools.cache
+def device_label(device: str) -> str:
+    """``device`` as the host numbers it, with the GPU's name: a worker started with
+    ``CUDA_VISIBLE_DEVICES=3`` runs on its ``cuda:0``, and its rows say ``cuda:3 NVIDIA H200``,
+    so the throughput table shows which physical GPU served each group."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    index = torch.device(device).index or 0
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    host_index = visible[index] if index < len(visible) and visible[index] else str(index)
+    return f"cuda:{host_index} {torch.cuda.get_device_name(index)}"
+
+
 def run_group(
     spec: GroupSpec,
     backends: Backends,
@@ -222,7 +238,7 @@ def run_group(
         "group_load_s": load_s,
         "worker_idle_s": worker_idle_s,
         "score_seconds": json.dumps(score_seconds),
-        "device": device,
+        "device": device_label(device),
         "worker_slot": worker_slot,  # -1: models loaded in the group's own process
         "worker_pid": os.getpid(),
         "started_at": started,

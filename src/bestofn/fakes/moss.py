@@ -441,7 +441,7 @@ def build_hf(device: str, size: str = "real", workdir=None, code_dir=None, **opt
     return MossHFGenerator(device=device, model_dir=model_dir, codec_dir=codec_dir, **options)
 
 
-def write(out_dir, size: str = "tiny", seed: int = 0, moss_code=None) -> dict:
+def write(out_dir, size: str = "tiny", seed: int = 0, moss_code=None, p_stop=None) -> dict:
     """``out_dir/MOSS-TTS-Local-Transformer-v1.5`` and ``out_dir/MOSS-Audio-Tokenizer-v2-STAND-IN``;
     the remote code is copied in when ``moss_code`` names it (moss-hf). Returns the generator
     options that point at them."""
@@ -449,7 +449,9 @@ def write(out_dir, size: str = "tiny", seed: int = 0, moss_code=None) -> dict:
 
     out = Path(out_dir)
     codec_dir = moss_codec.write(out / "MOSS-Audio-Tokenizer-v2-STAND-IN", size, seed)
-    model_dir = write_model(out / "MOSS-TTS-Local-Transformer-v1.5", size, seed, codec_dir)
+    model_dir = write_model(
+        out / "MOSS-TTS-Local-Transformer-v1.5", size, seed, codec_dir, p_stop=p_stop
+    )
     if moss_code:
         add_remote_code(model_dir, moss_code)
     return {"model_dir": str(model_dir.resolve()), "codec_dir": str(codec_dir.resolve())}

@@ -187,9 +187,12 @@ def write_reference_voice(path: Path) -> Path:
     return path
 
 
-def write_all(out_dir, size: str = "tiny", seed: int = 0, moss_code=None, log=print) -> Path:
+def write_all(
+    out_dir, size: str = "tiny", seed: int = 0, moss_code=None, log=print, p_stop=None
+) -> Path:
     """Write every production backend's random checkpoint, the sheets and ``config.yaml`` into
-    ``out_dir``; returns the config's path."""
+    ``out_dir``; returns the config's path. ``p_stop``: MOSS stop probability per frame
+    (default ``moss.P_STOP[size]``)."""
     from bestofn.fakes import empathic, moss, parakeet, sidon, voiceclap
 
     check_size(size)
@@ -203,7 +206,7 @@ def write_all(out_dir, size: str = "tiny", seed: int = 0, moss_code=None, log=pr
     out.mkdir(parents=True, exist_ok=True)
     opts = {}
     for name, writer in (
-        ("moss-tts-local + codec", lambda: moss.write(out, size, seed, moss_code)),
+        ("moss-tts-local + codec", lambda: moss.write(out, size, seed, moss_code, p_stop)),
         ("sidon", lambda: sidon.write(out, size, seed)),
         ("parakeet", lambda: parakeet.write(out, size, seed)),
         ("voiceclap", lambda: voiceclap.write(out, size, seed)),
@@ -244,7 +247,7 @@ def write_all(out_dir, size: str = "tiny", seed: int = 0, moss_code=None, log=pr
             seed=seed,
             moss_hf=" too: remote code copied in" if moss_code else ": add --moss-code DIR",
             shards=" shards + model.safetensors.index.json" if size == "real" else "",
-            p_stop=moss.P_STOP[size],
+            p_stop=moss.P_STOP[size] if p_stop is None else p_stop,
             w2v_layers=sidon.DISK_LAYERS[size],
             n_heads=f"{emotion_heads} + {quality_heads}",
         )
@@ -256,7 +259,7 @@ def main(args) -> int:
     """The `bestofn fake-weights` subcommand."""
     t0 = time.perf_counter()
     try:
-        config = write_all(args.dir, args.size, args.seed, args.moss_code)
+        config = write_all(args.dir, args.size, args.seed, args.moss_code, p_stop=args.p_stop)
     except (OSError, ValueError) as e:
         print(f"error: {e}")
         return 2
