@@ -9,6 +9,8 @@ whatever batch it ran in.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +56,14 @@ def _seedable_graph(model_path: Path) -> tuple[bytes, list[str]]:
     del graph.node[:]
     graph.node.extend(new_nodes)
     return model.SerializeToString(), banks
+
+
+def sentence_seed(seed: int, k: int) -> int:
+    """Noise seed of sentence ``k`` of a take with seed ``seed`` (sentence 0 keeps the seed)."""
+    if k == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:sentence:{k}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 class PiperGenerator(Generator):
@@ -127,6 +137,24 @@ class PiperGenerator(Generator):
             meta = {"n_frames": None, "truncated": False, "stop_reason": reason}
             takes.append(Take(audio, seed, meta))
         return takes
+
+    def stream_batch(self, specs: list[GroupSpec]) -> Iterator[tuple[int, np.ndarray, bool]]:
+        """The speech service's render (``bestofn.speech``): one take per spec, sentence by
+        sentence, round robin over the requests so each gets its first audio early. Sentence
+        k of a request draws its noise from ``sentence_seed(take seed, k)``: its audio depends
+        on nothing but its own text, settings and seed, whatever else is in the batch. A
+        one-sentence request is exactly ``generate()``'s take with the same seed."""
+        plans = []
+        for spec in specs:
+            sentences = [self.voice.phonemes_to_ids(p) for p in self.voice.phonemize(spec.text)]
+            plans.append((spec.seeds()[0], [ids for ids in sentences if ids]))
+        for k in range(max((len(sentences) for _, sentences in plans), default=0) or 1):
+            for i, (seed, sentences) in enumerate(plans):
+                if k < len(sentences):
+                    audio = self.synthesize(sentences[k], sentence_seed(seed, k))
+                    yield i, audio, k == len(sentences) - 1
+                elif k == 0:  # nothing to say (no phonemes): an empty, final chunk
+                    yield i, np.zeros(0, np.float32), True
 
     def provenance(self) -> dict:
         return {

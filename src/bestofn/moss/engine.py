@@ -16,6 +16,7 @@ static per-row counters) and ``embed_rows``. Not implemented yet.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,15 @@ class GenerationOutput:
     codes: list[torch.Tensor]  # per row: int64 [n_frames, n_vq] on CPU (no stop frame, no pads)
     stopped: list[bool]  # row emitted audio_end before the frame budget ran out
     frames: int  # decode steps actually run
+
+
+@dataclass
+class StreamStep:
+    start: int  # first frame index in ``codes``
+    codes: torch.Tensor  # int64 [B, F, n_vq] on CPU: frames [start, start + F) of every row
+    n_frames: torch.Tensor  # [B] frames each row has produced so far (its codes end there)
+    finished: torch.Tensor  # [B] bool: the row stopped (stop head, or its row_frames budget)
+    last: bool  # the decode loop is over
 
 
 class DecodeState:
@@ -193,6 +203,42 @@ class MossLocalEngine:
         state: DecodeState | None = None,
     ) -> GenerationOutput:
         """input_ids [B, T, 1+n_vq]: left-padded prompts ending in audio_start; a seed per row."""
+        *_, (s, frames, _) = self._decode(
+            input_ids, attention_mask, seeds, max_frames, params, state
+        )  # the loop yields only at its end here
+        return self._collect(s, max_frames, frames)
+
+    @torch.inference_mode()
+    def stream(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        seeds: list[int] | torch.Tensor,
+        max_frames: int,
+        params: SamplingParams | None = None,
+        every: int = 4,
+        row_frames: list[int] | None = None,
+    ) -> Iterator[StreamStep]:
+        """``generate`` that hands out the frames as they are decoded: a ``StreamStep`` every
+        ``every`` frames and a last one at the end. Row b's codes are the first ``n_frames[b]``
+        frames of the concatenated blocks (exactly ``generate``'s codes for the same inputs).
+
+        ``row_frames``: each row's own frame budget (rows of one batch may have different ones);
+        a row past it is stopped at the next sync (every ``sync_every`` frames), so it can
+        overshoot by a few frames: cut each row at its budget. Other rows are not affected."""
+        start = 0
+        for s, frames, last in self._decode(
+            input_ids, attention_mask, seeds, max_frames, params, None, every, row_frames
+        ):
+            block = s.history[:, start:frames].cpu()
+            yield StreamStep(start, block, s.n_frames.cpu(), s.finished.cpu(), last)
+            start = frames
+
+    def _decode(
+        self, input_ids, attention_mask, seeds, max_frames, params, state, every=0, row_frames=None
+    ) -> Iterator[tuple[DecodeState, int, bool]]:
+        """The decode loop; yields (state, frames decoded, last) every ``every`` frames (0:
+        never) and once at the end."""
         p = params or SamplingParams()
         B, T, _ = input_ids.shape
         dev = self.device
@@ -202,19 +248,27 @@ class MossLocalEngine:
         if s.batch != B or s.max_len < T + max_frames + 1 or s.max_frames < max_frames:
             raise ValueError("decode state too small for this request")
         self._reset(s, p, seeds)
+        limits = None
+        if row_frames is not None:
+            limits = torch.as_tensor(list(row_frames), dtype=torch.long).to(dev)
 
         h = self.model.prefill(input_ids.to(dev), attention_mask.to(dev), s.cache)
         # Prefill gives the hidden for the last prompt row, so frame 0 skips its backbone step.
         self._heads_and_sampling(s, p, h[:, -1])
         frames = 1
         while frames < max_frames:
-            if frames % self.sync_every == 0 and bool(s.finished.all()):
-                break
+            if frames % self.sync_every == 0:
+                if limits is not None:
+                    s.finished |= s.n_frames >= limits
+                if bool(s.finished.all()):
+                    break
+            if every and frames % every == 0:
+                yield s, frames, False
             # Frame f's backbone step writes cache slot T + f - 1; read a 64-slot bucket past it.
             kv_len = min(s.max_len, -(-(T + frames) // 64) * 64)
             self._run_step(s, p, kv_len)
             frames += 1
-        return self._collect(s, max_frames, frames)
+        yield s, frames, True
 
     def _reset(self, s: DecodeState, p: SamplingParams, seeds) -> None:
         s.cache.reset()
