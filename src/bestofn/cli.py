@@ -84,6 +84,12 @@ def _workers(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    from bestofn.serve import main as serve_main
+
+    return serve_main(args)
+
+
 def _fake_weights(args) -> int:
     from bestofn.fakes.weights import main as fake_weights_main
 
@@ -146,6 +152,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["status", "stop"])
     p.add_argument("--state-dir", help="default: derived from the current directory")
     p.set_defaults(func=_workers)
+
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible speech endpoint (POST /v1/audio/speech) on the warm worker",
+        description="POST /v1/audio/speech (OpenAI's request shape), GET /v1/models, "
+        "/v1/audio/voices and /health. Loads no model until the first request, which starts "
+        "the workflow's warm worker; it exits after the idle timeout. Loopback only unless an "
+        "API key is set.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="any non-loopback address needs a key")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--base", default=".", help="directory that config paths are relative to")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or BESTOFN_API_KEY)")
+    p.add_argument("--slot", type=int, default=0, help="the worker slot (GPU) to serve from")
+    p.add_argument(
+        "--idle-timeout", type=float, help="seconds before an idle worker exits "
+        "(default: the config's runtime.idle_timeout_s)",
+    )  # fmt: skip
+    p.add_argument("--max-batch", type=int, help="largest speech batch of a worker it starts")
+    p.add_argument("--batch-window-ms", type=float, help="batching window of a worker it starts")
+    p.add_argument("--max-concurrency", type=int, default=256, help="requests in flight")
+    p.set_defaults(func=_serve)
 
     p = sub.add_parser(
         "fake-weights",

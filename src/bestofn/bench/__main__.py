@@ -1,16 +1,18 @@
-"""python -m bestofn.bench {generate,scorers,pipeline} [options]."""
+"""python -m bestofn.bench {generate,scorers,pipeline,serve} [options]."""
 
 import sys
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("generate", "scorers", "pipeline"):
+    if not argv or argv[0] not in ("generate", "scorers", "pipeline", "serve"):
         print(__doc__, file=sys.stderr)
         return 2
     if argv[0] == "generate":
         from bestofn.bench.generate import main as bench
     elif argv[0] == "pipeline":
         from bestofn.bench.pipeline import main as bench
+    elif argv[0] == "serve":
+        from bestofn.bench.serve import main as bench
     else:
         from bestofn.bench.scorers import main as bench
     return bench(argv[1:]) or 0

@@ -14,6 +14,8 @@ Name them in a config by import path (config/README.md, "Your own backends"):
 - ``ScriptedGenerator`` renders tones without any model, and makes chosen takes empty (the
   stop head fired at frame 0) or cut by the frame budget, with the take meta a real generator
   fills (``n_frames``, ``truncated``, ``stop_reason``).
+- ``FatalOnceGenerator``: a ``ScriptedGenerator`` whose first render raises a device error
+  (marker file as ``FatalOnceScorer``), for the speech service's fatal-error path.
 """
 
 from __future__ import annotations
@@ -109,3 +111,32 @@ class ScriptedGenerator(Generator):
 
     def provenance(self) -> dict:
         return {"backend": self.name, "sample_rate": self.sample_rate, "seconds": self.seconds}
+
+
+class FatalOnceGenerator(ScriptedGenerator):
+    """``ScriptedGenerator`` that raises a device error (``error``, as ``FatalOnceScorer``) on
+    its first render while ``marker`` does not exist (it creates the marker, with its pid,
+    first): the speech service's fatal-error path, without a GPU."""
+
+    name = "fatal-once-generator"
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        marker: str = "fault.marker",
+        error: str = "illegal-address",
+        sample_rate: int = 16000,
+        seconds: float = 0.5,
+    ):
+        if error not in MESSAGES:
+            raise ValueError(f"fatal-once: error must be one of {sorted(MESSAGES)}, got {error!r}")
+        super().__init__(device, sample_rate=sample_rate, seconds=seconds)
+        self.marker, self.error = Path(marker), error
+
+    def generate(self, spec: GroupSpec) -> list[Take]:
+        try:
+            with open(self.marker, "x") as f:
+                json.dump({"pid": os.getpid(), "group_id": spec.group_id}, f)
+        except FileExistsError:
+            return super().generate(spec)
+        raise RuntimeError(MESSAGES[self.error])

@@ -3,7 +3,8 @@ then serves over a Unix socket that only its owner can reach:
 
   GET  /health              models loaded, load count, groups served, queue, uptime, hash
   POST /v1/groups           run one group (same pipeline and atomic write as a group job)
-  POST /v1/audio/speech     OpenAI-style single render: {model, input, voice, response_format}
+  POST /v1/audio/speech     OpenAI-style single render, streamed as it is produced (see
+                            ``Worker.speech_job``); requests arriving together are batched
   POST /v1/shutdown         finish the group in flight, then exit
 
 Groups run one at a time (the GPU is the bottleneck); further requests wait in a FIFO queue,
@@ -14,15 +15,26 @@ A worker never serves after a fatal device error (``fatal_device_error``): it an
 request with a 500 that says it is exiting, answers every queued or later request with a 503,
 and exits the process (``EXIT_FATAL``) as soon as those answers are out. The group was not
 published (nothing is written before the whole group is scored), and the client's retry
-starts a fresh worker: ``/health`` says ``"status": "dying"`` until the process is gone."""
+starts a fresh worker: ``/health`` says ``"status": "dying"`` until the process is gone.
+
+Speech (``bestofn serve`` is its HTTP front): a request becomes a ``SpeechJob``; the
+``SpeechBatcher`` thread collects the jobs that arrive within a short window of the first one,
+up to a largest batch (both from the environment of the process that starts the worker:
+BESTOFN_SPEECH_BATCH_WINDOW_MS, default 5, and BESTOFN_SPEECH_MAX_BATCH, default 64),
+and renders them in one ``bestofn.speech.stream_batch`` call, in the same FIFO gate as groups.
+Each job's chunks go to its own queue, which the request's thread sends as HTTP chunks (wav,
+pcm) or as one body (flac). A client that leaves mid-stream cancels only its job: the batch
+goes on for the others (and stops early once every job in it is cancelled or complete);
+nothing ever blocks on a client that is gone. Speech is the generator's audio: the restorer
+and scorers are for groups."""
 
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import os
+import queue
 import socketserver
 import sys
 import threading
@@ -30,14 +42,18 @@ import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
-import soundfile as sf
+import numpy as np
 
-from bestofn.pipeline import Backends, load_backends, run_group
+from bestofn import speech as speech_io
+from bestofn.pipeline import EMPTY_TAKE_S, Backends, load_backends, run_group
 from bestofn.spec import GroupSpec
 
 log = logging.getLogger("bestofn.worker")
 
 MAX_BODY = 1 << 20  # requests are small JSON documents
+SPEECH_WINDOW_MS = 5.0  # default batching window (BESTOFN_SPEECH_BATCH_WINDOW_MS)
+SPEECH_MAX_BATCH = 64  # default largest speech batch (BESTOFN_SPEECH_MAX_BATCH)
+SPEECH_WAIT_S = 0.5  # a speech request's thread looks this often whether the worker is dying
 EXIT_FATAL = 70  # exit status after a fatal device error (EX_SOFTWARE)
 EXIT_GRACE_S = 30.0  # at most this long to get the answers out before exiting anyway
 
@@ -129,6 +145,140 @@ class FifoGate:
             return self._next_ticket > self._serving
 
 
+_END = object()  # a job's queue: its last chunk was delivered
+
+
+class SpeechJob:
+    """One speech request inside the worker: its spec, and the queue its chunks arrive in."""
+
+    def __init__(self, spec: GroupSpec, fmt: str):
+        self.spec, self.fmt = spec, fmt
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # ndarray, _END or an exception
+        self.cancelled = threading.Event()  # the client left: drop its chunks
+        self.done = False  # batcher side: _END or an error was delivered
+        self.submitted = time.monotonic()
+
+    def put(self, item) -> None:
+        if not self.done:
+            self.events.put(item)
+            self.done = item is _END or isinstance(item, BaseException)
+
+    def get(self, worker: Worker):
+        """The next chunk (ndarray) or None at the end; raises the render's error."""
+        while True:
+            try:
+                item = self.events.get(timeout=SPEECH_WAIT_S)
+            except queue.Empty:
+                if not worker.fatal:
+                    continue
+                try:  # the batch that broke the device delivers its own error first
+                    item = self.events.get(timeout=2 * SPEECH_WAIT_S)
+                except queue.Empty:
+                    worker.refuse_if_dying()  # queued behind a fatal error: 503, retry
+            if item is _END:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+
+class SpeechBatcher:
+    """Collects speech jobs into batches and renders each batch in one generator call (one
+    thread, started with the first job)."""
+
+    def __init__(self, worker: Worker, window_s: float, max_batch: int):
+        self.worker, self.window_s, self.max_batch = worker, window_s, max(1, max_batch)
+        self.cond = threading.Condition()
+        self.pending: list[SpeechJob] = []
+        self.batches = 0
+        self.jobs = 0
+        self.largest = 0
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: SpeechJob) -> None:
+        with self.cond:
+            self.pending.append(job)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="speech")
+                self._thread.start()
+            self.cond.notify_all()
+
+    def stats(self) -> dict:
+        with self.cond:
+            return {
+                "batches": self.batches,
+                "requests": self.jobs,
+                "largest_batch": self.largest,
+                "mean_batch": round(self.jobs / self.batches, 3) if self.batches else None,
+                "pending": len(self.pending),
+                "window_ms": self.window_s * 1000.0,
+                "max_batch": self.max_batch,
+            }
+
+    def _next_batch(self) -> list[SpeechJob]:
+        with self.cond:
+            while not self.pending:
+                self.cond.wait()
+            deadline = self.pending[0].submitted + self.window_s
+            while len(self.pending) < self.max_batch:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            batch = [j for j in self.pending[: self.max_batch] if not j.cancelled.is_set()]
+            del self.pending[: self.max_batch]
+            return batch
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch:
+                try:
+                    self._run(batch)
+                except BaseException as e:  # never leave a request waiting for chunks
+                    for job in batch:
+                        job.put(e)
+
+    def _run(self, batch: list[SpeechJob]) -> None:
+        worker = self.worker
+        with worker.gate:
+            try:
+                worker.refuse_if_dying()
+            except BadRequest as e:
+                for job in batch:
+                    job.put(e)
+                return
+            try:
+                with worker._device_guard():
+                    chunks = speech_io.stream_batch(
+                        worker.backends.generator, [j.spec for j in batch]
+                    )
+                    try:
+                        for i, audio, last in chunks:
+                            batch[i].put(audio)
+                            if last:
+                                batch[i].put(_END)
+                            if all(j.cancelled.is_set() or j.done for j in batch):
+                                break  # every client left (or got all): stop rendering
+                    finally:
+                        chunks.close()
+                for job in batch:  # a generator that forgot a request must not hang it
+                    job.put(RuntimeError("the generator ended without finishing this request"))
+                worker.speech_served += len(batch)
+            except Exception as e:
+                log.exception("speech batch of %d failed", len(batch))
+                if fatal_device_error(e) is None:
+                    _release_cached_memory()
+                for job in batch:
+                    job.put(e)
+            finally:
+                worker.last_active = time.monotonic()
+                with self.cond:
+                    self.batches += 1
+                    self.jobs += len(batch)
+                    self.largest = max(self.largest, len(batch))
+
+
 class Worker:
     def __init__(
         self,
@@ -168,6 +318,9 @@ class Worker:
         self.fatal: str | None = None  # set once: the device error this worker dies of
         self.open_requests = 0  # POSTs not yet answered (the fatal exit waits for them)
         self.on_exit = None  # set by the server: cleanup before a fatal exit
+        window_ms = float(os.environ.get("BESTOFN_SPEECH_BATCH_WINDOW_MS", SPEECH_WINDOW_MS))
+        max_batch = int(os.environ.get("BESTOFN_SPEECH_MAX_BATCH", SPEECH_MAX_BATCH))
+        self.speech_batcher = SpeechBatcher(self, window_ms / 1000.0, max_batch)
         log.info("slot %s: models loaded in %.1f s on %s", slot, self.backends.load_s, device)
 
     def health(self) -> dict:
@@ -187,6 +340,7 @@ class Worker:
             "load_s": self.backends.load_s,
             "groups_served": self.groups_served,
             "speech_served": self.speech_served,
+            "speech_batching": self.speech_batcher.stats(),
             "queue_length": self.gate.waiting,
             "busy": self.gate.busy,
             "uptime_s": time.monotonic() - self.started,
@@ -252,39 +406,49 @@ class Worker:
                 self.groups_served += 1
         return {"group_id": spec.group_id, "out": str(out), "timings": timings, "idle_s": idle}
 
-    def speech(self, body: dict) -> tuple[bytes, str]:
+    def speech_job(self, body: dict) -> SpeechJob:
+        """Check a speech request and make its job. Fields: ``input``, ``response_format``
+        (wav, flac, pcm), ``model``, ``seed`` (default 0), ``voice`` ("default" or a label),
+        ``emotion``, ``reference_audio`` (a file; this socket is owner-only), and
+        ``emotion_description`` / ``negative_description``; ``worker_key``, when given, must be
+        this worker's. Call inside ``_active()``: a stopping worker refuses with 503."""
+        if self.stopping.is_set():
+            raise BadRequest(503, "worker is stopping")
+        key = body.get("worker_key")
+        if key is not None and key != self.worker_key:
+            raise BadRequest(409, f"worker serves spec {self.worker_key}, request wants {key}")
         text = body.get("input")
         if not isinstance(text, str) or not text.strip():
             raise BadRequest(400, "'input' must be a non-empty string")
         fmt = body.get("response_format", "wav")
-        if fmt not in ("wav", "flac"):
-            raise BadRequest(400, f"response_format {fmt!r} not supported; use wav or flac")
+        if fmt not in speech_io.FORMATS:
+            raise BadRequest(
+                400, f"response_format {fmt!r} not supported; use {', '.join(speech_io.FORMATS)}"
+            )
         model = body.get("model", self.backends.generator.name)
         if model not in (self.backends.generator.name, "bestofn"):
             raise BadRequest(
                 400, f"model {model!r} is not served here ({self.backends.generator.name})"
             )
-        voice = body.get("voice") or None
-        if voice in ("default", "alloy"):
-            voice = None
-        if voice is not None and not Path(voice).is_file():
-            raise BadRequest(400, f"voice {voice!r} is neither 'default' nor an audio file")
         seed = body.get("seed", 0)
-        if not isinstance(seed, int) or seed < 0:
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
             raise BadRequest(400, "'seed' must be a non-negative integer")
-        spec = GroupSpec("speech", "api", " ".join(text.split()), 1, seed, reference_audio=voice)
-        with self._active(), self.gate:
-            self.refuse_if_dying()
-            with self._device_guard():
-                takes = self.backends.generator.generate(spec)
-                audios, sr = self.backends.restorer.restore(
-                    [t.audio for t in takes], self.backends.generator.sample_rate
-                )
-            self.last_active = time.monotonic()
-            self.speech_served += 1
-        buf = io.BytesIO()
-        sf.write(buf, audios[0], sr, format=fmt.upper(), subtype="PCM_16")
-        return buf.getvalue(), f"audio/{fmt}"
+        voice = body.get("voice") or "default"
+        ref = body.get("reference_audio") or None
+        if ref is not None and not Path(ref).is_file():
+            raise BadRequest(400, f"reference_audio {ref!r} of voice {voice!r} does not exist")
+        texts = {}
+        for field in ("emotion", "emotion_description", "negative_description"):
+            value = body.get(field) or ""
+            if not isinstance(value, str):
+                raise BadRequest(400, f"{field!r} must be a string")
+            texts[field] = value
+        spec = GroupSpec(
+            texts["emotion"], "api", " ".join(text.split()), 1, seed,
+            reference_audio=ref, emotion_description=texts["emotion_description"],
+            negative_description=texts["negative_description"],
+        )  # fmt: skip
+        return SpeechJob(spec, fmt)
 
     @contextlib.contextmanager
     def _device_guard(self):
@@ -400,6 +564,73 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(400, "body must be a JSON object")
         return body
 
+    def _speech(self, body: dict) -> None:
+        """Render one request through the batcher; send its audio as it comes. Errors before
+        the first chunk are ordinary error answers; after it the connection is cut (the
+        response is then visibly incomplete: no terminating chunk)."""
+        worker = self.worker
+        with worker._active():
+            job = worker.speech_job(body)
+            worker.speech_batcher.submit(job)
+            try:
+                self._stream_job(job)
+            finally:
+                job.cancelled.set()  # finished or not, nothing more is wanted
+
+    def _stream_job(self, job: SpeechJob) -> None:
+        worker = self.worker
+        gen = worker.backends.generator
+        first = job.get(worker)  # raises (-> an error answer) before anything is sent
+        while first is not None and first.shape[0] == 0:
+            first = job.get(worker)
+        if first is None:  # no audio at all: a short silence, as an empty take is published
+            first = np.zeros(max(1, int(EMPTY_TAKE_S * gen.sample_rate)), np.float32)
+        channels = 1 if first.ndim == 1 else first.shape[1]
+        enc = speech_io.Encoder(job.fmt, gen.sample_rate, channels)
+        if job.fmt not in speech_io.STREAMED_FORMATS:  # flac: one body, once complete
+            enc.chunk(first)
+            while (audio := job.get(worker)) is not None:
+                enc.chunk(audio)
+            data = enc.finish()
+            self.send_response(200)
+            self.send_header("Content-Type", speech_io.CONTENT_TYPES[job.fmt])
+            self.send_header("Content-Length", str(len(data)))
+            self._audio_headers(enc)
+            self.send_header("X-Audio-Seconds", f"{enc.seconds:.6f}")
+            self.end_headers()
+            self._write(data)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", speech_io.CONTENT_TYPES[job.fmt])
+        self.send_header("Transfer-Encoding", "chunked")
+        self._audio_headers(enc)
+        self.end_headers()
+        audio = first
+        try:
+            while audio is not None:
+                self._write_chunk(enc.chunk(audio))
+                audio = job.get(worker)
+            self._write_chunk(enc.finish())
+            self._write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+            log.warning("speech client left mid-stream after %.2f s of audio", enc.seconds)
+        except Exception:
+            self.close_connection = True  # cut: the client sees the stream did not end
+            log.exception("speech render failed mid-stream after %.2f s of audio", enc.seconds)
+
+    def _audio_headers(self, enc: speech_io.Encoder) -> None:
+        self.send_header("X-Sample-Rate", str(enc.rate))
+        self.send_header("X-Channels", str(enc.channels))
+
+    def _write(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _write_chunk(self, data: bytes) -> None:
+        if data:
+            self._write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
     def _drain_body(self) -> None:
         with contextlib.suppress(ValueError):
             length = int(self.headers.get("Content-Length") or 0)
@@ -432,8 +663,7 @@ class Handler(BaseHTTPRequestHandler):
                     raise BadRequest(503, "worker is stopping")
                 self._send(200, worker.run_group(self._json_body()))
             elif self.path == "/v1/audio/speech":
-                data, ctype = worker.speech(self._json_body())
-                self._send(200, data, ctype)
+                self._speech(self._json_body())
             elif self.path == "/v1/shutdown":
                 self._drain_body()  # a body left unread would parse as the next request
                 self._send(200, {"status": "stopping"})
@@ -503,6 +733,10 @@ class WorkerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             self.worker.stopping.set()
             with self.worker.gate:  # let the group in flight (and those queued) finish
                 pass
+            # ...and the answers still being sent (a speech stream outlives its batch)
+            deadline = time.monotonic() + EXIT_GRACE_S
+            while self.worker.in_flight and time.monotonic() < deadline:
+                time.sleep(0.02)
             self.shutdown()
 
         threading.Thread(target=stop, daemon=True).start()

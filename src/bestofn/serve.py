@@ -1,0 +1,729 @@
+"""`bestofn serve`: an OpenAI-compatible speech endpoint in front of the warm worker.
+
+    POST /v1/audio/speech   {model, input, voice, response_format, stream_format, speed,
+                            instructions, seed} -> audio, streamed as it is rendered
+    GET  /v1/models         the served model ids
+    GET  /v1/audio/voices   the voices: "default" and every emotion of the emotions sheet
+    GET  /health            the worker (running or not), batching, time to first audio, RTF
+
+Lazy: the server itself loads no model. The first request starts the same warm worker the
+workflow uses (``bestofn.worker.client.ensure_worker``: same state directory, same worker key),
+later requests reuse it; the worker exits after ``runtime.idle_timeout_s`` idle (freeing the
+GPU) and the next request starts it again. A changed config (or emotions sheet) is read again
+on the next request; a different worker key replaces the worker.
+
+Safe by default: it listens on loopback only. Any other address needs an API key (``--api-key``
+or BESTOFN_API_KEY); clients send it as ``Authorization: Bearer KEY``, and without one the
+server refuses to start. Request bodies are bounded (64 KiB), requests in flight too.
+
+A request is checked as a sheet row is (empty text, more than ``max_words`` words, an unknown
+voice: 400 with the reason) before it reaches the worker. ``voice`` names a configured emotion
+(its reference voice and description) or the voice id ``default`` (the generator's own voice),
+never a file. The worker batches requests that arrive together (``bestofn.worker.server``)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import http.client
+import ipaddress
+import json
+import logging
+import os
+import socket
+import statistics
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from bestofn import speech as speech_io
+
+log = logging.getLogger("bestofn.serve")
+
+MAX_BODY = 64 * 1024  # a speech request is a small JSON document
+KNOWN_FIELDS = (
+    "model", "input", "voice", "response_format", "speed", "stream_format", "instructions",
+    "seed", "stream",
+)  # fmt: skip
+STREAM_FORMATS = ("audio", "sse")
+DEFAULT_VOICE = "default"
+API_KEY_ENV = "BESTOFN_API_KEY"
+UPSTREAM_TIMEOUT_S = 600.0  # one read from the worker (it may be finishing a group first)
+CLIENT_TIMEOUT_S = 60.0  # one read from / write to a client
+
+
+class ApiError(Exception):
+    """An error answer in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        if self.status == 401:
+            kind = "authentication_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": None}}  # fmt: skip
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: it may resolve anywhere
+
+
+def bind_refusal(host: str, api_key: str | None) -> str | None:
+    """Why ``bestofn serve`` must not listen on ``host`` (None: it may)."""
+    if is_loopback(host) or api_key:
+        return None
+    return (
+        f"refusing to listen on {host!r} without an API key: any address but loopback "
+        "(127.0.0.1, ::1, localhost) lets other machines use the models. Pass --api-key KEY "
+        f"or set {API_KEY_ENV} (clients send 'Authorization: Bearer KEY'), or listen on "
+        "127.0.0.1"
+    )
+
+
+@dataclass(frozen=True)
+class Voice:
+    id: str
+    emotion: str  # "" for the default voice
+    reference_audio: str | None  # absolute path, or None: the generator's own voice
+    description: str
+    negative_description: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one version of the config says the service serves."""
+
+    config: dict
+    voices: dict[str, Voice]
+    models: dict
+    model_ids: tuple[str, ...]
+    results: Path
+    runtime: object  # bestofn.worker.client.Runtime
+    pool: object  # bestofn.worker.client.SlotPool
+    log_dir: Path
+    key: str  # the worker key a request needs
+    stamp: tuple  # (path, mtime, size) of the config and the emotions sheet it was read from
+    slot: int = 0
+
+    @property
+    def socket_path(self) -> str:
+        return self.pool.socket(self.slot)
+
+
+def _stamp(paths: list[Path]) -> tuple:
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+            out.append((str(p), st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((str(p), None, None))
+    return tuple(out)
+
+
+class Metrics:
+    """Per-request time to first audio and real-time factor; the last ``keep`` in /health."""
+
+    def __init__(self, keep: int = 200):
+        self.lock = threading.Lock()
+        self.recent: deque[dict] = deque(maxlen=keep)
+        self.served = self.failed = self.client_left = self.in_flight = 0
+        self.audio_s = 0.0
+
+    def record(self, rec: dict) -> None:
+        with self.lock:
+            self.recent.append(rec)
+            if rec["outcome"] == "ok":
+                self.served += 1
+                self.audio_s += rec["audio_s"]
+            elif rec["outcome"] == "client_left":
+                self.client_left += 1
+            else:
+                self.failed += 1
+
+    def summary(self) -> dict:
+        with self.lock:
+            ok = [r for r in self.recent if r["outcome"] == "ok"]
+            last = list(self.recent)[-10:]
+            counts = {"served": self.served, "failed": self.failed,
+                      "client_left": self.client_left, "in_flight": self.in_flight,
+                      "audio_s": round(self.audio_s, 3)}  # fmt: skip
+
+        def stats(values: list[float], scale: float = 1.0) -> dict | None:
+            if not values:
+                return None
+            v = sorted(x * scale for x in values)
+            return {
+                "mean": round(statistics.fmean(v), 3),
+                "p50": round(v[len(v) // 2], 3),
+                "p95": round(v[min(len(v) - 1, int(0.95 * len(v)))], 3),
+                "max": round(v[-1], 3),
+                "n": len(v),
+            }
+
+        warm = [r for r in ok if not r["cold"]]
+        cold = [r for r in ok if r["cold"]]
+        return {
+            **counts,
+            # requests that found the worker warm; those that started it are counted apart
+            "ttfa_ms": stats([r["ttfa_s"] for r in warm if r["ttfa_s"] is not None], 1000.0),
+            "rtf": stats([r["rtf"] for r in warm if r["rtf"] is not None]),
+            "cold_ttfa_ms": stats([r["ttfa_s"] for r in cold if r["ttfa_s"] is not None], 1000.0),
+            "last": last,
+        }
+
+
+class Service:
+    """The config, the voices, the worker it needs, and the request checks."""
+
+    def __init__(
+        self,
+        config_path: str | Path,
+        base: str | Path = ".",
+        slot: int = 0,
+        idle_timeout_s: float | None = None,
+    ):
+        self.config_path = Path(config_path)
+        self.base = Path(base)
+        self.slot = slot
+        self.idle_timeout_s = idle_timeout_s
+        self.lock = threading.Lock()  # config reloads
+        self.start_lock = threading.Lock()  # one worker start at a time from this server
+        self.worker_starts = 0
+        self.last_worker_pid: int | None = None
+        self.metrics = Metrics()
+        self.snap = self._load()
+
+    # ---- config ------------------------------------------------------------------------------
+
+    def _load(self) -> Snapshot:
+        """Validate the config and sheets as `bestofn check` does (no model loads)."""
+        from bestofn.plan import build_plan, load_config, read_sheet
+        from bestofn.worker.client import (
+            Runtime,
+            SlotPool,
+            default_state_dir,
+            detect_slots,
+            slot_spec,
+        )
+        from bestofn.worker.contract import worker_key
+
+        stamp_before = self._stamp_paths(None)
+        plan = build_plan(load_config(self.config_path), self.base)
+        config = plan.config
+        emotions_path = self.base / config["emotions"]
+        voices = {
+            DEFAULT_VOICE: Voice(DEFAULT_VOICE, "", None, "", ""),
+        }
+        for row in read_sheet(emotions_path, "emotions"):
+            ref = row.get("reference_audio") or None
+            if ref is not None:
+                ref = str((self.base / ref).resolve() if not Path(ref).is_absolute() else ref)
+            voices[row["emotion"]] = Voice(
+                row["emotion"], row["emotion"], ref, row.get("description", ""),
+                row.get("negative_description", ""),
+            )  # fmt: skip
+        rt = Runtime.from_config(config.get("runtime"))
+        if self.idle_timeout_s is not None:
+            rt.idle_timeout_s = self.idle_timeout_s
+        device = config["device"]
+        state = Path(rt.state_dir) if rt.state_dir else default_state_dir(self.base)
+        pool = SlotPool(state, rt.slots or detect_slots(device), rt.queue_depth, device)
+        if not 0 <= self.slot < pool.slots:
+            raise ValueError(f"--slot {self.slot}: this config has slots 0..{pool.slots - 1}")
+        results = (self.base / config["results"]).resolve()
+        models = config["models"]
+        key = worker_key(slot_spec(pool, self.slot, models, results, config["flac_subtype"]))
+        log_dir = Path(rt.log_dir) if rt.log_dir else results / "logs" / "workers"
+        backend = models["generator"]["backend"]
+        return Snapshot(
+            config=config, voices=voices, models=models, model_ids=(backend, "bestofn"),
+            results=results, runtime=rt, pool=pool, log_dir=log_dir, key=key,
+            stamp=stamp_before, slot=self.slot,
+        )  # fmt: skip
+
+    def _stamp_paths(self, snap: Snapshot | None) -> tuple:
+        paths = [self.config_path]
+        if snap is not None:
+            paths.append(self.base / snap.config["emotions"])
+        else:
+            with contextlib.suppress(Exception):
+                from bestofn.plan import load_config
+
+                paths.append(self.base / load_config(self.config_path)["emotions"])
+        return _stamp(paths)
+
+    def current(self) -> Snapshot:
+        """The snapshot for a request: read again when the config or emotions sheet changed."""
+        with self.lock:
+            if self._stamp_paths(self.snap) == self.snap.stamp:
+                return self.snap
+            try:
+                snap = self._load()
+            except Exception as e:  # PlanError, YAML errors, a missing file...
+                raise ApiError(
+                    503, f"config {self.config_path} changed and is not valid now: {e}"
+                ) from None
+            if snap.key != self.snap.key:
+                log.info("config changed: the worker key is now %s", snap.key)
+            self.snap = snap
+            return snap
+
+    # ---- the worker --------------------------------------------------------------------------
+
+    def ensure_worker(self, snap: Snapshot) -> dict:
+        """Start (or replace) the worker this snapshot needs; its health."""
+        from bestofn.worker.client import WorkerError, ensure_worker, health
+
+        with self.start_lock:
+            before = health(snap.socket_path, timeout=2)
+            try:
+                h = ensure_worker(
+                    snap.pool, snap.slot, snap.models, snap.results, snap.runtime, snap.log_dir,
+                    snap.config["flac_subtype"],
+                )  # fmt: skip
+            except WorkerError as e:
+                raise ApiError(503, f"the worker did not start: {e}") from None
+            if not (before and before.get("pid") == h["pid"] and before.get("status") == "ok"):
+                self.worker_starts += 1
+                log.info("worker pid %s ready (load %.1f s)", h["pid"], h.get("load_s", 0))
+            self.last_worker_pid = h["pid"]
+            return h
+
+    def worker_health(self) -> dict | None:
+        from bestofn.worker.client import health
+
+        snap = self.snap
+        h = health(snap.socket_path, timeout=2)
+        if h is None:
+            return None
+        keep = ("status", "pid", "device", "load_count", "load_s", "speech_served",
+                "groups_served", "speech_batching", "busy", "queue_length", "uptime_s",
+                "models_hash", "worker_key")  # fmt: skip
+        out = {k: h.get(k) for k in keep}
+        out["serves_this_config"] = h.get("worker_key") == snap.key
+        return out
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def check(self, body: dict, snap: Snapshot) -> tuple[dict, str, str, Voice]:
+        """A request -> (worker body, response_format, stream_format, voice); ApiError(400)."""
+        unknown = sorted(set(body) - set(KNOWN_FIELDS))
+        if unknown:
+            raise ApiError(
+                400, f"unknown field(s) {unknown}; known: {', '.join(KNOWN_FIELDS)}", unknown[0]
+            )
+        text = body.get("input")
+        if not isinstance(text, str):
+            raise ApiError(400, "'input' must be a string (the text to speak)", "input")
+        if not text.strip():
+            raise ApiError(400, "'input' is empty or whitespace", "input")
+        n_words, max_words = len(text.split()), snap.config["max_words"]
+        if n_words > max_words:
+            raise ApiError(
+                400, f"'input' has {n_words} words, more than max_words={max_words} (config "
+                f"{self.config_path}); split the text into several requests", "input",
+            )  # fmt: skip
+        model = body.get("model")
+        if model not in snap.model_ids:
+            raise ApiError(
+                400, f"model {model!r} is not served here; use one of {list(snap.model_ids)}",
+                "model",
+            )  # fmt: skip
+        voice = self._voice(body.get("voice"), snap)
+        fmt = body.get("response_format", "wav")
+        if fmt not in speech_io.FORMATS:
+            why = " (no encoder for it here)" if fmt in speech_io.REFUSED_FORMATS else ""
+            raise ApiError(
+                400, f"response_format {fmt!r} is not supported{why}; use one of "
+                f"{', '.join(speech_io.FORMATS)}", "response_format",
+            )  # fmt: skip
+        stream_format = body.get("stream_format", "audio")
+        if stream_format not in STREAM_FORMATS:
+            raise ApiError(
+                400, f"stream_format {stream_format!r}; use 'audio' or 'sse'", "stream_format"
+            )
+        speed = body.get("speed", 1.0)
+        if not isinstance(speed, int | float) or isinstance(speed, bool) or speed != 1.0:
+            raise ApiError(400, f"speed {speed!r} is not supported; only 1.0", "speed")
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise ApiError(400, "'instructions' must be a string", "instructions")
+        seed = body.get("seed", 0)
+        if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+            raise ApiError(400, f"seed {seed!r}: must be an integer in 0..2**63-1", "seed")
+        if not isinstance(body.get("stream", True), bool):
+            raise ApiError(400, "'stream' must be true or false (audio is always streamed)")
+        worker_body = {
+            "input": text, "response_format": fmt, "model": "bestofn", "seed": seed,
+            "voice": voice.id, "emotion": voice.emotion, "reference_audio": voice.reference_audio,
+            "emotion_description": instructions or voice.description,
+            "negative_description": voice.negative_description, "worker_key": snap.key,
+        }  # fmt: skip
+        return worker_body, fmt, stream_format, voice
+
+    def _voice(self, value, snap: Snapshot) -> Voice:
+        if isinstance(value, dict) and set(value) == {"id"}:
+            value = value["id"]  # OpenAI's custom voice object
+        if not isinstance(value, str) or not value:
+            raise ApiError(400, "'voice' must name a configured voice", "voice")
+        if value in snap.voices:
+            return snap.voices[value]
+        names = sorted(snap.voices)
+        listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        pathlike = any(c in value for c in "/\\") or value.startswith(".")
+        if pathlike or Path(value).suffix.lower() in (".wav", ".flac", ".mp3", ".ogg"):
+            raise ApiError(
+                400, f"voice {value!r} looks like a file path; voices are names, not files: "
+                f"{listed} (GET /v1/audio/voices)", "voice",
+            )  # fmt: skip
+        raise ApiError(
+            400, f"unknown voice {value!r}; configured voices: {listed} (the emotions sheet "
+            f"{snap.config['emotions']}, plus 'default')", "voice",
+        )  # fmt: skip
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "bestofn-serve"
+    protocol_version = "HTTP/1.1"
+    timeout = CLIENT_TIMEOUT_S
+
+    def log_message(self, fmt, *args):
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    @property
+    def service(self) -> Service:
+        return self.server.service
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def _send_json(self, status: int, body: dict, extra: dict | None = None) -> None:
+        data = json.dumps(body).encode()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+
+    def _error(self, e: ApiError) -> None:
+        extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+        if e.status in (411, 413):
+            self.close_connection = True  # the body was not read
+            extra = {**(extra or {}), "Connection": "close"}
+        self._send_json(e.status, e.body(), extra)
+
+    def _authorized(self) -> bool:
+        key = self.server.api_key
+        if not key:
+            return True
+        got = self.headers.get("Authorization", "")
+        scheme, _, token = got.partition(" ")
+        token = token.strip().encode()
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(token, key.encode())
+        if not ok:
+            self._drain()
+            self._error(ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)"))
+        return ok
+
+    def _drain(self) -> None:
+        """Read a (bounded) body that will not be used, so the connection stays in step."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if 0 < length <= MAX_BODY:
+            with contextlib.suppress(OSError):
+                self.rfile.read(length)
+        elif length != 0 or self.headers.get("Transfer-Encoding"):
+            self.close_connection = True
+
+    def _json_body(self) -> dict:
+        if self.headers.get("Transfer-Encoding"):
+            raise ApiError(411, "send the body with a Content-Length (no chunked uploads)")
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise ApiError(411, "bad Content-Length") from None
+        if length > MAX_BODY:
+            raise ApiError(413, f"body of {length} bytes; at most {MAX_BODY}")
+        if length <= 0:
+            raise ApiError(400, "empty body; send a JSON object")
+        raw = self.rfile.read(length)
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "body must be a JSON object")
+        return body
+
+    # ---- endpoints ---------------------------------------------------------------------------
+
+    def do_GET(self):
+        if not self._authorized():
+            return
+        path = self.path.split("?", 1)[0]
+        svc = self.service
+        if path == "/health":
+            self._send_json(200, self.server.health())
+        elif path == "/v1/models":
+            data = [{"id": m, "object": "model", "created": 0, "owned_by": "bestofn"}
+                    for m in svc.snap.model_ids]  # fmt: skip
+            self._send_json(200, {"object": "list", "data": data})
+        elif path == "/v1/audio/voices":
+            voices = [{"id": v.id, "emotion": v.emotion or None, "description": v.description,
+                       "has_reference_audio": v.reference_audio is not None}
+                      for v in svc.snap.voices.values()]  # fmt: skip
+            self._send_json(200, {"object": "list", "data": voices})
+        else:
+            self._error(ApiError(404, f"no such endpoint GET {path}"))
+
+    def do_POST(self):
+        if not self._authorized():
+            return
+        path = self.path.split("?", 1)[0]
+        if path != "/v1/audio/speech":
+            self._drain()
+            self._error(ApiError(404, f"no such endpoint POST {path}"))
+            return
+        gate = self.server.slots
+        if not gate.acquire(blocking=False):
+            self._drain()
+            self._error(ApiError(503, f"busy: {self.server.max_concurrency} requests in flight"))
+            return
+        metrics = self.service.metrics
+        with metrics.lock:
+            metrics.in_flight += 1
+        try:
+            self._speech()
+        finally:
+            with metrics.lock:
+                metrics.in_flight -= 1
+            gate.release()
+
+    def _speech(self) -> None:
+        svc = self.service
+        t0 = time.perf_counter()
+        rec = {"at": time.time(), "voice": None, "words": None, "format": None,
+               "stream_format": None, "ttfa_s": None, "wall_s": None, "audio_s": 0.0,
+               "rtf": None, "outcome": "error", "status": None, "cold": False}  # fmt: skip
+        try:
+            body = self._json_body()
+            snap = svc.current()
+            wbody, fmt, stream_format, voice = svc.check(body, snap)
+            rec.update(voice=voice.id, words=len(wbody["input"].split()), format=fmt,
+                       stream_format=stream_format)  # fmt: skip
+            self._relay(snap, wbody, fmt, stream_format, rec, t0)
+        except ApiError as e:
+            rec["status"] = e.status
+            self._error(e)
+        except Exception as e:  # a bug: answer it, keep serving
+            log.exception("speech request failed")
+            rec["status"] = 500
+            self._error(ApiError(500, f"{type(e).__name__}: {e}"))
+        finally:
+            rec["wall_s"] = time.perf_counter() - t0
+            if rec["outcome"] == "ok" and rec["audio_s"] > 0:
+                rec["rtf"] = rec["wall_s"] / rec["audio_s"]
+            svc.metrics.record(rec)
+            ttfa = "-" if rec["ttfa_s"] is None else f"{rec['ttfa_s'] * 1000:.0f} ms"
+            rtf = "-" if rec["rtf"] is None else f"{rec['rtf']:.3f}"
+            log.info(
+                "speech %s voice=%s words=%s format=%s/%s ttfa=%s audio=%.2f s wall=%.2f s "
+                "rtf=%s", rec["outcome"], rec["voice"], rec["words"], rec["format"],
+                rec["stream_format"], ttfa, rec["audio_s"], rec["wall_s"], rtf,
+            )  # fmt: skip
+
+    def _upstream(self, snap: Snapshot, wbody: dict, rec: dict):
+        """(connection, response) from the worker, starting or replacing it as needed (then
+        ``rec["cold"]``: this request waited for a worker to start)."""
+        from bestofn.worker.uds_http import UnixHTTPConnection
+
+        payload = json.dumps(wbody).encode()
+        for attempt in range(3):
+            conn = UnixHTTPConnection(snap.socket_path, timeout=UPSTREAM_TIMEOUT_S)
+            try:
+                conn.request("POST", "/v1/audio/speech", body=payload,
+                             headers={"Content-Type": "application/json"})  # fmt: skip
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as e:
+                conn.close()
+                if attempt == 2:
+                    raise ApiError(503, f"the worker does not answer ({e})") from None
+                rec["cold"] = True
+                self.service.ensure_worker(snap)  # lazy start (or a worker that just left)
+                continue
+            if resp.status in (409, 503) and attempt < 2:  # another spec, stopping or dying
+                resp.read()
+                conn.close()
+                rec["cold"] = True
+                self.service.ensure_worker(snap)
+                continue
+            return conn, resp
+        raise AssertionError("unreachable")
+
+    def _relay(self, snap, wbody, fmt, stream_format, rec, t0) -> None:
+        conn, resp = self._upstream(snap, wbody, rec)
+        try:
+            if resp.status != 200:
+                raw = resp.read()
+                try:
+                    message = json.loads(raw).get("error", raw.decode(errors="replace"))
+                except (ValueError, AttributeError):
+                    message = raw.decode(errors="replace")
+                status = resp.status if 400 <= resp.status < 600 else 502
+                raise ApiError(status, f"worker: {message}")
+            rate = int(resp.getheader("X-Sample-Rate") or 0)
+            channels = int(resp.getheader("X-Channels") or 1)
+            self._pump(resp, fmt, stream_format, rate, channels, rec, t0, wbody)
+        finally:
+            conn.close()  # a client that left: the worker's next write fails and its job stops
+
+    def _pump(self, resp, fmt, stream_format, rate, channels, rec, t0, wbody) -> None:
+        sse = stream_format == "sse"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if sse else resp.getheader(
+            "Content-Type", speech_io.CONTENT_TYPES[fmt]))  # fmt: skip
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("X-Sample-Rate", str(rate))
+        self.send_header("X-Channels", str(channels))
+        if sse:
+            self.send_header("Cache-Control", "no-cache")
+        n_bytes = 0
+        try:
+            self.end_headers()
+            while True:
+                try:
+                    data = resp.read1(1 << 16)
+                except (http.client.HTTPException, OSError) as e:  # the worker cut the stream
+                    log.error("worker stream broke after %d bytes: %s", n_bytes, e)
+                    self.close_connection = True  # no terminating chunk: the client sees it
+                    rec["status"] = 502
+                    return
+                if not data:
+                    break
+                if rec["ttfa_s"] is None:
+                    rec["ttfa_s"] = time.perf_counter() - t0
+                n_bytes += len(data)
+                if sse:
+                    event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                    data = b"data: " + json.dumps(event).encode() + b"\n\n"
+                self._chunk(data)
+            if fmt == "flac":
+                audio_s = float(resp.getheader("X-Audio-Seconds") or 0.0)
+            else:
+                audio_s = speech_io.bytes_to_seconds(fmt, n_bytes, rate, channels)
+            if sse:
+                usage = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                         "audio_seconds": round(audio_s, 6)}  # fmt: skip
+                done = {"type": "speech.audio.done", "usage": usage}
+                self._chunk(b"data: " + json.dumps(done).encode() + b"\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+            rec["outcome"] = "client_left"
+            log.info("client left mid-stream after %d bytes; its render is cancelled", n_bytes)
+            return
+        rec.update(outcome="ok", status=200, audio_s=audio_s)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+
+class SpeechServer(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, host: str, port: int, service: Service, api_key: str | None,
+                 max_concurrency: int = 256):  # fmt: skip
+        refusal = bind_refusal(host, api_key)
+        if refusal:
+            raise PermissionError(refusal)
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.service, self.api_key = service, api_key or None
+        self.max_concurrency = max_concurrency
+        self.slots = threading.BoundedSemaphore(max_concurrency)
+        self.started = time.monotonic()
+        super().__init__((host.strip("[]"), port), Handler)
+
+    def health(self) -> dict:
+        svc = self.service
+        snap = svc.snap
+        worker = svc.worker_health()
+        return {
+            "status": "ok",
+            "config": str(svc.config_path),
+            "generator": snap.models["generator"]["backend"],
+            "models": list(snap.model_ids),
+            "worker_key": snap.key,
+            "worker_running": bool(worker and worker["status"] == "ok"),
+            "worker": worker,
+            "worker_starts": svc.worker_starts,
+            "idle_timeout_s": snap.runtime.idle_timeout_s,
+            "state_dir": str(snap.pool.dir),
+            "slot": snap.slot,
+            "auth": bool(self.api_key),
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "speech": svc.metrics.summary(),
+        }
+
+
+def main(args) -> int:
+    """`bestofn serve` (args from the CLI)."""
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    refusal = bind_refusal(args.host, api_key)
+    if refusal:  # before anything else: nothing is read, nothing listens
+        print(f"bestofn serve: {refusal}", file=sys.stderr)
+        return 2
+    if args.max_batch is not None:  # the worker this server starts reads these
+        os.environ["BESTOFN_SPEECH_MAX_BATCH"] = str(args.max_batch)
+    if args.batch_window_ms is not None:
+        os.environ["BESTOFN_SPEECH_BATCH_WINDOW_MS"] = str(args.batch_window_ms)
+    from bestofn.plan import PlanError
+
+    try:
+        service = Service(args.config, args.base, args.slot, args.idle_timeout)
+    except (PlanError, ValueError, OSError) as e:
+        print(f"bestofn serve: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        server = SpeechServer(args.host, args.port, service, api_key, args.max_concurrency)
+    except OSError as e:
+        print(f"bestofn serve: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+        return 2
+    host, port = server.server_address[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(
+        f"bestofn serve: listening on http://{shown}:{port} (config {args.config}; models "
+        f"load on the first request; worker idle timeout {service.snap.runtime.idle_timeout_s:g} "
+        f"s; auth {'on' if api_key else 'off'})",
+        flush=True,
+    )
+    try:
+        server.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

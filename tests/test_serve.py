@@ -1,0 +1,326 @@
+"""`bestofn serve` on loopback with the embedded generator (piper), driven by the real `openai`
+client: non-streaming and streaming renders, 8 concurrent requests batched in the worker, bad
+requests, a client that leaves mid-stream, lazy start / idle reap / config change seen through
+/health, and the refusal to listen beyond loopback without an API key. Every wait is bounded."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+import http.client
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import soundfile as sf
+import yaml
+from conftest import REPO, tiny_config, write_tsv
+
+from bestofn.serve import bind_refusal
+from bestofn.worker.client import _pid_alive, _read_pid, default_state_dir
+
+KEY = "test-key"
+LONG = " ".join(f"Sentence number {i} is here." for i in range(1, 9))  # 40 words, 8 sentences
+
+
+def make_project(root: Path, **runtime) -> Path:
+    (root / "config/voices").mkdir(parents=True)
+    shutil.copy(REPO / "config/voices/joe_reference.flac", root / "config/voices/ref.flac")
+    write_tsv(
+        root / "config/emotions.tsv",
+        ["emotion", "description", "reference_audio"],
+        [["calm", "A calm voice.", "config/voices/ref.flac"], ["happy", "A happy voice.", ""]],
+    )
+    write_tsv(root / "config/prompts.tsv", ["prompt_id", "text"], [["p1", "Good morning."]])
+    config = tiny_config(max_words=40, runtime={"idle_timeout_s": 120, **runtime})
+    (root / "config/config.yaml").write_text(yaml.safe_dump(config))
+    return root
+
+
+class Server:
+    """`bestofn serve --port 0` in a project directory; its worker is killed at the end."""
+
+    def __init__(self, root: Path, *args: str, key: str | None = None):
+        self.root, self.key = root, key
+        cmd = [sys.executable, "-m", "bestofn.cli", "serve", "--port", "0", *args]
+        if key:
+            cmd += ["--api-key", key]
+        self.proc = subprocess.Popen(
+            cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if "listening on" in line:
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(60):
+            self.close()
+            raise AssertionError("server did not start:\n" + "".join(self.lines))
+        line = next(x for x in self.lines if "listening on" in x)
+        self.port = int(line.split("http://127.0.0.1:")[1].split()[0])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state = default_state_dir(root)
+
+    def client(self, api_key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key=api_key or self.key or "unused", max_retries=0,
+            timeout=120,
+        )  # fmt: skip
+
+    def get(self, path: str, key: str | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {key or self.key}"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def health(self) -> dict:
+        status, body = self.get("/health")
+        assert status == 200
+        return body
+
+    def wait_health(self, what, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            h = self.health()
+            if what(h):
+                return h
+            time.sleep(0.25)
+        raise AssertionError(f"/health never got there in {timeout} s: {h}")
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        pid = _read_pid(Path(self.state) / "slot0.pid")
+        if pid and _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def speak(client, text: str, voice: str = "calm", fmt: str = "wav", seed: int = 0) -> bytes:
+    return client.audio.speech.create(
+        model="bestofn", voice=voice, input=text, response_format=fmt, extra_body={"seed": seed}
+    ).content
+
+
+def decoded(data: bytes):
+    audio, sr = sf.read(io.BytesIO(data), dtype="float32")
+    assert sr == 22050 and audio.ndim == 1 and audio.shape[0] > sr // 4 and abs(audio).max() > 0
+    return audio
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = Server(make_project(tmp_path_factory.mktemp("serve")), key=KEY)
+    yield srv
+    srv.close()
+
+
+def test_nonstreaming_and_streaming_renders(server):
+    client = server.client()
+    text = "Good morning. The train leaves at nine."
+    whole = speak(client, text)
+    decoded(whole)
+    with client.audio.speech.with_streaming_response.create(
+        model="bestofn", voice="calm", input=text, response_format="wav"
+    ) as resp:
+        assert resp.headers["content-type"] == "audio/wav"
+        chunks = list(resp.iter_bytes())
+    assert len(chunks) >= 2, "two sentences arrive as they are rendered"
+    assert b"".join(chunks) == whole  # same request, same seed: same audio
+    # raw 24 kHz 16-bit mono, as OpenAI's pcm
+    with client.audio.speech.with_streaming_response.create(
+        model="piper", voice="happy", input=text, response_format="pcm"
+    ) as resp:
+        assert resp.headers["x-sample-rate"] == "24000"
+        pcm = resp.read()
+    assert len(pcm) % 2 == 0 and 1.0 < len(pcm) / 2 / 24000 < 10.0
+    # server-sent events carry the same bytes, base64, then a done event
+    with client.audio.speech.with_streaming_response.create(
+        model="bestofn", voice="calm", input=text, response_format="wav", stream_format="sse"
+    ) as resp:
+        events = [json.loads(x[6:]) for x in resp.text().split("\n\n") if x.startswith("data: ")]
+    assert [e["type"] for e in events[-1:]] == ["speech.audio.done"]
+    assert b"".join(base64.b64decode(e["audio"]) for e in events[:-1]) == whole
+    flac = speak(client, text, fmt="flac")
+    assert decoded(flac).shape[0] == decoded(whole).shape[0]
+    status, models = server.get("/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == ["piper", "bestofn"]
+    h = server.health()
+    assert h["speech"]["ttfa_ms"]["n"] >= 1 and h["speech"]["rtf"]["mean"] > 0
+
+
+def test_eight_concurrent_requests_are_batched_and_batch_independent(server):
+    client = server.client()
+    jobs = [(f"Request number {i} is ready.", "calm" if i % 2 else "happy", i) for i in range(8)]
+    speak(client, "Warm up.")  # the worker is warm: the 8 arrive together
+    before = server.health()["worker"]["speech_batching"]
+    with cf.ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda j: speak(client, j[0], j[1], seed=j[2]), jobs))
+    for data in outs:
+        decoded(data)
+    assert len(set(outs)) == 8
+    after = server.health()["worker"]["speech_batching"]
+    assert after["requests"] - before["requests"] == 8
+    assert after["batches"] - before["batches"] < 8, "requests arriving together share a batch"
+    assert after["largest_batch"] >= 2
+    text, voice, seed = jobs[5]
+    assert speak(client, text, voice, seed=seed) == outs[5]  # alone: as inside the batch
+
+
+@pytest.mark.parametrize(
+    "change, status, reason",
+    [
+        ({"input": "  "}, 400, "empty or whitespace"),
+        ({"input": "word " * 41}, 400, "more than max_words=40"),
+        ({"voice": "alloy"}, 400, "unknown voice 'alloy'"),
+        ({"voice": "config/voices/ref.flac"}, 400, "looks like a file path"),
+        ({"voice": "/etc/passwd"}, 400, "looks like a file path"),
+        ({"response_format": "mp3"}, 400, "use one of wav, flac, pcm"),
+        ({"model": "tts-1"}, 400, "not served here"),
+        ({"speed": 2.0}, 400, "only 1.0"),
+        ({"extra_body": {"seed": -1}}, 400, "seed"),
+        ({"extra_body": {"sample_rate": 8000}}, 400, "unknown field"),
+    ],
+)
+def test_bad_requests_get_4xx_with_a_reason(server, change, status, reason):
+    kw = {"model": "bestofn", "voice": "calm", "input": "Hello.", "response_format": "wav"}
+    kw.update(change)
+    with pytest.raises(openai.APIStatusError) as err:
+        server.client().audio.speech.create(**kw)
+    assert err.value.status_code == status and reason in err.value.message
+
+
+def test_auth_body_limits_and_unknown_paths(server):
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="wrong").audio.speech.create(
+            model="bestofn", voice="calm", input="Hi."
+        )  # fmt: skip
+    assert server.get("/health", key="wrong")[0] == 401
+    assert server.get("/v1/nothing")[0] == 404
+    for body, status in ((b"{not json", 400), (b"[1]", 400), (b"x" * (65 * 1024), 413)):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("POST", "/v1/audio/speech", body=body,
+                     headers={"Authorization": f"Bearer {KEY}"})  # fmt: skip
+        resp = conn.getresponse()
+        assert resp.status == status, resp.read()
+        conn.close()
+    assert server.health()["status"] == "ok"
+
+
+def test_client_leaving_mid_stream_does_not_wedge_the_worker(server):
+    client = server.client()
+    speak(client, "Warm up.")
+    pid = server.health()["worker"]["pid"]
+    left = server.health()["speech"]["client_left"]
+    body = json.dumps({"model": "bestofn", "voice": "calm", "input": LONG,
+                       "response_format": "pcm"}).encode()  # fmt: skip
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    sock.sendall(
+        b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    first = sock.recv(4096)
+    assert first.startswith(b"HTTP/1.1 200")
+    # leave at once, with a reset (SO_LINGER 0): the next write to us fails
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    sock.close()
+    t0 = time.monotonic()
+    decoded(speak(client, "Still here."))
+    assert time.monotonic() - t0 < 60
+    h = server.wait_health(lambda h: h["speech"]["client_left"] > left, timeout=60)
+    assert h["worker"]["pid"] == pid and h["worker"]["status"] == "ok"
+    server.wait_health(lambda h: not h["worker"]["busy"] and h["speech"]["in_flight"] == 0)
+
+
+def test_lazy_start_idle_reap_and_config_change(tmp_path):
+    root = make_project(tmp_path / "p", idle_timeout_s=2.0)
+    srv = Server(root)
+    try:
+        h = srv.health()
+        assert not h["worker_running"] and h["worker"] is None and h["worker_starts"] == 0
+        client = srv.client()
+        decoded(speak(client, "First."))
+        h = srv.health()
+        assert h["worker_running"] and h["worker_starts"] == 1
+        first = h["worker"]["pid"]
+        # idle past the timeout: the worker exits by itself (its memory, a GPU's too, is freed)
+        srv.wait_health(lambda h: not h["worker_running"], timeout=60)
+        deadline = time.monotonic() + 20
+        while _pid_alive(first) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _pid_alive(first)
+        decoded(speak(client, "Second."))
+        h = srv.health()
+        assert h["worker_running"] and h["worker_starts"] == 2 and h["worker"]["pid"] != first
+        assert h["speech"]["cold_ttfa_ms"]["n"] == 2
+        # a changed config (another generator setting): a new worker key, a new worker
+        config = yaml.safe_load((root / "config/config.yaml").read_text())
+        config["models"]["generator"]["options"] = {"noise_scale": 0.5}
+        (root / "config/config.yaml").write_text(yaml.safe_dump(config))
+        decoded(speak(client, "Third."))
+        h2 = srv.health()
+        assert h2["worker_key"] != h["worker_key"] and h2["worker"]["serves_this_config"]
+        assert h2["worker"]["models_hash"] != h["worker"]["models_hash"]
+        assert h2["worker_starts"] == 3
+    finally:
+        srv.close()
+
+
+def test_fatal_device_error_answers_500_and_the_next_request_gets_a_fresh_worker(tmp_path):
+    root = make_project(tmp_path / "p")
+    config = yaml.safe_load((root / "config/config.yaml").read_text())
+    marker = root / "fault.marker"
+    config["models"]["generator"] = {
+        "backend": "bestofn.fakes.faults:FatalOnceGenerator", "options": {"marker": str(marker)}
+    }  # fmt: skip
+    (root / "config/config.yaml").write_text(yaml.safe_dump(config))
+    srv = Server(root)
+    try:
+        client = srv.client()
+        with pytest.raises(openai.InternalServerError, match="fatal device error"):
+            speak(client, "Break it.", fmt="pcm")
+        broken = json.loads(marker.read_text())["pid"]
+        assert len(speak(client, "Now it works.", fmt="pcm")) == 2 * 12000  # 0.5 s at 24 kHz
+        h = srv.health()
+        assert h["worker"]["pid"] != broken and h["worker_starts"] == 2
+        assert not _pid_alive(broken)
+    finally:
+        srv.close()
+
+
+def test_listening_beyond_loopback_needs_an_api_key(tmp_path):
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert bind_refusal(host, None) is None
+    for host in ("0.0.0.0", "::", "192.168.1.10", "myhost.example"):
+        assert "refusing to listen" in bind_refusal(host, None)
+        assert bind_refusal(host, "a-key") is None
+    env = {k: v for k, v in os.environ.items() if k != "BESTOFN_API_KEY"}
+    run = subprocess.run(
+        [sys.executable, "-m", "bestofn.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
+        cwd=make_project(tmp_path / "p"), capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "refusing to listen on '0.0.0.0' without an API key" in run.stderr
+    assert "BESTOFN_API_KEY" in run.stderr and "listening" not in run.stdout
