@@ -270,13 +270,18 @@ def check_held_out(
 
 def measure_columns(con: duckdb.DuckDBPyConnection, table: str = "takes") -> list[str]:
     """The numeric take columns that measure a take (scorer columns, duration, frames), in the
-    table's order: every numeric column except the bookkeeping base columns."""
+    table's order: every numeric column except the bookkeeping base columns, and except
+    columns with no value at all (``n_frames`` of a generator without frames)."""
     skip = set(BASE_COLUMNS) - set(MEASURE_BASE_COLUMNS)
-    return [
+    cols = [
         name
         for name, sql_type, *_ in con.execute(f"DESCRIBE {table}").fetchall()
         if name not in skip and name not in ("score", "passes") and _is_numeric(sql_type)
     ]
+    if not cols:
+        return cols
+    counts = con.execute(f"SELECT {', '.join(f'count({_q(c)})' for c in cols)} FROM {table}")
+    return [c for c, n in zip(cols, counts.fetchone(), strict=True) if n]
 
 
 def _better(column: str, held: dict[str, str]) -> str | None:
@@ -402,7 +407,7 @@ def _held_out(con, entries: list[HeldOut], seed: int) -> None:
             med = np.array([r[2] for r in part], dtype=float)
             rnd = np.array([np.nan if r[3] is None else r[3] for r in part], dtype=float)
             row = [level, emotion, h.column, h.better, len(part)]
-            row += [float(np.mean(x)) if len(x) else None for x in (sel, med, rnd)]
+            row += [float(np.nanmean(x)) if np.isfinite(x).any() else None for x in (sel, med, rnd)]
             worse = []
             for name, base in (("median", med), ("random", rnd)):
                 d = sel - base

@@ -25,6 +25,9 @@ DOMINANT_RHO = 0.9  # a score term this correlated with the composite is all it 
 def _num(x, digits: int = 3, sign: bool = False) -> str:
     if x is None or x != x:  # None or NaN
         return "–"
+    x = x + 0.0  # no "-0.000"
+    if round(x, digits) == 0:
+        x = 0.0
     return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
 
 
