@@ -290,6 +290,20 @@ def test_bestofn_check_refuses_a_config_selecting_on_a_held_out_column(project):
         check_selection_for(config)
 
 
+def test_held_out_entries_are_validated_by_field(project):
+    from bestofn.plan import PlanError, build_plan
+
+    config = tiny_config()
+    config["selection"]["held_out"] = [{"column": "n_words", "better": "up"}]
+    with pytest.raises(PlanError, match=r"selection.held_out.0.better: 'up' is not one of"):
+        build_plan(config, project)
+    config["selection"]["held_out"] = [{"column": "n_words", "better": "higher"}]
+    assert build_plan(config, project).config["selection"]["held_out"] == [
+        {"column": "n_words", "better": "higher"}
+    ]
+    assert build_plan(tiny_config(), project).config["selection"]["held_out"] == []
+
+
 def test_embedded_default_holds_out_a_scorer_it_does_not_select_on():
     import yaml
 
