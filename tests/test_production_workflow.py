@@ -9,10 +9,12 @@ moss-fast -> Sidon -> duration, Parakeet, VoiceCLAP, Empathic-Insight, every one
 by its real loader from the published on-disk layout, in one warm worker."""
 
 import importlib.util
+import shutil
 from pathlib import Path
 
 import duckdb
 import pytest
+from conftest import REPO
 from test_workflow_e2e import snakemake, verify
 
 from bestofn.cli import main as bestofn
@@ -45,7 +47,9 @@ def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
     assert bestofn(["check", "--config", str(config)]) == 0
     assert "ok: 4 groups x 4 takes" in capsys.readouterr().out
 
-    project.mkdir()  # no config/ here: the production config is the only one
+    # A user's checkout has the embedded default in config/config.yaml; the profile makes
+    # --configfile replace it (merged, piper's options would land in moss-fast's).
+    shutil.copytree(REPO / "config", project / "config")
     snakemake(project, "--configfile", str(config))
     assert "4 groups checked, 0 problem(s)" in verify(project)
 
