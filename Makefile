@@ -24,6 +24,7 @@ demo: install
 # Command 2: install and run the tests (what .ci/run calls), plus the linters.
 test: install
 	bash .ci/chromium-up.sh >/dev/null  # headless Chromium for the listening-page test
+	bash .ci/slurm-up.sh || echo "no SLURM: tests/test_slurm.py will fail and say why"  # one-node SLURM
 	$(PY) -m pytest
 	$(MAKE) lint
 

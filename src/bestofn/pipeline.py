@@ -241,6 +241,7 @@ def run_group(
         "device": device_label(device),
         "worker_slot": worker_slot,  # -1: models loaded in the group's own process
         "worker_pid": os.getpid(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),  # '' outside SLURM
         "started_at": started,
     }
     for name, value in fixed.items():

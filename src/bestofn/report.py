@@ -27,6 +27,10 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     con = duckdb.connect(str(db_path), read_only=True)
     overall = con.execute("SELECT * FROM throughput WHERE level = 'overall'").fetchdf().iloc[0]
     groups = con.execute("SELECT * FROM groups").fetchdf()
+    workers = con.execute(
+        "SELECT worker, slurm_job_id, groups, loads, load_s, wall_s, idle_s, idle_fraction "
+        "FROM throughput WHERE level = 'worker' ORDER BY started_at"
+    ).fetchall()
     clips = int(overall["clips"])
 
     per_clip = {s: float(overall[f"{s}_s"]) / clips for s in STAGES}
@@ -73,6 +77,19 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
         "`idle` is worker time spent waiting for the next group.",
         "",
         "![stage seconds](stage_seconds.png)",
+        "",
+        "## Workers",
+        "",
+        "One row per warm worker process (on SLURM: one per job, serving its bundle). `idle %` "
+        "is the worker's time between groups, of its working + waiting time.",
+        "",
+        "| worker | SLURM job | groups | model loads | load s | group wall s | idle s | idle % |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        *[
+            f"| {w} | {job or '–'} | {n} | {loads} | {load:.1f} | {wall:.1f} | {idle:.2f} | "
+            f"{100 * (frac or 0.0):.2f} |"
+            for w, job, n, loads, load, wall, idle, frac in workers
+        ],
         "",
         "## Best-of-N gain",
         "",

@@ -40,6 +40,7 @@ BASE_COLUMNS = {
     "device": "VARCHAR",
     "worker_slot": "INTEGER",
     "worker_pid": "BIGINT",
+    "slurm_job_id": "VARCHAR",  # the SLURM job whose worker wrote the group ('' outside SLURM)
     "started_at": "TIMESTAMPTZ",
     "group_write_s": "DOUBLE",
     "group_wall_s": "DOUBLE",
@@ -105,6 +106,10 @@ def build_database(
     con.execute(
         "CREATE TABLE takes AS SELECT * FROM read_parquet(?, union_by_name = true)", [files]
     )
+    have = {r[0] for r in con.execute("DESCRIBE takes").fetchall()}
+    for col in ("host", "worker_pid", "slurm_job_id"):  # older parquets may lack them
+        if col not in have:
+            con.execute(f"ALTER TABLE takes ADD COLUMN {col} {BASE_COLUMNS[col]}")
     try:
         con.execute(f"CREATE VIEW scored AS {_scored_sql(filter_sql, score_sql)}")
         con.execute("SELECT count(*) FROM scored").fetchall()
@@ -144,23 +149,37 @@ def build_database(
                    any_value(group_restore_s) AS restore_s,
                    any_value(group_score_s) AS score_s, any_value(group_write_s) AS write_s,
                    any_value(worker_idle_s) AS idle_s, any_value(device) AS device,
-                   min(started_at) AS started_at, max(finished_at) AS finished_at
+                   min(started_at) AS started_at, max(finished_at) AS finished_at,
+                   any_value(host) || ':' || any_value(worker_pid) AS worker,
+                   coalesce(any_value(slurm_job_id), '') AS slurm_job_id
             FROM takes GROUP BY group_id
         ), levels AS (
             SELECT 'group' AS level, group_id, device, clips, audio_s, wall_s, load_s, generate_s,
-                   restore_s, score_s, write_s, idle_s, started_at, finished_at FROM per_group
+                   restore_s, score_s, write_s, idle_s, started_at, finished_at, worker,
+                   slurm_job_id, 1 AS groups, (load_s > 0)::INTEGER AS loads FROM per_group
+            UNION ALL
+            -- One row per worker process: on SLURM, one per job (its bundle of groups).
+            SELECT 'worker', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
+                   sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
+                   sum(write_s), sum(idle_s), min(started_at), max(finished_at), worker,
+                   any_value(slurm_job_id), count(*), count(*) FILTER (WHERE load_s > 0)
+            FROM per_group GROUP BY worker
             UNION ALL
             SELECT 'overall', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
                    sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
-                   sum(write_s), sum(idle_s), min(started_at), max(finished_at) FROM per_group
+                   sum(write_s), sum(idle_s), min(started_at), max(finished_at), NULL, NULL,
+                   count(*), count(*) FILTER (WHERE load_s > 0) FROM per_group
         )
         SELECT level, group_id, device, clips, audio_s,
                wall_s, load_s, generate_s, restore_s, score_s, write_s, idle_s,
                generate_s / clips AS generate_s_per_clip, restore_s / clips AS restore_s_per_clip,
                score_s / clips AS score_s_per_clip, write_s / clips AS write_s_per_clip,
                wall_s / clips AS wall_s_per_clip, audio_s / wall_s AS audio_s_per_wall_s,
-               epoch(finished_at - started_at) AS elapsed_s, started_at, finished_at
-        FROM levels ORDER BY level DESC, group_id
+               epoch(finished_at - started_at) AS elapsed_s, started_at, finished_at,
+               worker, slurm_job_id, groups, loads,
+               -- worker time spent waiting between groups, of (working + waiting)
+               idle_s / nullif(wall_s + idle_s, 0) AS idle_fraction
+        FROM levels ORDER BY level DESC, worker, group_id
         """
     )
     from bestofn.trust import build_trust_tables

@@ -41,15 +41,23 @@ def run_group_job(
     flac_subtype: str = "PCM_16",
     runtime: dict | None = None,
     results_dir: str = "results",
+    config: dict | None = None,
 ) -> dict:
     """Run one group: through the slot's warm worker (default), or in this process when
-    ``runtime.worker`` is false (models then load for every group)."""
+    ``runtime.worker`` is false (models then load for every group). Inside a SLURM job (given
+    the workflow ``config``) the group comes from the job's bundle feeder (worker.bundle)."""
     if (runtime or {}).get("worker", True):
+        from bestofn.worker.bundle import run_group_in_bundle, slurm_job_id
         from bestofn.worker.client import run_group_via_worker
 
-        answer = run_group_via_worker(
-            params, models, str(out), device, runtime, results_dir, flac_subtype
-        )
+        if slurm_job_id() and config is not None:
+            answer = run_group_in_bundle(
+                params, models, str(out), device, runtime, results_dir, flac_subtype, config
+            )
+        else:
+            answer = run_group_via_worker(
+                params, models, str(out), device, runtime, results_dir, flac_subtype
+            )
         log.info("group %s on slot %s: %s", answer["group_id"], answer["slot"], json.dumps(answer))
         return answer["timings"]
     from bestofn.pipeline import load_backends, run_group

@@ -15,4 +15,6 @@ run_group_job(
     # Read from config, not params: speed knobs must never rerun finished groups.
     runtime=snakemake.config.get("runtime"),
     results_dir=snakemake.config["results"],
+    # Inside a SLURM job the bundle's feeder plans the job's other groups from it.
+    config=snakemake.config,
 )

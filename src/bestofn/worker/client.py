@@ -42,17 +42,26 @@ class WorkerError(RuntimeError):
 
 
 def default_state_dir(workdir: str | Path = ".") -> Path:
-    """Short per-user, per-workflow directory for sockets and locks (paths max ~107 bytes)."""
+    """Short per-user, per-workflow directory for sockets and locks (paths max ~107 bytes).
+
+    Node-local (/tmp). Inside a SLURM job it is also per job: two jobs of one workflow on one
+    node each have their own GPU, so each starts and serves its own warm worker."""
     key = hashlib.sha256(str(Path(workdir).resolve()).encode()).hexdigest()[:10]
-    return Path(f"/tmp/bestofn-{os.getuid()}") / key
+    job = os.environ.get("SLURM_JOB_ID")
+    return Path(f"/tmp/bestofn-{os.getuid()}") / (f"{key}-slurm{job}" if job else key)
 
 
 def detect_slots(device: str) -> int:
+    """GPU slots: what CUDA_VISIBLE_DEVICES lists (SLURM sets it for a job's GRES), else the
+    GPUs SLURM gave this job on this node, else every GPU of the box. One slot on a CPU."""
     if not device.startswith("cuda"):
         return 1
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible:
         return len([v for v in visible.split(",") if v.strip()])
+    on_node = os.environ.get("SLURM_GPUS_ON_NODE", "")
+    if on_node.isdigit() and int(on_node) > 0:
+        return int(on_node)
     gpus = Path("/proc/driver/nvidia/gpus")
     return max(1, len(list(gpus.iterdir()))) if gpus.is_dir() else 1
 
