@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# `bench pipeline` on the first GPU, then the production workflow through snakemake on every
+# visible GPU, with random weights at the real sizes, in one call: the per-clip comparison of
+# issue 8 ("within 10 % of bench pipeline on the same machine, in the same call").
+#
+#   bash docs/bench/gpu_workflow.sh OUT [EMOTIONS] [PROMPTS_PER_EMOTION]
+#
+# Run from the repository root with bestofn importable (PYTHONPATH=src or installed). Writes
+# OUT/summary.json, OUT/throughput.csv, OUT/bench_pipeline.json and the logs. Every take is
+# pinned to 188 frames (15.04 s) as in `bench pipeline`: fake weights with --p-stop 1e-9 and
+# min_frames = max_frames = 188, so both sides make the same audio per clip.
+set -euo pipefail
+out=$(realpath -m "${1:?usage: gpu_workflow.sh OUT [EMOTIONS] [PROMPTS]}")
+n_emotions=${2:-2}
+n_prompts=${3:-8}
+repo=$(pwd)
+work=${WORK:-/tmp/bestofn-gpu}
+py=${PYTHON:-python3}
+# A CPU smoke test of this script: SIZE=tiny PROFILE=local TAKES=4 FRAMES=16 BENCH=0
+size=${SIZE:-real}
+profile=${PROFILE:-h200x8}
+takes=${TAKES:-64}
+frames=${FRAMES:-188}
+mkdir -p "$out" "$work/project"
+
+# The fake weights are written on the CPU while `bench pipeline` runs on the first GPU (the
+# machine's time is short); the workflow starts once both are done.
+t0=$(date +%s)
+writer=
+if [ ! -f "$work/weights/config.yaml" ]; then
+    $py -m bestofn.cli fake-weights "$work/weights" --size "$size" --p-stop 1e-9 \
+        >"$out/fake_weights.log" 2>&1 &
+    writer=$!
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+    first_gpu=${CUDA_VISIBLE_DEVICES:-0}
+    CUDA_VISIBLE_DEVICES=${first_gpu%%,*} $py -m bestofn.bench pipeline --size "$size" --takes "$takes" \
+        --frames "$frames" --workdir "$work/bench" --out "$out/bench_pipeline.json" \
+        >"$out/bench_pipeline.log" 2>&1 || { tail -n 40 "$out/bench_pipeline.log"; exit 1; }
+    echo "bench pipeline: $(($(date +%s) - t0)) s"
+    tail -n 25 "$out/bench_pipeline.log"
+fi
+[ -z "$writer" ] || wait "$writer" || { tail -n 20 "$out/fake_weights.log"; exit 1; }
+echo "fake-weights (and bench): $(($(date +%s) - t0)) s"
+
+# The project: sheets with no reference voice (bench pipeline has none), takes = 64.
+$py - "$work" "$n_emotions" "$n_prompts" "$takes" "$frames" <<'EOF'
+import sys
+from pathlib import Path
+
+import yaml
+
+work, (n_emotions, n_prompts, takes, frames) = Path(sys.argv[1]), map(int, sys.argv[2:6])
+project = work / "project"
+words = "the quick brown fox jumps over a lazy dog near our quiet river bank".split()
+(project / "emotions.tsv").write_text(
+    "emotion\tdescription\n" + "".join(f"e{i}\tEmotion {i}.\n" for i in range(n_emotions))
+)
+(project / "prompts.tsv").write_text(
+    "prompt_id\ttext\n"
+    + "".join(f"p{i}\t{' '.join(words[i % 7:] + words[: i % 7])}.\n" for i in range(n_prompts))
+)
+config = yaml.safe_load((work / "weights/config.yaml").read_text())
+config.update(emotions=str(project / "emotions.tsv"), prompts=str(project / "prompts.tsv"),
+              takes=takes)
+config["models"]["generator"]["options"].update(min_frames=frames, max_frames=frames)
+(project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+EOF
+
+cd "$work/project"
+rm -rf results .snakemake
+t0=$(date +%s)
+nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv -l 1 \
+    >"$out/nvidia_smi.csv" 2>/dev/null &
+smi=$!
+set +e
+$py -m snakemake --snakefile "$repo/Snakefile" --profile "$repo/profiles/$profile" \
+    --configfile config.yaml >"$out/snakemake.log" 2>&1
+rc=$?
+set -e
+kill "$smi" 2>/dev/null || true
+echo "snakemake: rc $rc, $(($(date +%s) - t0)) s"
+tail -n 30 "$out/snakemake.log"
+cp -r results/logs "$out/logs" 2>/dev/null || true
+bestofn_verify=$($py -m bestofn.cli verify results | tail -n 1)
+echo "verify: $bestofn_verify"
+[ "$rc" = 0 ] || exit "$rc"
+
+$py - "$out" "$bestofn_verify" <<'EOF'
+import json
+import sys
+
+import duckdb
+
+out, verify = sys.argv[1], sys.argv[2]
+con = duckdb.connect("results/bestofn.duckdb", read_only=True)
+con.execute("COPY (SELECT * FROM throughput) TO ? (HEADER)", [f"{out}/throughput.csv"])
+workers = con.execute(
+    """WITH g AS (SELECT group_id, any_value(worker_pid) AS pid, any_value(device) AS device,
+                       min(started_at) AS s, max(finished_at) AS f,
+                       any_value(group_wall_s) AS wall, count(*) AS clips
+                FROM takes GROUP BY group_id)
+       SELECT pid, any_value(device), count(*), sum(clips), min(s), max(f), sum(wall)
+       FROM g GROUP BY pid ORDER BY 2"""
+).fetchall()
+per_group = con.execute(
+    """SELECT group_id, any_value(worker_pid), any_value(device), any_value(worker_idle_s),
+              any_value(group_wall_s), count(*), any_value(group_load_s)
+       FROM takes GROUP BY group_id ORDER BY min(started_at)"""
+).fetchall()
+summary = {"verify": verify, "workers": [], "groups": []}
+for pid, device, groups, clips, first, last, busy in workers:
+    span = (last - first).total_seconds()
+    # idle between groups: the worker's span minus the time it spent inside groups
+    idle = max(0.0, span - busy)
+    summary["workers"].append(dict(pid=pid, device=device, groups=groups, clips=clips,
+                                   span_s=span, busy_s=busy, idle_between_groups_s=idle,
+                                   idle_fraction=idle / span if span else None,
+                                   s_per_clip_wall=span / clips))
+for gid, pid, device, idle, wall, clips, load in per_group:
+    summary["groups"].append(dict(group=gid, pid=pid, device=device, idle_before_s=idle,
+                                  wall_s=wall, clips=clips, load_s=load))
+spans = con.execute("SELECT min(started_at), max(finished_at), count(*) FROM takes").fetchone()
+total = (spans[1] - spans[0]).total_seconds()
+n_gpus = len(summary["workers"])
+summary["overall"] = dict(first_start_to_last_end_s=total, clips=spans[2], gpus=n_gpus,
+                          s_per_clip_per_gpu=total * n_gpus / spans[2],
+                          mean_group_wall_s_per_clip=sum(g["wall_s"] for g in summary["groups"])
+                          / spans[2])
+# Steady state, as `bench pipeline` times it: each worker's first group (CUDA-graph capture and
+# compilation happen in it) is left out; from the end of that group to the worker's last end.
+steady = con.execute(
+    """WITH g AS (SELECT group_id, any_value(worker_pid) AS pid, min(started_at) AS s,
+                       max(finished_at) AS f, count(*) AS clips,
+                       row_number() OVER (PARTITION BY any_value(worker_pid)
+                                          ORDER BY min(started_at)) AS k
+                FROM takes GROUP BY group_id)
+       SELECT pid, epoch(max(f) - min(f)), sum(clips) FILTER (WHERE k > 1) FROM g GROUP BY pid"""
+).fetchall()
+summary["steady_state"] = [dict(pid=pid, span_s=span, clips=clips,
+                                 s_per_clip=span / clips if clips else None)
+                           for pid, span, clips in steady]
+json.dump(summary, open(f"{out}/summary.json", "w"), indent=1, default=str)
+print(json.dumps({k: summary[k] for k in ("verify", "workers", "overall", "steady_state")},
+                 indent=1, default=str))
+EOF
+
