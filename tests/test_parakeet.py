@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not installed")
 
+from bestofn import dtypes  # noqa: E402
 from bestofn.backends import parakeet  # noqa: E402
 from bestofn.backends.registry import build  # noqa: E402
 from bestofn.spec import GroupSpec  # noqa: E402
@@ -88,9 +89,29 @@ def test_score_columns_and_wer(scorer):
 
 
 def test_bf16_autocast_path_runs(tiny_nemo):
+    """bf16 where this CPU runs every op under autocast (AVX512-BF16 and the like), else the
+    float32 fallback: either way the backend transcribes, and says which it ran."""
     s = parakeet.ParakeetScorer(model_path=str(tiny_nemo), dtype="bfloat16", hash_weights=False)
+    runs_bf16 = dtypes.unsupported("cpu", "bfloat16", parakeet.AUTOCAST_OPS) is None
+    assert s.dtype == s.provenance()["dtype"] == ("bfloat16" if runs_bf16 else "float32")
     out = s.transcribe(_takes(seconds=(1.0, 0.6)), 16000)
     assert len(out) == 2 and all(isinstance(t, str) for t in out)
+
+
+def test_bf16_falls_back_to_fp32_where_unsupported(tiny_nemo, scorer, monkeypatch, caplog):
+    """As on a CPU without AVX512-BF16 (no bf16 LSTM in oneDNN): forced here on any CPU."""
+    import logging
+
+    monkeypatch.setattr(dtypes, "probe", lambda *a: "RuntimeError: forced by the test")
+    with caplog.at_level(logging.WARNING, logger="bestofn.dtypes"):
+        s = parakeet.ParakeetScorer(
+            model_path=str(tiny_nemo), dtype="bfloat16", batch_size=2, hash_weights=False
+        )
+    assert s.dtype == s.provenance()["dtype"] == "float32"
+    assert "parakeet: bfloat16 is not supported on cpu" in caplog.text
+    assert "running in float32" in caplog.text
+    takes = _takes()
+    assert s.transcribe(takes, 16000) == scorer.transcribe(takes, 16000)
 
 
 def test_provenance_hashes_the_nemo_file(scorer, tiny_nemo):
