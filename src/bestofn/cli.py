@@ -96,6 +96,12 @@ def _fake_weights(args) -> int:
     return fake_weights_main(args)
 
 
+def _ab(args) -> int:
+    from bestofn.ab import ab_main
+
+    return ab_main(args)
+
+
 def _parity(args_rest: list[str]) -> int:
     from bestofn.moss.parity import parity_main
 
@@ -198,6 +204,28 @@ def main(argv: list[str] | None = None) -> int:
         "MOSS checkpoint so moss-hf loads it too (moss-fast needs none)",
     )
     p.set_defaults(func=_fake_weights)
+
+    p = sub.add_parser(
+        "ab",
+        help="same groups and seeds under configs A and B: speed, memory, quality deltas, "
+        "PASS/FAIL against a thresholds file",
+        description="Runs the first --groups groups of A's plan (B must plan them the same) "
+        "under A, then under B, in this process (one side's models at a time), and prints a "
+        "PASS/FAIL table: generate/restore/score/wall s per clip, peak memory, and the mean "
+        "quality delta (B - A) over matched takes for every column of the thresholds file. "
+        "Exit 0 PASS, 1 FAIL, 2 bad input.",
+    )
+    p.add_argument("--a", required=True, help="config of side A (the baseline)")
+    p.add_argument("--b", required=True, help="config of side B (the dial)")
+    p.add_argument(
+        "--thresholds", required=True, help="YAML file: column: {max_increase|max_decrease: x}"
+    )
+    p.add_argument("--groups", type=int, default=1, help="first N groups of the plan (default 1)")
+    p.add_argument("--takes", type=int, help="takes per group for both sides (default: A's config)")
+    p.add_argument("--out", help="write the table as parquet here")
+    p.add_argument("--base", default=".", help="directory that config paths are relative to")
+    p.add_argument("--device", help="run both sides here (default: the configs' device)")
+    p.set_defaults(func=_ab)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
     args = ap.parse_args(argv)

@@ -1,0 +1,159 @@
+"""`bestofn ab` on the embedded default (piper -> resample -> whisper-asr, resemblyzer, dnsmos,
+duration), one group x 2 takes per side: a PASS case, a FAIL case, bad thresholds files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from bestofn import ab
+from bestofn.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+COLUMNS = [
+    "metric", "kind", "a", "b", "delta", "rule", "limit", "verdict", "n_pairs", "note",
+    "config_a", "config_b", "device", "n_groups", "n_takes", "random_weights",
+]  # fmt: skip
+
+
+def write_config(path: Path, generator=None, whisper=None) -> Path:
+    config = yaml.safe_load(yaml.safe_dump(DEFAULT))  # a deep copy
+    config["takes"] = 2
+    if generator:
+        config["models"]["generator"]["options"].update(generator)
+    if whisper:
+        for s in config["models"]["scorers"]:
+            if s["backend"] == "whisper-asr":
+                s["options"] = whisper
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def write_thresholds(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a model loaded before the input was checked")
+
+    monkeypatch.setattr("bestofn.pipeline.load_backends", refuse)
+
+
+def run_cli(tmp_path, a, b, thresholds, out):
+    argv = ["ab", "--a", str(a), "--b", str(b), "--thresholds", str(thresholds)]
+    return main([*argv, "--groups", "1", "--out", str(out), "--base", str(ROOT)])
+
+
+def test_whisper_int8_vs_float32_passes_loose_thresholds(tmp_path, capsys):
+    a = write_config(tmp_path / "a.yaml", whisper={"compute_type": "int8"})
+    b = write_config(tmp_path / "b.yaml", whisper={"compute_type": "float32"})
+    th = write_thresholds(
+        tmp_path / "th.yaml",
+        {
+            "wer": {"max_increase": 0.2},
+            "speaker_sim": {"max_decrease": 0.05},
+            "dnsmos_ovrl": {"max_decrease": 0.05},
+        },
+    )
+    out = tmp_path / "ab.parquet"
+    assert run_cli(tmp_path, a, b, th, out) == 0
+    printed = capsys.readouterr().out
+    assert "ab: PASS" in printed and "peak_rss_gib" in printed
+
+    table = pq.read_table(out)
+    assert table.column_names == COLUMNS
+    rows = {r["metric"]: r for r in table.to_pylist()}
+    for metric in ("wer", "speaker_sim", "dnsmos_ovrl"):
+        assert rows[metric]["verdict"] == "PASS" and rows[metric]["n_pairs"] == 2
+    # the generator and its seeds are the same: the audio, so the audio scores, are identical
+    assert rows["speaker_sim"]["delta"] == 0.0 and rows["dnsmos_ovrl"]["delta"] == 0.0
+    assert rows["duration_s"]["verdict"] == "info" and rows["duration_s"]["delta"] == 0.0
+    for metric in ("generate_s_per_clip", "wall_s_per_clip", "peak_rss_gib"):
+        assert rows[metric]["a"] > 0 and rows[metric]["b"] > 0
+    assert rows["peak_rss_gib"]["kind"] == "memory"
+    assert set(table["verdict"].to_pylist()) <= {"PASS", "info"}
+    assert table["n_takes"].to_pylist() == [2] * table.num_rows
+    assert not any(table["random_weights"].to_pylist())
+
+
+def test_slow_piper_fails_a_tight_duration_threshold(tmp_path, capsys):
+    a = write_config(tmp_path / "a.yaml")
+    b = write_config(tmp_path / "b.yaml", generator={"length_scale": 2.0})
+    th = write_thresholds(
+        tmp_path / "th.yaml",
+        {"duration_s": {"max_increase": 0.1}, "wer": {"max_increase": 1.0}},
+    )
+    out = tmp_path / "ab.parquet"
+    assert run_cli(tmp_path, a, b, th, out) == 1
+    assert "ab: FAIL" in capsys.readouterr().out
+    rows = {r["metric"]: r for r in pq.read_table(out).to_pylist()}
+    # length_scale 2.0 stretches every phoneme: the takes get much longer
+    assert rows["duration_s"]["verdict"] == "FAIL"
+    assert rows["duration_s"]["delta"] > 0.5 * rows["duration_s"]["a"]
+    assert rows["duration_s"]["rule"] == "max_increase" and rows["duration_s"]["limit"] == 0.1
+    assert rows["wer"]["verdict"] == "PASS"  # a loose threshold on another column still passes
+
+
+def test_missing_thresholds_file_fails_before_any_model_loads(tmp_path, capsys, no_model_load):
+    a = write_config(tmp_path / "a.yaml")
+    assert run_cli(tmp_path, a, a, tmp_path / "nope.yaml", tmp_path / "ab.parquet") == 2
+    err = capsys.readouterr().err
+    assert "nope.yaml does not exist" in err
+    assert not (tmp_path / "ab.parquet").exists()
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("wer: 0.005\n", "expected exactly one of"),
+        ("wer: {max_increase: -1}\n", "finite number >= 0"),
+        ("wer: {max_increase: x}\n", "must be a number"),
+        ("wer: {max_increase: 0.1, max_decrease: 0.1}\n", "expected exactly one of"),
+        ("- wer\n", "expected a mapping"),
+        ("wer: {max_increase: [0.1\n", "not valid YAML"),
+        ("no_such_column: {max_decrease: 0.1}\n", "written by no scorer of A"),
+    ],
+)
+def test_malformed_thresholds_fail_before_any_model_loads(
+    tmp_path, capsys, no_model_load, text, says
+):
+    a = write_config(tmp_path / "a.yaml")
+    th = write_thresholds(tmp_path / "th.yaml", text)
+    assert run_cli(tmp_path, a, a, th, tmp_path / "ab.parquet") == 2
+    err = capsys.readouterr().err
+    assert says in err and "th.yaml" in err
+
+
+def test_configs_planning_other_groups_are_refused(tmp_path, capsys, no_model_load):
+    a = write_config(tmp_path / "a.yaml")
+    b = tmp_path / "b.yaml"
+    config = yaml.safe_load(a.read_text())
+    config["seed"] = 99
+    b.write_text(yaml.safe_dump(config))
+    th = write_thresholds(tmp_path / "th.yaml", {"wer": {"max_increase": 0.1}})
+    assert run_cli(tmp_path, a, b, th, tmp_path / "ab.parquet") == 2
+    assert "A and B plan it differently" in capsys.readouterr().err
+
+
+def test_fake_weight_configs_are_flagged(tmp_path):
+    (tmp_path / "FAKE_WEIGHTS.md").write_text("random")
+    (tmp_path / "m").mkdir()
+    models = {"generator": {"backend": "moss-fast", "options": {"model_dir": str(tmp_path / "m")}}}
+    assert ab.random_weight_paths(ROOT / "config" / "config.yaml", models)
+    assert not ab.random_weight_paths(ROOT / "config" / "config.yaml", DEFAULT["models"])
+
+
+def test_threshold_rules():
+    up = ab.Threshold("wer", "max_increase", 0.005)
+    down = ab.Threshold("speaker_sim", "max_decrease", 0.01)
+    assert up.passes(0.005) and not up.passes(0.0051) and up.passes(-1.0)
+    assert down.passes(-0.01) and not down.passes(-0.0101) and down.passes(1.0)
+    assert not up.passes(float("nan"))
