@@ -29,6 +29,9 @@ DEFAULTS = {
     **COMMON_DEFAULTS,
     "compile": "auto",  # torch.compile the per-token pieces (auto: on cuda)
     "cuda_graphs": "auto",  # capture the frame step (auto: on cuda)
+    # "dtype": backbone weights in `dtype`; "int8": its Linear weights int8 weight-only, per
+    # output channel, dequantized on the fly (bestofn.moss.int8): ~half their memory, other audio
+    "weights": "dtype",
 }
 
 
@@ -70,7 +73,10 @@ class MossFastGenerator(Generator):
 
             cache = Path(o["cache_dir"] or "~/.cache/bestofn/moss").expanduser()
             self.load_dir = merged_weights_dir(self.model_dir, Path(o["lora"]), cache)
-        model = load_model(self.load_dir, device=device, dtype=self.dtype)
+        # int8: load on the CPU, then quantize weight by weight onto the device (the device
+        # never holds the whole backbone in full precision)
+        int8 = o["weights"] == "int8"
+        model = load_model(self.load_dir, device="cpu" if int8 else device, dtype=self.dtype)
         prompt = PromptBuilder.from_tokenizer_json(self.model_dir / "tokenizer.json", model.config)
         self._attach(model, prompt)
 
@@ -93,6 +99,12 @@ class MossFastGenerator(Generator):
         self.options = o = {**DEFAULTS, **options}
         if o["instruction"] not in ("none", "emotion", "emotion_description"):
             raise ValueError(f"moss-fast: bad instruction mode {o['instruction']!r}")
+        from bestofn.moss.int8 import WEIGHTS
+
+        if o["weights"] not in WEIGHTS:
+            raise ValueError(
+                f"moss-fast: option weights is {o['weights']!r}; known: {', '.join(WEIGHTS)}"
+            )
         self.device = device
         self.budget = FrameBudget.from_options(o)
         on_gpu = torch.device(device).type == "cuda"
@@ -111,6 +123,11 @@ class MossFastGenerator(Generator):
     def _attach(self, model, prompt_builder) -> None:
         o = self.options
         on_gpu = torch.device(self.device).type == "cuda"
+        if o["weights"] == "int8":
+            from bestofn.moss.int8 import is_quantized, quantize_backbone_
+
+            if not is_quantized(model):
+                model = quantize_backbone_(model, self.device)
         self.model, self.prompt_builder = model, prompt_builder
         self.config = model.config
         from bestofn.moss.engine import MossLocalEngine
