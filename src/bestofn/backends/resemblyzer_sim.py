@@ -6,6 +6,7 @@ the take is compared with the centroid of its group (a consistency score), and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -16,24 +17,44 @@ from bestofn.backends.base import Scorer
 from bestofn.spec import GroupSpec
 
 
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    """torch's intra-op thread count set to ``n`` (0: left alone) for the block, then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n and n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n and n != before:
+            torch.set_num_threads(before)
+
+
 class ResemblyzerScorer(Scorer):
     name = "resemblyzer"
     columns = {"speaker_sim": "DOUBLE", "speaker_ref": "VARCHAR"}
     input_sample_rate = 16000
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", threads: int = 1):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pkg_resources deprecation from webrtcvad
             from resemblyzer import VoiceEncoder, preprocess_wav
         self._preprocess = preprocess_wav
         self.encoder = VoiceEncoder("cuda" if device.startswith("cuda") else "cpu", verbose=False)
         self._reference_cache: dict[tuple[str, float], np.ndarray] = {}
+        # GE2E is a 3-layer LSTM of 256 units: steps too small to split over cores. With torch's
+        # default of one thread per core each step waits for the other core; on a busy 2-core
+        # machine 8 takes took 0.93 s with 2 threads and 0.35 s with 1, with identical output.
+        self.threads = int(threads)
 
     def embed(self, audio16k: np.ndarray) -> np.ndarray:
         wav = self._preprocess(audio16k, source_sr=16000)
         if wav.size < 1600:  # VAD removed (almost) everything: embed the raw take instead
             wav = audio16k
-        return self.encoder.embed_utterance(wav)
+        with _torch_threads(self.threads):
+            return self.encoder.embed_utterance(wav)
 
     def reference(self, path: str) -> np.ndarray:
         # Reference voices are encoded once per process, keyed by path and mtime.

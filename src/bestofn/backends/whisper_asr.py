@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,14 @@ class WhisperASRScorer(Scorer):
         if not (self.model_dir / "model.bin").is_file():
             raise FileNotFoundError(f"whisper-asr: model_dir {self.model_dir} has no model.bin")
         kind = "cuda" if device.startswith("cuda") else "cpu"
+        # 0 would mean CTranslate2's default of 4 threads, oversubscribing a 2-core machine:
+        # use the CPUs this process may run on.
+        self.cpu_threads = int(cpu_threads) or len(os.sched_getaffinity(0))
         self.model = WhisperModel(
-            str(self.model_dir), device=kind, compute_type=compute_type, cpu_threads=cpu_threads
+            str(self.model_dir),
+            device=kind,
+            compute_type=compute_type,
+            cpu_threads=self.cpu_threads,
         )
         self.beam_size = beam_size
         self.compute_type = compute_type

@@ -1,0 +1,43 @@
+"""The embedded default's CPU thread settings change speed only: takes and scores are the same
+whatever the threads (piper takes in parallel, resemblyzer on one torch thread)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bestofn.spec import GroupSpec
+
+SPEC = GroupSpec("calm", "p1", "Good morning, how are you?", 4, base_seed=5)
+
+
+@pytest.fixture(scope="module")
+def takes():
+    from bestofn.backends.piper import PiperGenerator
+
+    serial = PiperGenerator(threads=1)
+    parallel = PiperGenerator(threads=3)  # more threads than takes per core: still the same
+    assert serial._pool is None and parallel._pool is not None
+    return serial.generate(SPEC), parallel.generate(SPEC)
+
+
+def test_piper_takes_in_parallel_are_the_serial_takes(takes):
+    serial, parallel = takes
+    assert [t.seed for t in parallel] == [t.seed for t in serial] == SPEC.seeds()
+    for a, b in zip(serial, parallel, strict=True):
+        np.testing.assert_array_equal(a.audio, b.audio)
+        assert a.meta == b.meta
+
+
+def test_resemblyzer_one_thread_is_the_default_threads(takes):
+    import torch
+
+    from bestofn.audio import resample
+    from bestofn.backends.resemblyzer_sim import ResemblyzerScorer
+
+    audios = [resample(t.audio, 22050, 16000) for t in takes[0]]
+    before = torch.get_num_threads()
+    one = ResemblyzerScorer(threads=1).score(audios, 16000, SPEC)
+    assert torch.get_num_threads() == before  # restored after scoring
+    default = ResemblyzerScorer(threads=0).score(audios, 16000, SPEC)
+    np.testing.assert_allclose(one["speaker_sim"], default["speaker_sim"], rtol=0, atol=1e-6)
