@@ -58,6 +58,10 @@ def test_run_resume_and_query(project):
     assert len(list((project / "results/groups/calm/p1/takes").glob("*.flac"))) == 2
     assert (project / "results/report/throughput.md").read_text().startswith("# bestofn throughput")
     assert (project / "results/report/stage_seconds.png").stat().st_size > 1000
+    assert (project / "results/report/gain_by_score.png").stat().st_size > 1000
+    throughput = (project / "results/report/throughput.md").read_text()
+    assert "### Gain of every score, per emotion\n" in throughput
+    assert "| column | better | calm | happy | all |" in throughput
     for name in ("selection.md", "index.html", "held_out.html", "score_gains.html",
                  "score_correlation.png", "filter_funnel.png"):  # fmt: skip
         assert (project / "results/report" / name).stat().st_size > 500, name
@@ -65,6 +69,7 @@ def test_run_resume_and_query(project):
     snakemake(project, "--report", "report.html")
     html = (project / "report.html").read_text()
     assert all(n in html for n in ("held_out.html", "score_correlation.png", "filter_funnel.png"))
+    assert "gain_by_score.png" in html
     assert "4 groups checked, 0 problem(s)" in verify(project)
 
     con = duckdb.connect(str(project / "results/bestofn.duckdb"), read_only=True)

@@ -16,6 +16,92 @@ def _fmt(x, digits=3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
+def gain_histogram(gain):
+    """Histogram of per-group gains; its y axis counts groups, so its ticks are integers."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.hist(gain, bins=min(30, max(5, len(gain))), color="#228833")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("selected score − median score of the group")
+    ax.set_ylabel("groups")
+    ax.set_title("Best-of-N gain")
+    fig.tight_layout()
+    return fig
+
+
+def score_gains(con) -> list[tuple]:
+    """(column, emotion or None for all, better, selected − median, best − median) from the
+    ``score_gains`` view (bestofn.trust), score first; empty for a database without it."""
+    try:
+        return con.execute(
+            "SELECT column_name, emotion, better, selected_minus_median, best_minus_median "
+            "FROM score_gains ORDER BY column_name <> 'score', column_name, emotion NULLS LAST"
+        ).fetchall()
+    except duckdb.CatalogException:
+        return []
+
+
+def score_gain_table(rows: list[tuple]) -> list[str]:
+    """Markdown: one row per score column, one column per emotion and 'all'; each cell the mean
+    over selected groups of (selected take − group median)."""
+    emotions = sorted({e for _, e, *_ in rows if e is not None})
+    cell = {(c, e): v for c, e, _, v, _ in rows}
+    better = {c: b for c, _, b, *_ in rows}
+    head = ["column", "better", *emotions, "all"]
+    out = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(emotions) + 1)]
+    for col in dict.fromkeys(c for c, *_ in rows):
+        vals = [cell.get((col, e)) for e in [*emotions, None]]
+        out.append(
+            f"| {col} | {better[col] or '–'} | "
+            + " | ".join("–" if v is None else f"{v:+.3f}" for v in vals)
+            + " |"
+        )
+    return out
+
+
+def score_gain_plot(rows: list[tuple]):
+    """One panel per score column: selected − median per emotion (bars, green where selection
+    moved it the better way, red the worse way, grey where the direction is unknown) and best
+    − median (black ticks: what the best take of each group would have given)."""
+    import matplotlib.pyplot as plt
+
+    cols = list(dict.fromkeys(c for c, *_ in rows))
+    emotions = sorted({e for _, e, *_ in rows if e is not None})
+    labels = [*emotions, "all"]
+    by = {(c, e or "all"): (b, sel, best) for c, e, b, sel, best in rows}
+    ncols = min(4, max(1, len(cols)))
+    nrows = -(-len(cols) // ncols) if cols else 1
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(3.2 * ncols, 0.35 * len(labels) * nrows + 1.2), squeeze=False
+    )
+    for ax in axes.flat[len(cols) :]:
+        ax.axis("off")
+    for ax, col in zip(axes.flat, cols, strict=False):
+        sel = [by.get((col, e), (None, None, None))[1] for e in labels]
+        best = [by.get((col, e), (None, None, None))[2] for e in labels]
+        better = by.get((col, "all"), (None,))[0]
+        sign = {"higher": 1, "lower": -1}.get(better or "", 0)
+        colors = [
+            "#999999" if not sign or v is None else ("#228833" if v * sign >= 0 else "#cc3311")
+            for v in sel
+        ]
+        y = range(len(labels))
+        ax.barh(y, [v or 0.0 for v in sel], color=colors)
+        ticks = [(v, i) for i, v in enumerate(best) if v is not None]
+        if ticks:
+            ax.scatter(*zip(*ticks, strict=True), marker="|", color="black", s=80, zorder=3)
+        ax.axvline(0, color="black", lw=0.6)
+        ax.set_yticks(list(y), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"{col} ({better or 'direction unknown'})", fontsize=9)
+        ax.tick_params(axis="x", labelsize=7)
+    fig.suptitle("Selected take − group median, per emotion (| best take − median)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     import matplotlib
 
@@ -43,13 +129,13 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     plt.close(fig)
 
     gain = groups["best_minus_median"].dropna()
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.hist(gain, bins=min(30, max(5, len(gain))), color="#228833")
-    ax.set_xlabel("selected score − median score of the group")
-    ax.set_ylabel("groups")
-    ax.set_title("Best-of-N gain")
-    fig.tight_layout()
+    fig = gain_histogram(gain)
     fig.savefig(out_dir / "bestofn_gain.png", dpi=120)
+    plt.close(fig)
+
+    gains = score_gains(con)
+    fig = score_gain_plot(gains)
+    fig.savefig(out_dir / "gain_by_score.png", dpi=120)
     plt.close(fig)
 
     n_groups = len(groups)
@@ -97,6 +183,16 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
         f"{_fmt(float(gain.median()) if len(gain) else None)}",
         "",
         "![best-of-N gain](bestofn_gain.png)",
+        "",
+        "### Gain of every score, per emotion",
+        "",
+        "Mean over groups with a selected take of (selected take − the group's median take), "
+        "for every numeric take column and the composite `score`; `better` says which way is "
+        "better where bestofn knows it (for `wer`, a negative gain is an improvement).",
+        "",
+        *score_gain_table(gains),
+        "",
+        "![gain of every score](gain_by_score.png)",
         "",
     ]
     # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).

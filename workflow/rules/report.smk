@@ -18,6 +18,11 @@ rule report:
             caption="../report/gain.rst",
             category="Selection",
         ),
+        gain_by_score=report(
+            f"{RESULTS}/report/gain_by_score.png",
+            caption="../report/gain_by_score.rst",
+            category="Selection",
+        ),
         # Selection you can trust (bestofn.trust_report): held-out scorers, per-score gains,
         # correlations, the filter funnel; index.html is the listening page (not embedded:
         # its audio links are relative to results/report/).

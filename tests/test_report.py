@@ -1,0 +1,83 @@
+"""Throughput report on a hand-made database: the per-score gain table and plots."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bestofn.report import gain_histogram, write_report
+from bestofn.selection import build_database
+
+
+def _group(tmp_path, group_id: str, wer: list, q: list):
+    n = len(wer)
+    emotion, prompt = group_id.split("/")
+    table = pa.table(
+        {
+            "group_id": [group_id] * n,
+            "emotion": [emotion] * n,
+            "prompt_id": [prompt] * n,
+            "take": pa.array(range(n), pa.int32()),
+            "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
+            "duration_s": [2.0] * n,
+            "wer": wer,
+            "q": q,
+            "device": ["cpu"] * n,
+            **{
+                f"group_{s}_s": [1.0] * n
+                for s in ("generate", "restore", "score", "load", "write", "wall")
+            },
+            "worker_idle_s": [0.0] * n,
+            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
+            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
+        }
+    )
+    path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture
+def report(tmp_path):
+    files = [
+        # calm/p1 selects take 1 (q 3; median q 2.5, median wer 0.025)
+        _group(tmp_path, "calm/p1", [0.0, 0.0, 0.3, 0.05], [1.0, 3.0, 9.0, 2.0]),
+        # calm/p2 selects take 2 (q 4; median q 4, median wer 0)
+        _group(tmp_path, "calm/p2", [0.2, 0.0, 0.0], [5.0, 1.0, 4.0]),
+        # happy/p1 selects take 0 (q 6; median q 4, median wer 0.1)
+        _group(tmp_path, "happy/p1", [0.0, 0.1, 0.2], [6.0, 4.0, 1.0]),
+    ]
+    build_database(files, tmp_path / "db.duckdb", "wer <= 0.1", "q")
+    return write_report(tmp_path / "db.duckdb", tmp_path / "report")
+
+
+def _table(md: str, heading: str) -> dict[str, list[str]]:
+    after = md.split(heading, 1)[1]
+    lines = [x for x in after.splitlines() if x.startswith("|")]
+    rows = [[c.strip() for c in x.strip("|").split("|")] for x in lines]
+    assert rows[1][0].startswith("---")
+    return {r[0]: r[1:] for r in [rows[0], *rows[2:]]}
+
+
+def test_report_has_the_gain_of_every_score_per_emotion(report):
+    md = report.read_text()
+    table = _table(md, "### Gain of every score, per emotion")
+    assert table["column"] == ["better", "calm", "happy", "all"]
+    # selected − median, averaged over each emotion's groups: q (the score) and wer
+    assert table["score"] == ["higher", "+0.250", "+2.000", "+0.833"]
+    assert table["q"] == ["–", "+0.250", "+2.000", "+0.833"]
+    assert table["wer"] == ["lower", "-0.013", "-0.100", "-0.042"]
+    assert "duration_s" in table and "take" not in table
+    assert (report.parent / "gain_by_score.png").stat().st_size > 0
+    assert "![gain of every score](gain_by_score.png)" in md
+
+
+def test_gain_histogram_counts_groups_in_integers():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fig = gain_histogram([0.1, 0.12, 0.5])  # a few groups: matplotlib's default gives 0.5 steps
+    fig.canvas.draw()
+    ticks = fig.axes[0].get_yticks()
+    assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
