@@ -226,9 +226,12 @@ def _release(backends) -> None:
             pass
 
 
-def run_side(label: str, models: dict, specs, device: str, workdir: Path, log=print) -> dict:
+def run_side(
+    label: str, models: dict, specs, device: str, workdir: Path, log=print, check=None
+) -> dict:
     """Load ``models``, run every spec into ``workdir``, release the models. Returns speed and
-    memory numbers and the takes' table (every group's parquet)."""
+    memory numbers and the takes' table (every group's parquet). ``check(backends)`` runs
+    after the load, before the first group."""
     from bestofn.pipeline import load_backends, run_group
 
     mem = PeakMemory(device)
@@ -239,6 +242,8 @@ def run_side(label: str, models: dict, specs, device: str, workdir: Path, log=pr
     stages = {"generate_s": 0.0, "restore_s": 0.0, "score_s": 0.0, "write_s": 0.0, "wall_s": 0.0}
     tables = []
     try:
+        if check is not None:
+            check(backends)
         for spec in specs:
             group_dir = workdir / "groups" / spec.emotion / spec.prompt_id
             t = run_group(spec, backends, group_dir, device=device, paths_relative_to=workdir)
@@ -435,12 +440,27 @@ def run_ab(
         config_b, plan_b.config["models"]
     )
 
+    def check_columns(label, path):
+        def check(backends):  # scorers that name their columns only once loaded
+            cols = BASE_COLUMNS | {c for s in backends.scorers for c in s.columns}
+            missing = [t.column for t in thresholds if t.column not in cols]
+            if missing:
+                raise ABError(
+                    f"thresholds file {thresholds_path}: column(s) {missing} are written by no "
+                    f"scorer of {label} ({path}); its columns: {sorted(cols)}"
+                )
+
+        return check
+
     sides = {}
     with tempfile.TemporaryDirectory(prefix="bestofn-ab-", dir=workdir) as tmp:
         for label, plan in (("A", plan_a), ("B", plan_b)):
             side_dir = Path(tmp) / label
             side_dir.mkdir()
-            sides[label] = run_side(label, plan.config["models"], specs, dev_a, side_dir, log)
+            sides[label] = run_side(
+                label, plan.config["models"], specs, dev_a, side_dir, log,
+                check_columns(label, config_a if label == "A" else config_b),
+            )  # fmt: skip
     a, b = sides["A"], sides["B"]
     for label, side in sides.items():
         cols = set(side["takes"].column_names)
