@@ -47,8 +47,8 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr("bestofn.pipeline.load_backends", refuse)
 
 
-def run_cli(tmp_path, a, b, thresholds, out):
-    argv = ["ab", "--a", str(a), "--b", str(b), "--thresholds", str(thresholds)]
+def run_cli(tmp_path, a, b, thresholds, out, *extra):
+    argv = ["ab", "--a", str(a), "--b", str(b), "--thresholds", str(thresholds), *extra]
     return main([*argv, "--groups", "1", "--out", str(out), "--base", str(ROOT)])
 
 
@@ -64,9 +64,10 @@ def test_whisper_int8_vs_float32_passes_loose_thresholds(tmp_path, capsys):
         },
     )
     out = tmp_path / "ab.parquet"
-    assert run_cli(tmp_path, a, b, th, out) == 0
+    assert run_cli(tmp_path, a, b, th, out) == 0  # with the default warm-up group per side
     printed = capsys.readouterr().out
     assert "ab: PASS" in printed and "peak_rss_gib" in printed
+    assert printed.count("(not timed)") == 2  # one warm-up per side, not in the comparison
 
     table = pq.read_table(out)
     assert table.column_names == COLUMNS
@@ -92,8 +93,9 @@ def test_slow_piper_fails_a_tight_duration_threshold(tmp_path, capsys):
         {"duration_s": {"max_increase": 0.1}, "wer": {"max_increase": 1.0}},
     )
     out = tmp_path / "ab.parquet"
-    assert run_cli(tmp_path, a, b, th, out) == 1
-    assert "ab: FAIL" in capsys.readouterr().out
+    assert run_cli(tmp_path, a, b, th, out, "--warmup", "0") == 1
+    printed = capsys.readouterr().out
+    assert "ab: FAIL" in printed and "(not timed)" not in printed
     rows = {r["metric"]: r for r in pq.read_table(out).to_pylist()}
     # length_scale 2.0 stretches every phoneme: the takes get much longer
     assert rows["duration_s"]["verdict"] == "FAIL"

@@ -227,11 +227,14 @@ def _release(backends) -> None:
 
 
 def run_side(
-    label: str, models: dict, specs, device: str, workdir: Path, log=print, check=None
-) -> dict:
+    label: str, models: dict, specs, device: str, workdir: Path, log=print, check=None,
+    warmup: int = 1,
+) -> dict:  # fmt: skip
     """Load ``models``, run every spec into ``workdir``, release the models. Returns speed and
     memory numbers and the takes' table (every group's parquet). ``check(backends)`` runs
-    after the load, before the first group."""
+    after the load, before the first group. ``warmup`` untimed runs of the first group come
+    first: a generator's first call compiles and captures CUDA graphs (moss-fast), which is
+    load cost, not per-clip cost."""
     from bestofn.pipeline import load_backends, run_group
 
     mem = PeakMemory(device)
@@ -244,6 +247,11 @@ def run_side(
     try:
         if check is not None:
             check(backends)
+        for i in range(warmup if specs else 0):
+            spec = specs[0]
+            warm = workdir / "warmup" / str(i) / spec.emotion / spec.prompt_id
+            t = run_group(spec, backends, warm, device=device, paths_relative_to=workdir)
+            log(f"ab {label}: warm-up {spec.group_id} {t['wall_s']:.2f} s (not timed)")
         for spec in specs:
             group_dir = workdir / "groups" / spec.emotion / spec.prompt_id
             t = run_group(spec, backends, group_dir, device=device, paths_relative_to=workdir)
@@ -397,7 +405,7 @@ def format_table(rows: list[dict], header: str) -> str:
 
 def run_ab(
     config_a, config_b, thresholds_path, *, groups: int | None = 1, takes: int | None = None,
-    out=None, base=".", device: str | None = None, workdir=None, log=print,
+    out=None, base=".", device: str | None = None, workdir=None, log=print, warmup: int = 1,
 ) -> tuple[bool, pa.Table]:  # fmt: skip
     """Run A then B; return (every thresholded row passed, the result table). Writes ``out``
     (parquet) when given. Every input check runs before any model loads."""
@@ -459,7 +467,7 @@ def run_ab(
             side_dir.mkdir()
             sides[label] = run_side(
                 label, plan.config["models"], specs, dev_a, side_dir, log,
-                check_columns(label, config_a if label == "A" else config_b),
+                check_columns(label, config_a if label == "A" else config_b), warmup,
             )  # fmt: skip
     a, b = sides["A"], sides["B"]
     for label, side in sides.items():
@@ -506,7 +514,7 @@ def ab_main(args) -> int:
     try:
         passed, _ = run_ab(
             args.a, args.b, args.thresholds, groups=args.groups, takes=args.takes,
-            out=args.out, base=args.base, device=args.device,
+            out=args.out, base=args.base, device=args.device, warmup=args.warmup,
         )  # fmt: skip
     except ABError as e:
         print(f"error: {e}", file=sys.stderr)

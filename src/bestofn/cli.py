@@ -225,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the table as parquet here")
     p.add_argument("--base", default=".", help="directory that config paths are relative to")
     p.add_argument("--device", help="run both sides here (default: the configs' device)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed runs of the first group per side before timing (compile, CUDA graphs)",
+    )
     p.set_defaults(func=_ab)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
