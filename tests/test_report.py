@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bestofn.report import gain_histogram, write_report
+from bestofn.report import gain_histogram, score_gain_table, write_report
 from bestofn.selection import build_database
 
 
@@ -81,3 +81,9 @@ def test_gain_histogram_counts_groups_in_integers():
     fig.canvas.draw()
     ticks = fig.axes[0].get_yticks()
     assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks)
+
+
+def test_gain_table_never_shows_minus_zero():
+    rows = [("speaker_sim", "calm", "higher", -0.0001, 0.01)]
+    rows.append(("speaker_sim", None, "higher", 0.0, 0.01))
+    assert score_gain_table(rows)[2] == "| speaker_sim | higher | +0.000 | +0.000 |"

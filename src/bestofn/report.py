@@ -43,6 +43,11 @@ def score_gains(con) -> list[tuple]:
         return []
 
 
+def _signed(x: float) -> str:
+    text = f"{x:+.3f}"
+    return "+0.000" if text == "-0.000" else text
+
+
 def score_gain_table(rows: list[tuple]) -> list[str]:
     """Markdown: one row per score column, one column per emotion and 'all'; each cell the mean
     over selected groups of (selected take − group median)."""
@@ -55,7 +60,7 @@ def score_gain_table(rows: list[tuple]) -> list[str]:
         vals = [cell.get((col, e)) for e in [*emotions, None]]
         out.append(
             f"| {col} | {better[col] or '–'} | "
-            + " | ".join("–" if v is None else f"{v:+.3f}" for v in vals)
+            + " | ".join("–" if v is None else _signed(v) for v in vals)
             + " |"
         )
     return out
@@ -97,7 +102,7 @@ def score_gain_plot(rows: list[tuple]):
         ax.invert_yaxis()
         ax.set_title(f"{col} ({better or 'direction unknown'})", fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
-    fig.suptitle("Selected take − group median, per emotion (| best take − median)", fontsize=10)
+    fig.suptitle("Selected take − group median per emotion (tick: best take − median)", fontsize=10)
     fig.tight_layout()
     return fig
 
