@@ -1,5 +1,6 @@
 """The embedded default's CPU thread settings change speed only: takes and scores are the same
-whatever the threads (piper takes in parallel, resemblyzer on one torch thread)."""
+whatever the threads (piper, whisper-asr and DNSMOS take one take per core side by side;
+resemblyzer runs on one torch thread)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,25 @@ def test_resemblyzer_one_thread_is_the_default_threads(takes):
     assert torch.get_num_threads() == before  # restored after scoring
     default = ResemblyzerScorer(threads=0).score(audios, 16000, SPEC)
     np.testing.assert_allclose(one["speaker_sim"], default["speaker_sim"], rtol=0, atol=1e-6)
+
+
+def test_whisper_takes_side_by_side_are_the_serial_transcripts(takes):
+    from bestofn.audio import resample
+    from bestofn.backends.whisper_asr import WhisperASRScorer
+
+    audios = [resample(t.audio, 22050, 16000) for t in takes[0]]
+    serial = WhisperASRScorer(workers=1, cpu_threads=2)
+    parallel = WhisperASRScorer(workers=2, cpu_threads=1)
+    assert serial._pool is None and parallel._pool is not None
+    a, b = serial.score(audios, 16000, SPEC), parallel.score(audios, 16000, SPEC)
+    assert a == b and any(a["transcript"])
+
+
+def test_dnsmos_takes_side_by_side_are_the_serial_scores(takes):
+    from bestofn.audio import resample
+    from bestofn.backends.dnsmos import DNSMOSScorer
+
+    audios = [resample(t.audio, 22050, 16000) for t in takes[0]]
+    serial, parallel = DNSMOSScorer(threads=1), DNSMOSScorer(threads=2)
+    assert serial._pool is None and parallel._pool is not None
+    assert serial.score(audios, 16000, SPEC) == parallel.score(audios, 16000, SPEC)

@@ -77,7 +77,7 @@ def test_every_onnx_call_is_bounded(monkeypatch):
     # 3.1 s and 12.5 s: 3 windows each; empty and 1 s takes are looped to 16 s: 7 each
     assert sum(s[0] for s in calls["head"]) == sum(s[0] for s in calls["p808"]) == 3 + 3 + 7 + 7
     assert all(s[0] <= 2 for shapes in calls.values() for s in shapes)
-    assert max(s[2] for s in calls["stem"]) <= dnsmos.FRAMES + 2 * dnsmos.HALO
+    assert max(s[2] for s in calls["stem"]) <= dnsmos.TILE + 2 * dnsmos.HALO
 
 
 def test_bad_batch_windows_is_refused():
