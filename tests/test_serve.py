@@ -324,3 +324,160 @@ def test_listening_beyond_loopback_needs_an_api_key(tmp_path):
     assert run.returncode == 2
     assert "refusing to listen on '0.0.0.0' without an API key" in run.stderr
     assert "BESTOFN_API_KEY" in run.stderr and "listening" not in run.stdout
+
+
+# ---- moss-fast behind `bestofn serve` (tiny random model) ---------------------------------------
+
+MOSS_TEXTS = (
+    "The train leaves at nine, so please be on time.",
+    "I cannot believe you kept this a secret from me.",
+    "We finally finished the project.",
+    "Put the box down slowly and step away.",
+)
+
+
+@pytest.fixture(scope="module")
+def moss_server(tmp_path_factory):
+    """moss-fast on the tiny random checkpoint, with "stop" at probability 0.2 at every frame:
+    some takes are empty (the stop head fires at frame 0; which ones depends on the seed alone,
+    the stop logit being the bias's), the others last a few frames to a few chunks. A 200 ms
+    batching window: requests sent together share a batch."""
+    from bestofn.fakes import moss
+
+    root = tmp_path_factory.mktemp("serve-moss")
+    options = moss.write(root / "weights", "tiny", seed=0, p_stop=0.2)
+    write_tsv(root / "emotions.tsv", ["emotion", "description"], [["calm", "A calm voice."]])
+    write_tsv(root / "prompts.tsv", ["prompt_id", "text"], [["p1", "Hello."]])
+    config = {
+        "emotions": "emotions.tsv", "prompts": "prompts.tsv", "results": "results",
+        "takes": 1, "device": "cpu",
+        "models": {"generator": {"backend": "moss-fast", "options": options}},
+        "runtime": {"idle_timeout_s": 120},
+        "selection": {"filter": "true", "score": "0"},
+    }  # fmt: skip
+    (root / "speech.yaml").write_text(yaml.safe_dump(config))
+    srv = Server(root, "--config", "speech.yaml", "--batch-window-ms", "200")
+    yield srv
+    srv.close()
+
+
+def moss_speak(server, text: str, seed: int, fmt: str = "pcm") -> bytes:
+    """A streamed request through the openai client; a stream that stalls fails after 60 s."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                           timeout=60)  # fmt: skip
+    with client.audio.speech.with_streaming_response.create(
+        model="bestofn", voice="default", input=text, response_format=fmt,
+        extra_body={"seed": seed},
+    ) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        return b"".join(resp.iter_bytes())
+
+
+def test_moss_fast_requests_all_complete_empty_takes_included(moss_server):
+    """Every request is answered, those whose take is empty (0.25 s of silence, as the workflow
+    publishes an empty take) included, alone and inside a batch. The worker used to consume an
+    empty take's end of stream while skipping its empty chunks, then wait for one more chunk
+    for ever: that request hung, and the bench's next one never reached the worker."""
+    texts = MOSS_TEXTS
+    seq = [moss_speak(moss_server, texts[i % 4], seed=i) for i in range(8)]  # pcm, 24 kHz
+    empty = [i for i, d in enumerate(seq) if not any(d)]
+    assert empty and len(empty) < 8, "some takes are empty, some are not"
+    for i in empty:
+        assert len(seq[i]) == 2 * 6000  # 0.25 s of 16-bit mono at 24 kHz
+    assert max(len(d) for d in seq) > 2 * 24000 * 0.32, "a take longer than the first chunk"
+    for seed in (empty[0], next(i for i in range(8) if i not in empty)):  # wav and flac too
+        wav, flac = (
+            sf.read(io.BytesIO(moss_speak(moss_server, texts[seed % 4], seed, fmt)),
+                    dtype="float32")
+            for fmt in ("wav", "flac")
+        )  # fmt: skip
+        assert wav[1] == flac[1] == 48000 and wav[0].shape == flac[0].shape
+        assert wav[0].ndim == 2 and wav[0].shape[1] == 2  # the codec's stereo, silence too
+        assert (seed in empty) == (not wav[0].any())
+        assert wav[0].shape[0] / 48000 == pytest.approx(len(seq[seed]) / 2 / 24000, abs=1e-3)
+    # four together, one batch: an empty take (a row that stops at its first frame) among
+    # rows that go on; each as long as it was alone
+    jobs = [(texts[empty[0] % 4], empty[0])] + [(texts[i], 100 + i) for i in range(3)]
+    before = moss_server.health()["worker"]["speech_batching"]
+    with cf.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(moss_speak, moss_server, t, s) for t, s in jobs]
+        together = [f.result(timeout=120) for f in futures]
+    after = moss_server.health()["worker"]["speech_batching"]
+    assert after["requests"] - before["requests"] == 4 and after["largest_batch"] >= 2
+    assert together[0] == seq[empty[0]]
+    assert all(len(d) > 0 for d in together)
+    h = moss_server.health()
+    assert h["speech"]["served"] == 16 and h["speech"]["failed"] == 0
+    moss_server.wait_health(lambda h: not h["worker"]["busy"] and h["speech"]["in_flight"] == 0)
+
+
+@pytest.mark.parametrize("mode", ["stall", "trickle"])
+def test_bench_request_timeout_is_a_deadline(mode):
+    """`python -m bestofn.bench serve --timeout`: a stream that stalls after its first chunk,
+    or trickles two bytes every 50 ms for ever (no single read ever times out), fails once
+    the request's deadline passes."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from bestofn.bench.serve import one_request
+
+    stop = threading.Event()
+
+    class Endless(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                while not stop.is_set():
+                    self.wfile.write(b"2\r\n\x00\x00\r\n")
+                    self.wfile.flush()
+                    stop.wait(0.05 if mode == "trickle" else 60)
+            except OSError:
+                pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        r = one_request("127.0.0.1", httpd.server_address[1], {"input": "x"}, None, timeout=1.0)
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        httpd.shutdown()
+        httpd.server_close()
+    assert not r["ok"] and "timed out" in r["error"], r
+    assert 0.9 < took < 10
+
+
+def test_speech_job_end_is_sticky():
+    """A reader that already got a job's end (or its error) gets it again at once: the batcher
+    delivers one end per job, so waiting for another would wait for ever."""
+    import numpy as np
+
+    from bestofn.spec import GroupSpec
+    from bestofn.worker.server import _END, SpeechJob
+
+    worker = type("W", (), {"fatal": None})()
+    job = SpeechJob(GroupSpec("", "api", "Hi.", 1, 0), "pcm")
+    job.put(np.zeros(0, np.float32))
+    job.put(_END)
+    job.put(np.ones(3, np.float32))  # after the end: dropped
+    assert job.get(worker).shape == (0,)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.extend(job.get(worker) for _ in range(3)),
+                              daemon=True)  # fmt: skip
+    reader.start()
+    reader.join(10)
+    assert got == [None, None, None]
+    failed = SpeechJob(GroupSpec("", "api", "Hi.", 1, 0), "pcm")
+    failed.put(RuntimeError("boom"))
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="boom"):
+            failed.get(worker)

@@ -87,6 +87,9 @@ class CausalCodec:
 
         out = []
         for c in codes:
+            if c.shape[0] == 0:  # no codes, no audio (as the real codec answers)
+                out.append(np.zeros((0, self.channels), np.float32))
+                continue
             x = c.double().sum(dim=1)
             prev = [torch.cat([x.new_zeros(k), x[: len(x) - k]]) for k in (1, 2)]
             y = torch.tanh(0.05 * x + 0.03 * prev[0] - 0.02 * prev[1]).float()
@@ -151,3 +154,36 @@ def test_chunked_decode_is_exact_for_a_codec_with_short_memory():
     # without the left context the seams differ: the test above can fail
     cut = decode_window(codec, [codes[4:20]], [0])[0]
     assert not np.array_equal(cut, whole[4 * 8 : 20 * 8])
+
+
+def test_moss_fast_take_that_stops_at_frame_zero_ends_with_one_empty_chunk(moss):
+    """A row whose stop head fires at its first frame, alone and beside one that goes on: one
+    chunk, empty, with the codec's channel layout (as ``generate``'s empty take has), marked
+    last; the other row is unchanged."""
+    import torch
+
+    head = moss.model.stop_head
+    keep = head.detach().clone()
+    go_on = spec("one two three four five", 4)
+    with_go_on, _ = render(moss, [go_on])
+    with torch.no_grad():
+        head.copy_(keep.flip(0))  # [continue, stop] swapped: every row stops at once
+    try:
+        chunks = list(speech.stream_batch(moss, [spec("Hi.", 3)]))
+        empty_take = moss.generate(spec("Hi.", 3))[0].audio
+    finally:
+        with torch.no_grad():
+            head.copy_(keep)
+    assert len(chunks) == 1
+    index, audio, last = chunks[0]
+    assert index == 0 and last and audio.shape == (0, 2) == empty_take.shape
+    assert render(moss, [go_on])[0][0].shape == with_go_on[0].shape == (30 * 8, 2)
+
+
+def test_flac_encoder_skips_empty_chunks_of_any_layout():
+    stereo = np.full((480, 2), 0.5, np.float32)
+    enc = speech.Encoder("flac", 48000, 2)
+    for chunk in (stereo, np.zeros(0, np.float32), stereo, np.zeros((0, 2), np.float32)):
+        assert enc.chunk(chunk) == b""
+    audio, sr = sf.read(io.BytesIO(enc.finish()), dtype="float32")
+    assert sr == 48000 and audio.shape == (960, 2) and enc.seconds == pytest.approx(0.02)

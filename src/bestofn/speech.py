@@ -110,8 +110,9 @@ class Encoder:
     def chunk(self, audio: np.ndarray) -> bytes:
         a = self._shape(audio)
         if self.fmt == "flac":
-            self._parts.append(a)
-            self.frames += a.shape[0]
+            if a.shape[0]:  # an empty chunk may lack the channel axis: nothing to join
+                self._parts.append(a)
+                self.frames += a.shape[0]
             return b""
         if self._resampler is not None:
             a = self._resampler.resample_chunk(a)

@@ -6,8 +6,9 @@ Each level sends ``--requests`` renders (default 4 x the concurrency, at least 1
 own seed, over a fresh HTTP connection. Per request: time to first audio (first body byte after
 the request is sent), wall time, audio seconds (bytes / 48000). Per level: audio-seconds per
 second (all the audio / the level's wall time), TTFA mean / p50 / p95, per-request RTF (wall /
-audio), failures. ``--warmup`` requests first (at concurrency 1) start the worker, so the load
-is reported apart and the levels measure a warm worker.
+audio), failures (a request not answered in full within ``--timeout`` seconds, connect to last
+byte, is cut and fails). ``--warmup`` requests first (at concurrency 1) start the worker, so
+the load is reported apart and the levels measure a warm worker.
 
     bestofn serve --config CONFIG --max-batch 128 &
     python -m bestofn.bench serve --url http://127.0.0.1:8000 --concurrency 1,16,64,128
@@ -18,10 +19,12 @@ Loopback only (the address is checked): this is a load test of your own server.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import http.client
 import json
 import platform
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,13 +43,29 @@ TEXTS = (
 
 
 def one_request(host, port, body: dict, key: str | None, timeout: float) -> dict:
+    """One streamed request, ``timeout`` seconds at most in all: connect, the answer and the
+    whole body (a deadline, not a per-read timeout: a stream that trickles or stalls is cut
+    when it passes, and the request counts as failed)."""
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     t0 = time.perf_counter()
     ttfa, n = None, 0
+    expired = threading.Event()
+    timer = None
+
+    def cut() -> None:  # unblocks any read in progress: shutdown wakes a blocked recv()
+        expired.set()
+        with contextlib.suppress(OSError, AttributeError):
+            sock.shutdown(socket.SHUT_RDWR)
+
     try:
+        conn.connect()
+        sock = conn.sock  # the response reads it even after conn lets it go
+        timer = threading.Timer(max(0.0, timeout - (time.perf_counter() - t0)), cut)
+        timer.daemon = True
+        timer.start()
         conn.request("POST", "/v1/audio/speech", body=json.dumps(body).encode(), headers=headers)
         resp = conn.getresponse()
         if resp.status != 200:
@@ -55,10 +74,18 @@ def one_request(host, port, body: dict, key: str | None, timeout: float) -> dict
             if ttfa is None:
                 ttfa = time.perf_counter() - t0
             n += len(data)
+            if expired.is_set():
+                break
     except (OSError, http.client.HTTPException) as e:
-        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        if not expired.is_set():
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"}
     finally:
+        if timer is not None:
+            timer.cancel()
         conn.close()
+    if expired.is_set():
+        return {"ok": False, "error": f"timed out: no complete answer within {timeout:g} s "
+                f"({n} bytes)"}  # fmt: skip
     wall = time.perf_counter() - t0
     audio = n / 2 / 24000
     return {"ok": True, "ttfa_s": ttfa, "wall_s": wall, "audio_s": audio,
@@ -145,7 +172,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--model", default="bestofn")
     ap.add_argument("--voice", default="default")
     ap.add_argument("--text", help="one text for every request (default: 4 sentences)")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="deadline per request: its whole answer within this many seconds, or it fails",
+    )
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     url = urlsplit(args.url)

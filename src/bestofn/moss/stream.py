@@ -64,6 +64,10 @@ def stream_batch(
     ids, mask = left_pad(prompts + [prompts[-1]] * pad, gen.config)
     codec = gen._codec()
     mono = bool(gen.options.get("mono"))
+    channels = getattr(codec, "channels", None)
+    # a chunk without new frames (a take that stopped at frame 0, or right after a chunk) has
+    # the layout of the audio, as the codec's decode of no codes (generate()) has
+    empty = np.zeros((0,) if mono or channels is None else (0, int(channels)), np.float32)
     codes = torch.zeros(n, max(budgets), gen.config.n_vq, dtype=torch.long)
     total, emitted, closed = [0] * n, [0] * n, [False] * n
     steps = gen.engine.stream(
@@ -91,7 +95,7 @@ def stream_batch(
         if not ready:
             continue
         todo = [i for i, b in enumerate(ready) if total[b] > emitted[b]]
-        audios: list = [np.zeros(0, np.float32)] * len(ready)
+        audios: list = [empty] * len(ready)
         if todo:
             decoded = decode_window(codec, [windows[i] for i in todo], [skip[i] for i in todo])
             for i, audio in zip(todo, decoded, strict=True):

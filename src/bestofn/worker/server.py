@@ -156,6 +156,7 @@ class SpeechJob:
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # ndarray, _END or an exception
         self.cancelled = threading.Event()  # the client left: drop its chunks
         self.done = False  # batcher side: _END or an error was delivered
+        self.ended: BaseException | bool = False  # reader side: True or the error it got
         self.submitted = time.monotonic()
 
     def put(self, item) -> None:
@@ -164,7 +165,15 @@ class SpeechJob:
             self.done = item is _END or isinstance(item, BaseException)
 
     def get(self, worker: Worker):
-        """The next chunk (ndarray) or None at the end; raises the render's error."""
+        """The next chunk (ndarray) or None at the end; raises the render's error.
+
+        The end is sticky: once this returned None (or raised), every later call does the
+        same at once. The batcher delivers one end per job, so waiting for another would
+        wait for ever (a reader that skipped empty chunks up to the end of an empty take)."""
+        if self.ended is True:
+            return None
+        if self.ended:
+            raise self.ended
         while True:
             try:
                 item = self.events.get(timeout=SPEECH_WAIT_S)
@@ -176,8 +185,10 @@ class SpeechJob:
                 except queue.Empty:
                     worker.refuse_if_dying()  # queued behind a fatal error: 503, retry
             if item is _END:
+                self.ended = True
                 return None
             if isinstance(item, BaseException):
+                self.ended = item
                 raise item
             return item
 
@@ -581,10 +592,14 @@ class Handler(BaseHTTPRequestHandler):
         worker = self.worker
         gen = worker.backends.generator
         first = job.get(worker)  # raises (-> an error answer) before anything is sent
+        layout: tuple = ()  # channels of the (empty) chunks skipped: () mono, (2,) stereo
         while first is not None and first.shape[0] == 0:
+            layout = first.shape[1:]
             first = job.get(worker)
         if first is None:  # no audio at all: a short silence, as an empty take is published
-            first = np.zeros(max(1, int(EMPTY_TAKE_S * gen.sample_rate)), np.float32)
+            # (the end was read: the job's get() says None from now on, it never waits again)
+            n = max(1, int(round(EMPTY_TAKE_S * gen.sample_rate)))
+            first = np.zeros((n, *layout), np.float32)
         channels = 1 if first.ndim == 1 else first.shape[1]
         enc = speech_io.Encoder(job.fmt, gen.sample_rate, channels)
         if job.fmt not in speech_io.STREAMED_FORMATS:  # flac: one body, once complete
