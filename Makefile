@@ -16,13 +16,18 @@ $(VENV)/.installed-$(EXTRAS): pyproject.toml
 
 install: $(VENV)/.installed-$(EXTRAS)
 
+# The SLURM executor plugins (extra 'slurm'): the tests run profiles/slurm on a real SLURM.
+$(VENV)/.installed-slurm: $(VENV)/.installed-$(EXTRAS)
+	$(PY) -m pip install -q -e ".[slurm]"
+	touch $@
+
 # Command 1: install and run the main job on the embedded default (CPU, offline).
 demo: install
 	$(VENV)/bin/snakemake --profile profiles/local
 	$(VENV)/bin/bestofn verify results
 
 # Command 2: install and run the tests (what .ci/run calls), plus the linters.
-test: install
+test: install $(VENV)/.installed-slurm
 	bash .ci/chromium-up.sh >/dev/null  # headless Chromium for the listening-page test
 	bash .ci/slurm-up.sh || echo "no SLURM: tests/test_slurm.py will fail and say why"  # one-node SLURM
 	$(PY) -m pytest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -41,6 +42,20 @@ def _check(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"ok: {len(plan.groups)} groups x {plan.config['takes']} takes")
+    return 0
+
+
+def _plan(args) -> int:
+    from bestofn.plan import PlanError, build_plan, load_config
+    from bestofn.remaining import format_report, remaining
+
+    try:
+        plan = build_plan(load_config(args.config), args.base)
+    except PlanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    results = args.results or os.path.join(args.base, plan.config["results"])
+    print(format_report(remaining(plan, results), per_emotion_limit=args.limit))
     return 0
 
 
@@ -131,6 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default="config/config.yaml")
     p.add_argument("--base", default=".", help="directory that sheet paths are relative to")
     p.set_defaults(func=_check)
+
+    p = sub.add_parser(
+        "plan", help="groups remaining per emotion and the GPU-hours left at the measured rate"
+    )
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--base", default=".", help="directory that sheet paths are relative to")
+    p.add_argument("--results", help="results directory (default: the config's, under --base)")
+    p.add_argument("--limit", type=int, default=50, help="emotions listed one by one")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("run-group", help="run one group in this process (what a group job does)")
     p.add_argument("--params", required=True, help="group spec JSON")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import threading
 from pathlib import Path
 
 from bestofn.backends.registry import backend_class
@@ -71,3 +73,55 @@ def run_group_job(
         "group %s: %s", spec.group_id, json.dumps({k: round(v, 3) for k, v in timings.items()})
     )
     return timings
+
+
+def group_log_path(results_dir: str | Path, emotion: str, prompt_id: str) -> Path:
+    """Where a group job logs (the rule has no Snakemake ``log:``; see run_group_rule)."""
+    return Path(results_dir) / "logs" / "groups" / emotion / f"{prompt_id}.log"
+
+
+@contextlib.contextmanager
+def thread_log(path: Path):
+    """Send this thread's ``bestofn`` log records to ``path`` (truncated first).
+
+    Group jobs run in threads of the Snakemake process (profiles set force-use-threads), so a
+    job's log handler only takes the records its own thread emits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    thread = threading.get_ident()
+    handler.addFilter(lambda record: record.thread == thread)
+    if log.level == logging.NOTSET or log.level > logging.INFO:
+        log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+
+
+def run_group_rule(params, out: str, emotion: str, prompt_id: str, config: dict) -> dict:
+    """The ``group`` rule's ``run:`` block. A ``run:`` block, not a ``script:``, and no ``log:``
+    or input function: Snakemake's per-job work for those dominated planning at 100k groups
+    (docs/PERFORMANCE.md). The group's log goes to logs/groups/{emotion}/{prompt_id}.log."""
+    path = group_log_path(config["results"], emotion, prompt_id)
+    with thread_log(path):
+        try:
+            return run_group_job(
+                params.spec,
+                # The full models section, runtime knobs included; params.models (identity
+                # only) is what decides whether a finished group must rerun.
+                json.dumps(config["models"]),
+                out,
+                device=params.device,
+                flac_subtype=params.flac_subtype,
+                # Read from config, not params: speed knobs must never rerun finished groups.
+                runtime=config.get("runtime"),
+                results_dir=config["results"],
+                # Inside a SLURM job the bundle's feeder plans the job's other groups from it.
+                config=config,
+            )
+        except Exception as e:
+            log.exception("group %s/%s failed", emotion, prompt_id)
+            raise RuntimeError(f"group {emotion}/{prompt_id} failed ({e}); log: {path}") from e

@@ -4,7 +4,10 @@ from snakemake.exceptions import WorkflowError
 
 from bestofn.plan import PlanError, build_plan
 from bestofn.selection import SelectionError
-from bestofn.workflow_glue import check_selection_for
+from bestofn.workflow_glue import check_selection_for, run_group_rule
+from bestofn import snakemake_speedups
+
+snakemake_speedups.install()  # signatures asked ~10x per job, computed once (see the module)
 
 # Validated once, by the library (its schemas ship in the package; errors name the field).
 try:
@@ -31,12 +34,8 @@ def group_dirs(wildcards=None):
 
 
 def group_params(wildcards):
+    # Called once per group job while planning: keep it a dict lookup and one json.dumps.
     return PLAN.group_params(wildcards.emotion, wildcards.prompt_id)
-
-
-def reference_audio(wildcards):
-    ref = PLAN.groups[(wildcards.emotion, wildcards.prompt_id)].reference_audio
-    return [ref] if ref else []
 
 
 def stop_workers():

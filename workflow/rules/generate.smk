@@ -1,19 +1,26 @@
+# One job per group. No input function and no log: directive (at 100k groups Snakemake's
+# per-job work for those dominated planning, docs/PERFORMANCE.md): the reference voice is part
+# of the group's identity through its content digest in params.spec, and the job writes its log
+# to {results}/logs/groups/{emotion}/{prompt_id}.log. A run: block, not a script: (profiles set
+# force-use-threads, so it runs in a thread of Snakemake): no per-job script source handling
+# while planning, and no Python process started per group while running.
+
+
 rule group:
     """Generate, restore, score and write one (emotion, prompt) group of N takes."""
-    input:
-        reference=reference_audio,
     output:
         directory(f"{RESULTS}/groups/{{emotion}}/{{prompt_id}}"),
-    log:
-        f"{RESULTS}/logs/groups/{{emotion}}/{{prompt_id}}.log",
     resources:
         gpu=1,
     params:
-        # The group's identity: its text, emotion, N, seed and the models. Performance knobs
-        # live in config['runtime'] and are deliberately not params (changing them reruns nothing).
+        # The group's identity: its text, emotion, N, seed, reference voice and the models.
+        # Performance knobs live in config['runtime'] and are deliberately not params
+        # (changing them reruns nothing).
         spec=group_params,
         models=MODELS_PARAMS,
         device=config["device"],
         flac_subtype=config["flac_subtype"],
-    script:
-        "../scripts/run_group.py"
+    run:
+        run_group_rule(
+            params, output[0], wildcards.emotion, wildcards.prompt_id, config
+        )

@@ -268,7 +268,10 @@ def run_group_in_bundle(
         "job_id": slurm_job_id(),
     }
     feeder_log = Path(results_dir) / "logs" / "workers" / f"slurm-{slurm_job_id()}-feeder.log"
-    if start_feeder(bundle, request, feeder_log):
+    # BESTOFN_BUNDLE_FEEDER=0: every group job sends its own group (the benchmark's baseline).
+    if os.environ.get("BESTOFN_BUNDLE_FEEDER", "1") != "0" and start_feeder(
+        bundle, request, feeder_log
+    ):
         while True:
             answer = claim(out, staged)
             if answer is not None:
