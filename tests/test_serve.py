@@ -481,3 +481,13 @@ def test_speech_job_end_is_sticky():
     for _ in range(2):
         with pytest.raises(RuntimeError, match="boom"):
             failed.get(worker)
+
+
+def test_listen_backlog_admits_every_allowed_concurrent_connection():
+    from bestofn.serve import SpeechServer
+
+    srv = SpeechServer("127.0.0.1", 0, service=None, api_key=None, max_concurrency=512)
+    try:  # socketserver's default backlog of 5 reset connections at concurrency 64 and 128
+        assert srv.request_queue_size >= 512
+    finally:
+        srv.server_close()

@@ -662,6 +662,9 @@ class SpeechServer(ThreadingHTTPServer):
         self.max_concurrency = max_concurrency
         self.slots = threading.BoundedSemaphore(max_concurrency)
         self.started = time.monotonic()
+        # The listen backlog (socketserver's default is 5): 128 clients connecting at once
+        # overflowed it and some got "connection reset by peer" (seen on an H200 run).
+        self.request_queue_size = max(128, max_concurrency)
         super().__init__((host.strip("[]"), port), Handler)
 
     def health(self) -> dict:
