@@ -2,53 +2,24 @@
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
+from test_selection import group_parquet  # hand-made scores.parquet of one group
 
 from bestofn.report import gain_histogram, score_gain_table, write_report
 from bestofn.selection import build_database
 
 
-def _group(tmp_path, group_id: str, wer: list, q: list):
-    n = len(wer)
-    emotion, prompt = group_id.split("/")
-    table = pa.table(
-        {
-            "group_id": [group_id] * n,
-            "emotion": [emotion] * n,
-            "prompt_id": [prompt] * n,
-            "take": pa.array(range(n), pa.int32()),
-            "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
-            "duration_s": [2.0] * n,
-            "wer": wer,
-            "q": q,
-            "device": ["cpu"] * n,
-            **{
-                f"group_{s}_s": [1.0] * n
-                for s in ("generate", "restore", "score", "load", "write", "wall")
-            },
-            "worker_idle_s": [0.0] * n,
-            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
-            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
-        }
-    )
-    path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
-    pq.write_table(table, path)
-    return path
-
-
 @pytest.fixture
 def report(tmp_path):
     files = [
-        # calm/p1 selects take 1 (q 3; median q 2.5, median wer 0.025)
-        _group(tmp_path, "calm/p1", [0.0, 0.0, 0.3, 0.05], [1.0, 3.0, 9.0, 2.0]),
-        # calm/p2 selects take 2 (q 4; median q 4, median wer 0)
-        _group(tmp_path, "calm/p2", [0.2, 0.0, 0.0], [5.0, 1.0, 4.0]),
-        # happy/p1 selects take 0 (q 6; median q 4, median wer 0.1)
-        _group(tmp_path, "happy/p1", [0.0, 0.1, 0.2], [6.0, 4.0, 1.0]),
+        # calm/p1 selects take 1 (quality 3; median 2.5, median wer 0.025)
+        group_parquet(tmp_path, "calm/p1", [0.0, 0.0, 0.3, 0.05], [1.0, 3.0, 9.0, 2.0]),
+        # calm/p2 selects take 2 (quality 4; median 4, median wer 0)
+        group_parquet(tmp_path, "calm/p2", [0.2, 0.0, 0.0], [5.0, 1.0, 4.0]),
+        # happy/p1 selects take 0 (quality 6; median 4, median wer 0.1)
+        group_parquet(tmp_path, "happy/p1", [0.0, 0.1, 0.2], [6.0, 4.0, 1.0]),
     ]
-    build_database(files, tmp_path / "db.duckdb", "wer <= 0.1", "q")
+    build_database(files, tmp_path / "db.duckdb", "wer <= 0.1", "quality")
     return write_report(tmp_path / "db.duckdb", tmp_path / "report")
 
 
@@ -64,9 +35,9 @@ def test_report_has_the_gain_of_every_score_per_emotion(report):
     md = report.read_text()
     table = _table(md, "### Gain of every score, per emotion")
     assert table["column"] == ["better", "calm", "happy", "all"]
-    # selected − median, averaged over each emotion's groups: q (the score) and wer
+    # selected − median, averaged over each emotion's groups: quality (the score) and wer
     assert table["score"] == ["higher", "+0.250", "+2.000", "+0.833"]
-    assert table["q"] == ["–", "+0.250", "+2.000", "+0.833"]
+    assert table["quality"] == ["–", "+0.250", "+2.000", "+0.833"]
     assert table["wer"] == ["lower", "-0.013", "-0.100", "-0.042"]
     assert "duration_s" in table and "take" not in table
     assert (report.parent / "gain_by_score.png").stat().st_size > 0
