@@ -138,7 +138,8 @@ fi
 # 4. daemons
 if ! running slurmctld; then
   log "starting slurmctld"
-  slurmctld -i >&2 || die "slurmctld did not start; see $STATE/log/slurmctld.log"
+  # -c: a fresh queue (jobs of an earlier session would only fail on the fake GPUs)
+  slurmctld -c >&2 || die "slurmctld did not start; see $STATE/log/slurmctld.log"
 fi
 if ! running slurmd; then
   log "starting slurmd"
