@@ -176,16 +176,22 @@ def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(slurm, tmp_p
     completes with no half group and `bestofn verify` clean; every SLURM job's worker loaded the
     models once and served its whole bundle."""
     project = make_project(tmp_path / "p", ["calm", "happy"], prompts=3, components=3)
+    # 6 takes a group: on an idle machine 2-take bundles could end before they were inspected.
+    cfg = yaml.safe_load((project / "config/config.yaml").read_text())
+    (project / "config/config.yaml").write_text(yaml.safe_dump({**cfg, "takes": 6}))
     log = tmp_path / "run1.log"
     proc = start(project, log)
     try:
         jobs = wait_for("two sbatch jobs", lambda: len(submitted(log.read_text())) == 2 and
                         submitted(log.read_text()), 120, proc)  # fmt: skip
-        # Each job got one GPU of its own (the fake GRES devices of the test node).
+        # Each job got one GPU of its own (the fake GRES devices of the test node), read while
+        # the job runs (a finished job shows no GRES).
+        gres = {}
         for job in jobs:
             wait_for(f"job {job} to run", lambda j=job: job_field(j, "JobState") == "RUNNING", 60)
+            gres[job] = job_field(job, "GRES")
             assert job_field(job, "JOB_GRES") == "gpu:1"
-        assert {job_field(j, "GRES") for j in jobs} == {"gpu:1(IDX:0)", "gpu:1(IDX:1)"}
+        assert set(gres.values()) == {"gpu:1(IDX:0)", "gpu:1(IDX:1)"}
         victim, survivor = jobs
         # Mid-group: the job's worker has finished a group and runs the next one.
         wait_for(
@@ -229,12 +235,14 @@ def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(slurm, tmp_p
 
 
 def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypatch):
-    """One bundle of 16 groups whose job hits its time limit (SIGTERM, then SIGKILL 5 s later):
+    """One bundle of 80 groups whose job hits its time limit (SIGTERM, then SIGKILL 5 s later):
     every group its worker finished survives (published, or staged for the rerun); at most the
     group in flight is lost, and the rerun runs only what was not finished."""
-    project = make_project(tmp_path / "p", ["calm", "happy"], prompts=8, components=16)
+    # 80 groups of 8 takes: several minutes of work, so the 1-minute limit always comes first
+    # (16 groups of 6 takes finished before it on an idle machine).
+    project = make_project(tmp_path / "p", ["calm", "happy"], prompts=40, components=80)
     cfg = yaml.safe_load((project / "config/config.yaml").read_text())
-    (project / "config/config.yaml").write_text(yaml.safe_dump({**cfg, "takes": 6}))
+    (project / "config/config.yaml").write_text(yaml.safe_dump({**cfg, "takes": 8}))
     log = tmp_path / "run1.log"
     proc = start(project, log, "--until", "group")
     try:
@@ -260,7 +268,7 @@ def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypat
     assert kept >= 1
 
     run(project, "--until", "group")
-    assert "16 groups checked, 0 problem(s)" in verify(project)
+    assert "80 groups checked, 0 problem(s)" in verify(project)
     assert not hidden(project, ".staged-")
     con = duckdb.connect()
     by_job = dict(
@@ -269,10 +277,10 @@ def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypat
             [str(project / "results/groups/*/*/scores.parquet")],
         ).fetchall()
     )
-    print(f"\ntime-limited job {job}: {kept} groups kept, {16 - kept} run again; {by_job}")
+    print(f"\ntime-limited job {job}: {kept} groups kept, {80 - kept} run again; {by_job}")
     # What the killed job finished was kept, not run again: those groups carry its job id.
     assert by_job.get(job, 0) == kept, (by_job, kept)
-    assert sum(by_job.values()) == 16
+    assert sum(by_job.values()) == 80
 
 
 # ---- the pieces, without a cluster -------------------------------------------------------
