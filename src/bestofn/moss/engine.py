@@ -129,6 +129,31 @@ class MossLocalEngine:
         m, c = self.model, self.config
         # All of this frame's uniforms at once: [B, 1 + n_vq] (stop head, then codebooks).
         u = self._uniform(s.seeds[:, None], s.frame * STEPS_PER_FRAME + s.steps[None, :])
+        if m.fused_local:  # the whole local loop as one (compiled) function: moss/local_loop.py
+            stop_idx, frame_codes = m.local_frame(
+                h, u, s.local, s.seen, s.temperature, s.top_p, s.penalty, s.text_temperature,
+                s.text_top_p, top_k=p.top_k, text_top_k=p.text_top_k, do_sample=p.do_sample,
+                use_penalty=p.repetition_penalty != 1.0,
+            )  # fmt: skip
+        else:
+            stop_idx, frame_codes = self._local_loop_unfused(s, p, h, u)
+        cont = (stop_idx == 0) & ~s.finished
+        s.finished |= stop_idx == 1
+        frame_codes = torch.where(cont.unsqueeze(-1), frame_codes, c.audio_pad_code)
+        idx = s.frame.clamp(max=s.max_frames).view(1)
+        s.history.index_copy_(1, idx, frame_codes.unsqueeze(1))
+        s.n_frames += cont.long()
+        # Next input row: [assistant_slot, codes] for rows still going, all-pad (masked) otherwise.
+        text = torch.where(cont, c.audio_assistant_slot_token_id, c.pad_token_id)
+        s.row[:, 0].copy_(text)
+        s.row[:, 1:].copy_(frame_codes)
+        s.alive.copy_(cont)
+        s.frame += 1
+
+    def _local_loop_unfused(self, s: DecodeState, p: SamplingParams, h, u):
+        """The local loop piece by piece (each piece compiled on its own); kept as the baseline
+        for the fused ``model.local_frame`` (BESTOFN_MOSS_FUSED=0 / ``model.fused_local``)."""
+        m, c = self.model, self.config
         local = m.local_step(h, 0, s.local)
         stop_idx = self._sample(
             m.stop_logits(local),
@@ -156,19 +181,7 @@ class MossLocalEngine:
             codes.append(code)
             if k + 1 < c.n_vq:
                 local = m.local_step(m.audio_embed[k][code].to(local.dtype), k + 1, s.local)
-        cont = (stop_idx == 0) & ~s.finished
-        s.finished |= stop_idx == 1
-        frame_codes = torch.stack(codes, dim=-1)
-        frame_codes = torch.where(cont.unsqueeze(-1), frame_codes, c.audio_pad_code)
-        idx = s.frame.clamp(max=s.max_frames).view(1)
-        s.history.index_copy_(1, idx, frame_codes.unsqueeze(1))
-        s.n_frames += cont.long()
-        # Next input row: [assistant_slot, codes] for rows still going, all-pad (masked) otherwise.
-        text = torch.where(cont, c.audio_assistant_slot_token_id, c.pad_token_id)
-        s.row[:, 0].copy_(text)
-        s.row[:, 1:].copy_(frame_codes)
-        s.alive.copy_(cont)
-        s.frame += 1
+        return stop_idx, torch.stack(codes, dim=-1)
 
     # ---- public API --------------------------------------------------------------------------
 

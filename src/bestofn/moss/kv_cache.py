@@ -35,12 +35,18 @@ class BackboneCache:
 
 class LocalCache:
     """K/V of the local transformer for one frame: [layers, batch, heads, n_vq + 1, head_dim].
-    Each frame overwrites slots 0..n_vq-1 in order, so it never needs clearing."""
+    Each frame overwrites slots 0..n_vq-1 in order, so it never needs clearing.
+
+    ``kv`` is the fused local loop's copy ([layers, batch, n_vq + 1, 2, heads, head_dim]: a
+    position's K and V side by side, written with one copy); ``k``/``v`` serve the unfused loop.
+    A few hundred KiB at batch 64, so both are kept rather than switching layouts."""
 
     def __init__(self, n_layers, batch, heads, length, head_dim, dtype, device):
         shape = (n_layers, batch, heads, length, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        kv_shape = (n_layers, batch, length, 2, heads, head_dim)
+        self.kv = torch.zeros(kv_shape, dtype=dtype, device=device)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.k, self.v]
+        return [self.k, self.v, self.kv]

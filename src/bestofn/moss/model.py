@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.kv_cache import BackboneCache, LocalCache
+from bestofn.moss.local_loop import fused_default, local_frame, rope_tables
 
 
 class RMSNorm(nn.Module):
@@ -200,7 +201,7 @@ class LocalBlock(nn.Module):
         self.fc_in = nn.Linear(H, c.local_inner)
         self.fc_out = nn.Linear(c.local_inner, H)
         self.act_name = c.local_activation
-        _activation(self.act_name)  # fail early on an unknown name
+        self.act = _activation(self.act_name)  # fails early on an unknown name
         self.use_rope = c.local_positions == "rope"
         self.eps = c.local_ln_eps
         self.impl = IMPLS
@@ -237,6 +238,10 @@ class MossLocalModel(nn.Module):
         self.audio_embed = nn.Parameter(torch.zeros(c.n_vq, c.audio_vocab, H))
         self.stop_head = nn.Parameter(torch.zeros(2, H))  # rows: [assistant_slot, audio_end]
         self.uneven_codebooks = len(set(c.audio_codebook_sizes)) > 1
+        # The whole local loop of a frame as one function (moss/local_loop.py); False: the
+        # engine's unfused per-piece loop (kept for side-by-side benchmarks).
+        self.fused_local = fused_default()
+        self._local_frame_fn = local_frame
         self.build_buffers()
 
     def build_buffers(self, device=None) -> None:
@@ -257,6 +262,7 @@ class MossLocalModel(nn.Module):
         for name, value in bufs.items():
             self.register_buffer(name, value.to(device) if device else value, persistent=False)
         self._local_trig = {}
+        self._local_tables = {}
 
     def compile_steps(self, **kw) -> None:
         """Use torch.compile'd versions of the per-token pieces (fuses the elementwise chains:
@@ -268,13 +274,16 @@ class MossLocalModel(nn.Module):
         compiled = getattr(self, "_compiled_impls", None)
         if compiled is None:
             compiled = {n: torch.compile(fn, dynamic=False, **kw) for n, fn in IMPLS.items()}
+            compiled["local_frame"] = torch.compile(local_frame, dynamic=False, **kw)
             self._compiled_impls = compiled
         for mod in (*self.layers, *self.local_blocks):
             mod.impl = compiled
+        self._local_frame_fn = compiled["local_frame"]
 
     def eager_steps(self) -> None:
         for mod in (*self.layers, *self.local_blocks):
             mod.impl = IMPLS
+        self._local_frame_fn = local_frame
 
     # ---- embeddings --------------------------------------------------------------------------
 
@@ -349,6 +358,27 @@ class MossLocalModel(nn.Module):
         for i, block in enumerate(self.local_blocks):
             x = block.step(x, j, cos, sin, cache.k[i], cache.v[i])
         return self.local_ln_f(x)
+
+    def local_rope_tables(self, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n_vq + 1, 3, 1, D] cos / signed-sin tables for the fused q/k/v block (cast once)."""
+        key = (dtype, device)
+        if key not in self._local_tables:
+            cos3, sin3 = rope_tables(self.local_cos, self.local_sin)
+            self._local_tables[key] = (cos3.to(device, dtype), sin3.to(device, dtype))
+        return self._local_tables[key]
+
+    def local_frame(self, h, u, cache: LocalCache, seen, temperature, top_p, penalty,
+                    text_temperature, text_top_p, *, top_k: int, text_top_k: int,
+                    do_sample: bool, use_penalty: bool):  # fmt: skip
+        """The whole local loop of one frame (moss/local_loop.py): stop head, then n_vq times
+        head -> sampling -> embedding -> next local position. Returns (stop [B], codes [B, n_vq]).
+        Compiled as one graph after ``compile_steps()``."""
+        cos3, sin3 = self.local_rope_tables(h.dtype, h.device)
+        return self._local_frame_fn(
+            self, h, u, cache.kv, seen, cos3, sin3, temperature, top_p, penalty,
+            text_temperature, text_top_p, top_k=top_k, text_top_k=text_top_k,
+            do_sample=do_sample, use_penalty=use_penalty,
+        )  # fmt: skip
 
     def stop_logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.stop_head.t()

@@ -1,0 +1,156 @@
+"""The fused local loop (moss/local_loop.py) against the unfused per-piece loop, and the fused
+backbone projections against separate q/k/v and gate/up matmuls (tiny random models, CPU fp32)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bestofn.fakes.moss import random_state_dict, tiny_config
+from bestofn.moss.checkpoint import model_from_state_dict
+from bestofn.moss.engine import MossLocalEngine
+from bestofn.moss.local_loop import local_position, rope_tables, swap_pairs
+from bestofn.moss.model import _rotate_pairs
+from bestofn.moss.sampling import SamplingParams
+
+CFG = tiny_config(vocab_size=264)
+# learned positions, two local blocks, codebooks of different sizes (masked head logits)
+CFG_ABS = dataclasses.replace(
+    CFG,
+    local_positions="absolute",
+    local_layers=2,
+    local_activation="gelu_new",
+    audio_codebook_sizes=[16, 12, 16, 9],
+)
+
+
+def _model(cfg, seed=3):
+    return model_from_state_dict(cfg, random_state_dict(cfg, seed), dtype=torch.float32)
+
+
+def _prompt(cfg, batch, length=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.full((batch, length, 1 + cfg.n_vq), cfg.audio_pad_code)
+    ids[..., 0] = torch.randint(0, 200, (batch, length), generator=g)
+    ids[:, -1, 0] = cfg.audio_start_token_id
+    return ids
+
+
+def test_rope_tables_rotate_exactly_like_the_unfused_rotation():
+    d = 8
+    cos, sin = torch.randn(5, d), torch.randn(5, d)
+    cos3, sin3 = rope_tables(cos, sin)
+    x = torch.randn(3, 3, 4, d)  # [B, q/k/v, heads, D]
+    for j in range(5):
+        fused = x * cos3[j] + swap_pairs(x) * sin3[j]
+        qk = x[:, :2]
+        assert torch.equal(fused[:, :2], qk * cos[j] + _rotate_pairs(qk) * sin[j])
+        assert torch.equal(fused[:, 2], x[:, 2])  # v passes through
+
+
+@pytest.mark.parametrize("cfg", [CFG, CFG_ABS], ids=["rope", "absolute-uneven"])
+def test_local_positions_give_the_same_hidden_as_local_step(cfg):
+    m = _model(cfg)
+    B = 3
+    old, new = m.new_local_cache(B), m.new_local_cache(B)
+    cos3, sin3 = m.local_rope_tables(torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(1)
+    for j in range(cfg.n_vq):
+        x = torch.randn(B, cfg.hidden_size, generator=g)
+        a = m.local_step(x, j, old)
+        b = local_position(m, x, j, new.kv, cos3, sin3)
+        assert torch.equal(a, b), f"position {j}: max|diff| {(a - b).abs().max():.3e}"
+        for k in range(cfg.n_vq):
+            assert torch.equal(m.audio_logits(a, k), m.audio_logits(b, k))
+        assert torch.equal(new.kv[:, :, j, 0], old.k[:, :, :, j])
+        assert torch.equal(new.kv[:, :, j, 1], old.v[:, :, :, j])
+
+
+@pytest.mark.parametrize("cfg", [CFG, CFG_ABS], ids=["rope", "absolute-uneven"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(do_sample=False),
+        SamplingParams(temperature=1.7, top_p=0.8, top_k=5, repetition_penalty=1.3),
+        SamplingParams(temperature=1.0, top_p=0.5, top_k=0, text_top_k=2),
+    ],
+    ids=["greedy", "sampled-penalty", "sampled-no-top-k"],
+)
+def test_fused_frame_gives_the_unfused_loops_codes(cfg, params):
+    m = _model(cfg)
+    engine = MossLocalEngine(m, use_cuda_graphs=False, compile=False)
+    ids = _prompt(cfg, 4)
+    seeds = [11, 12, 13, 14]
+    outs = {}
+    for fused in (False, True):
+        m.fused_local = fused
+        outs[fused] = engine.generate(ids, None, seeds, 12, params)
+    for a, b in zip(outs[False].codes, outs[True].codes, strict=True):
+        assert torch.equal(a, b)
+    assert outs[False].stopped == outs[True].stopped
+    assert sum(len(c) for c in outs[True].codes) > 0
+
+
+def test_fused_backbone_projections_equal_separate_ones():
+    """Loading concatenates q/k/v and gate/up once; the fused matmuls must give the logits the
+    separate published projections give (a plain per-layer reimplementation from the state
+    dict, no cache)."""
+    cfg = CFG
+    sd = random_state_dict(cfg, 5)
+    m = model_from_state_dict(cfg, sd, dtype=torch.float32)
+    ids = _prompt(cfg, 2, length=6)
+    cache = m.new_backbone_cache(2, 16)
+    fused_hidden = m.prefill(ids, torch.ones(2, 6, dtype=torch.bool), cache)
+
+    def w(name):
+        return sd[name].float()
+
+    keys = list(sd)
+    prefix = next(k for k in keys if k.endswith("layers.0.self_attn.q_proj.weight"))
+    prefix = prefix[: -len("layers.0.self_attn.q_proj.weight")]
+    eps, D = cfg.rms_norm_eps, cfg.head_dim
+    x = m.embed_rows(ids).float()
+    T = ids.shape[1]
+    pos = torch.arange(T)
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, D, 2).float() / D))
+    ang = torch.cat([pos[:, None] * inv] * 2, -1)
+    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
+
+    def rms(t, wt):
+        return wt * F.rms_norm(t, (t.shape[-1],), None, eps)
+
+    def rot(t):
+        a, b = t.chunk(2, -1)
+        return torch.cat((-b, a), -1)
+
+    for i in range(cfg.num_layers):
+        p = f"{prefix}layers.{i}."
+        h = rms(x, w(p + "input_layernorm.weight"))
+        q = F.linear(h, w(p + "self_attn.q_proj.weight")).unflatten(-1, (cfg.num_heads, D))
+        k = F.linear(h, w(p + "self_attn.k_proj.weight")).unflatten(-1, (cfg.num_kv_heads, D))
+        v = F.linear(h, w(p + "self_attn.v_proj.weight")).unflatten(-1, (cfg.num_kv_heads, D))
+        q, k = rms(q, w(p + "self_attn.q_norm.weight")), rms(k, w(p + "self_attn.k_norm.weight"))
+        q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        rep = cfg.num_heads // cfg.num_kv_heads
+        att = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2).repeat_interleave(rep, 1),
+            v.transpose(1, 2).repeat_interleave(rep, 1),
+            is_causal=True,
+            scale=D**-0.5,
+        )
+        x = x + F.linear(att.transpose(1, 2).flatten(-2), w(p + "self_attn.o_proj.weight"))
+        h = rms(x, w(p + "post_attention_layernorm.weight"))
+        gate = F.linear(h, w(p + "mlp.gate_proj.weight"))
+        up = F.linear(h, w(p + "mlp.up_proj.weight"))
+        x = x + F.linear(F.silu(gate) * up, w(p + "mlp.down_proj.weight"))
+    sep_hidden = rms(x, w(f"{prefix}norm.weight"))
+    torch.testing.assert_close(fused_hidden, sep_hidden, rtol=1e-5, atol=1e-5)
+    # and the heads on top: stop and codebook logits of the last position
+    sep_local = m.local_step(sep_hidden[:, -1], 0, m.new_local_cache(2))
+    fused_local = m.local_step(fused_hidden[:, -1], 0, m.new_local_cache(2))
+    torch.testing.assert_close(m.stop_logits(fused_local), m.stop_logits(sep_local))
+    torch.testing.assert_close(m.audio_logits(fused_local, 0), m.audio_logits(sep_local, 0))
