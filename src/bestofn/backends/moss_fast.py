@@ -5,8 +5,9 @@ directly, no remote code), same prompt, same frame budget and the same per-take 
 (``bestofn.moss.sampling.take_uniform``), but decoded by ``bestofn.moss.engine``: batched
 prefill, static KV caches, one CUDA graph per frame step (torch.compile'd pieces inside), all
 sampling on the GPU. ~10x faster than the published generate at batch 64 on an H200 (see
-``python -m bestofn.bench generate``). The codec (MOSS-Audio-Tokenizer-v2) still runs through
-its published remote code (``bestofn.moss.codec.RemoteCodec``), batched, bf16 on the GPU.
+``python -m bestofn.bench generate``). The codec comes from ``bestofn.moss.codec.load_codec``:
+MOSS-Audio-Tokenizer-v2 (48 kHz) still runs through its published remote code, batched, bf16 on
+the GPU; a 24 kHz MOSS-Audio-Tokenizer directory runs on our own implementation.
 """
 
 from __future__ import annotations
@@ -163,9 +164,9 @@ class MossFastGenerator(Generator):
         if self.codec is None:
             if self.codec_dir is None:
                 raise ValueError("moss-fast: set codec_dir (MOSS-Audio-Tokenizer-v2 directory)")
-            from bestofn.moss.codec import RemoteCodec
+            from bestofn.moss.codec import load_codec
 
-            self.codec = RemoteCodec(
+            self.codec = load_codec(
                 self.codec_dir,
                 n_vq=self.config.n_vq,
                 device=self.device,

@@ -9,6 +9,7 @@ complete production config that points at them.
     DIR/MOSS-TTS-Local-Transformer-v1.5/        config.json, tokenizer.json, processor_config.json,
                                                 model.safetensors (tiny) or shards + index (real)
     DIR/MOSS-Audio-Tokenizer-v2-STAND-IN/       a random codec with the v2 interface (remote code)
+    DIR/MOSS-Audio-Tokenizer/                   the 24 kHz codec of MOSS-TTS Delay, published layout
     DIR/w2v-bert-2.0/, DIR/sidon_raw_weight/    Sidon: base encoder, LoRA adapter, decoder
     DIR/parakeet-tdt-0.6b-v3/*.nemo             Parakeet-TDT (NeMo archive)
     DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: STAND-IN embedder (remote code), heads
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from bestofn.fakes import check_size
 
-NEED_BYTES = {"tiny": 200 * 2**20, "real": 34 * 2**30}  # what a write needs free, with margin
+NEED_BYTES = {"tiny": 200 * 2**20, "real": 41 * 2**30}  # what a write needs free, with margin
 REFERENCE_VOICE = Path(__file__).resolve().parents[3] / "config" / "voices" / "joe_reference.flac"
 
 EMOTIONS = [
@@ -140,6 +141,9 @@ weights: the real loading code runs on them, and the audio and scores they make 
   safetensors{shards}. Stop probability per frame: {p_stop}.
 - `MOSS-Audio-Tokenizer-v2-STAND-IN/` (the codec): a **STAND-IN**, our own random model with the
   v2 interface, not the v2 codec (whose code is published only on the model hub).
+- `MOSS-Audio-Tokenizer/`: the 24 kHz codec of MOSS-TTS Delay (32 quantizers) in the published
+  layout (config.json + safetensors), read by our own implementation
+  (`bestofn.moss.audio_tokenizer`); the published remote code loads it too.
 - `w2v-bert-2.0/`, `sidon_raw_weight/` (sidon): w2v-BERT 2.0 ({w2v_layers} layers), a peft LoRA
   adapter, the DAC decoder state dict (weight norm).
 - `parakeet-tdt-0.6b-v3/` (parakeet): a FastConformer-TDT `.nemo` with a tokenizer trained on
@@ -193,7 +197,7 @@ def write_all(
     """Write every production backend's random checkpoint, the sheets and ``config.yaml`` into
     ``out_dir``; returns the config's path. ``p_stop``: MOSS stop probability per frame
     (default ``moss.P_STOP[size]``)."""
-    from bestofn.fakes import empathic, moss, parakeet, sidon, voiceclap
+    from bestofn.fakes import empathic, moss, moss_audio_tokenizer, parakeet, sidon, voiceclap
 
     check_size(size)
     out = Path(out_dir).expanduser().resolve()
@@ -207,6 +211,10 @@ def write_all(
     opts = {}
     for name, writer in (
         ("moss-tts-local + codec", lambda: moss.write(out, size, seed, moss_code, p_stop)),
+        (
+            "moss-audio-tokenizer",
+            lambda: moss_audio_tokenizer.write(out / "MOSS-Audio-Tokenizer", size, seed),
+        ),
         ("sidon", lambda: sidon.write(out, size, seed)),
         ("parakeet", lambda: parakeet.write(out, size, seed)),
         ("voiceclap", lambda: voiceclap.write(out, size, seed)),

@@ -1,11 +1,18 @@
-"""The audio codec behind MOSS-TTS-Local v1.5: MOSS-Audio-Tokenizer-v2 (48 kHz stereo, 12
-codebooks of 1024, 12.5 frames/s = 3840 samples per frame).
+"""The audio codecs behind MOSS-TTS: ``Codec`` is what an engine needs: batched ``decode`` of
+code sequences to audio and ``encode`` of a reference voice.
 
-``Codec`` is what the engine needs: batched ``decode`` of code sequences to audio and
-``encode`` of a reference voice. ``RemoteCodec`` implements it with the codec's own published
-code, loaded from a local directory (transformers ``trust_remote_code``, no download): the v2
-modeling code is published only next to its weights on the model hub, so there is no
-independent implementation here yet (see the module's callers for what that leaves missing).
+Engines get one with ``load_codec(codec_dir, device=..., n_vq=..., weight_dtype=...,
+compute_dtype=..., decode_batch_size=...)``, which picks the implementation from
+``codec_dir/config.json``:
+
+- MOSS-Audio-Tokenizer (24 kHz mono, 32 quantizers; the codec of MOSS-TTS Delay):
+  ``bestofn.moss.audio_tokenizer.MossAudioTokenizer``, our own batched implementation
+  (fp32 / bf16 / fp8), no remote code.
+- anything else, i.e. MOSS-Audio-Tokenizer-v2 of MOSS-TTS-Local v1.5 (48 kHz stereo, 12
+  codebooks of 1024, 3840 samples per frame) and the random STAND-IN that ``bestofn
+  fake-weights`` writes for it: ``RemoteCodec``, the codec's own published code loaded from the
+  directory (transformers ``trust_remote_code``, no download). The v2 modeling code is published
+  only next to its weights on the model hub, so there is no independent implementation of it yet.
 """
 
 from __future__ import annotations
@@ -28,6 +35,56 @@ class Codec(Protocol):
     def encode(self, audio: np.ndarray, sample_rate: int) -> torch.Tensor:
         """One clip (S,) or (S, channels) at ``sample_rate`` -> codes [T, n_vq]."""
         ...
+
+
+def load_codec(
+    codec_dir,
+    device: str = "cpu",
+    n_vq: int | None = None,
+    weight_dtype: str | None = "bf16",
+    compute_dtype: str | None = "bf16",
+    decode_batch_size: int = 16,
+) -> Codec:
+    """The ``Codec`` for ``codec_dir`` (see the module docstring for which class). Options as
+    in config: ``codec_weight_dtype`` / ``codec_compute_dtype`` (fp32, bf16; fp8 for
+    MOSS-Audio-Tokenizer on GPUs with fp8 matmuls), ``decode_batch_size``."""
+    import json
+
+    path = Path(codec_dir).expanduser() / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (config field: codec_dir)")
+    try:
+        cfg = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e}) (config field: codec_dir)") from None
+    from bestofn.moss.audio_tokenizer import MossAudioTokenizer, is_audio_tokenizer_config
+
+    if is_audio_tokenizer_config(cfg):
+        return MossAudioTokenizer(
+            path.parent,
+            device=device,
+            compute_dtype=compute_dtype or "bf16",
+            weight_dtype=weight_dtype,
+            n_vq=n_vq,
+            decode_batch_size=decode_batch_size,
+        )
+    for option, value in (
+        ("codec_weight_dtype", weight_dtype),
+        ("codec_compute_dtype", compute_dtype),
+    ):
+        if value == "fp8":
+            raise ValueError(
+                f"{option}: fp8 is implemented for MOSS-Audio-Tokenizer (24 kHz) only; "
+                f"{path} is another codec (run through its remote code): use bf16 or fp32"
+            )
+    return RemoteCodec(
+        path.parent,
+        n_vq=12 if n_vq is None else n_vq,
+        device=device,
+        weight_dtype=weight_dtype or "bf16",
+        compute_dtype=compute_dtype,
+        decode_batch_size=decode_batch_size,
+    )
 
 
 class RemoteCodec:
