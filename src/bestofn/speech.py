@@ -7,8 +7,8 @@ seed, never on the batch it ran in (piper: per-take noise banks; moss-fast: coun
 sampling), so the same request with the same seed gives the same audio alone or in a batch.
 
 - piper renders sentence by sentence (``PiperGenerator.stream_batch``);
-- moss-fast decodes codec frames in chunks as the engine produces them
-  (``bestofn.moss.stream.stream_batch``);
+- moss-fast decodes codec frames in chunks as the engine produces them, and requests that
+  arrive meanwhile join the running decode (continuous batching, ``bestofn.moss.stream``);
 - any other generator renders each request whole (``generate``) and yields it as one chunk.
 
 Encoders turn the chunks into response bytes: ``wav`` (16-bit PCM, streamed: the header says
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,10 +36,26 @@ CONTENT_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "pcm": "audio/pcm"}
 Chunk = tuple[int, np.ndarray, bool]  # (request index, audio, last chunk of that request)
 
 
-def stream_batch(generator, specs: list[GroupSpec]) -> Iterator[Chunk]:
+@dataclass
+class Feed:
+    """Where a running render finds requests that arrived after it started (continuous
+    batching; moss-fast only, other generators ignore it).
+
+    ``take(n)``: up to ``n`` more requests (``GroupSpec``, one take each), never blocking; they
+    get the indices after those already in the render, in the order returned. ``cancelled(i)``:
+    request i's client left (its row is freed). ``max_batch``: requests decoding at once."""
+
+    take: Callable[[int], list[GroupSpec]]
+    cancelled: Callable[[int], bool] = lambda i: False
+    max_batch: int = 64
+
+
+def stream_batch(generator, specs: list[GroupSpec], feed: Feed | None = None) -> Iterator[Chunk]:
     """Render ``specs`` (one take each) in one call, yielding chunks as they are produced.
 
-    Every request gets exactly one chunk with ``last=True`` (possibly empty audio)."""
+    Every request gets exactly one chunk with ``last=True`` (possibly empty audio). With a
+    ``feed``, moss-fast takes in requests that arrive while it decodes (continuous batching);
+    piper and the others render ``specs`` only (the caller batches what arrives meanwhile)."""
     for spec in specs:
         if spec.n_takes != 1:
             raise ValueError(f"speech renders one take per request, got n_takes={spec.n_takes}")
@@ -48,7 +65,7 @@ def stream_batch(generator, specs: list[GroupSpec]) -> Iterator[Chunk]:
     elif getattr(generator, "name", "") == "moss-fast":
         from bestofn.moss.stream import stream_batch as moss_stream
 
-        yield from moss_stream(generator, specs)
+        yield from moss_stream(generator, specs, feed)
     else:
         for i, spec in enumerate(specs):
             take = generator.generate(spec)[0]

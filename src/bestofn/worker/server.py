@@ -22,6 +22,8 @@ Speech (``bestofn serve`` is its HTTP front): a request becomes a ``SpeechJob``;
 up to a largest batch (both from the environment of the process that starts the worker:
 BESTOFN_SPEECH_BATCH_WINDOW_MS, default 5, and BESTOFN_SPEECH_MAX_BATCH, default 64),
 and renders them in one ``bestofn.speech.stream_batch`` call, in the same FIFO gate as groups.
+With moss-fast, jobs that arrive while it renders join that call at its next sync (every 4
+frames, continuous batching through ``bestofn.speech.Feed``), up to the largest batch at once.
 Each job's chunks go to its own queue, which the request's thread sends as HTTP chunks (wav,
 pcm) or as one body (flac). A client that leaves mid-stream cancels only its job: the batch
 goes on for the others (and stops early once every job in it is cancelled or complete);
@@ -204,6 +206,7 @@ class SpeechBatcher:
         self.batches = 0
         self.jobs = 0
         self.largest = 0
+        self.joined = 0  # jobs that joined a render already running
         self._thread: threading.Thread | None = None
 
     def submit(self, job: SpeechJob) -> None:
@@ -221,6 +224,7 @@ class SpeechBatcher:
                 "requests": self.jobs,
                 "largest_batch": self.largest,
                 "mean_batch": round(self.jobs / self.batches, 3) if self.batches else None,
+                "joined_running": self.joined,
                 "pending": len(self.pending),
                 "window_ms": self.window_s * 1000.0,
                 "max_batch": self.max_batch,
@@ -239,6 +243,16 @@ class SpeechBatcher:
             batch = [j for j in self.pending[: self.max_batch] if not j.cancelled.is_set()]
             del self.pending[: self.max_batch]
             return batch
+
+    def _join(self, batch: list[SpeechJob], n: int) -> list:
+        """Up to ``n`` jobs that arrived while ``batch`` renders: they join it (continuous
+        batching; their indices follow the batch's)."""
+        with self.cond:
+            new = [j for j in self.pending[:n] if not j.cancelled.is_set()]
+            del self.pending[:n]
+            self.joined += len(new)
+        batch.extend(new)
+        return [j.spec for j in new]
 
     def _loop(self) -> None:
         while True:
@@ -261,8 +275,13 @@ class SpeechBatcher:
                 return
             try:
                 with worker._device_guard():
+                    feed = speech_io.Feed(  # moss-fast: later requests join this decode
+                        lambda n: self._join(batch, n),
+                        lambda i: batch[i].cancelled.is_set(),
+                        self.max_batch,
+                    )
                     chunks = speech_io.stream_batch(
-                        worker.backends.generator, [j.spec for j in batch]
+                        worker.backends.generator, [j.spec for j in batch], feed
                     )
                     try:
                         for i, audio, last in chunks:

@@ -1,0 +1,367 @@
+"""Continuous (iteration-level) batching for moss-fast: requests join a running decode.
+
+``ContinuousDecoder.run(pull, params)`` keeps one decode state of ``batch`` row slots. Every
+``every`` frames it syncs with the host: it hands out each occupied row's new frames
+(``RowUpdate``), frees the rows that stopped (stop head, their frame budget, or cancelled), and
+asks ``pull(room)`` for requests that arrived meanwhile. Those are prefilled (grouped by prompt
+length, so a prompt is never padded), their K/V copied into free row slots of the running cache,
+and their first frame sampled from the prefill's last hidden state, exactly as a batch of their
+own would start. The loop ends when no row is occupied and ``pull`` has nothing.
+
+What makes a row independent of its neighbours and of when it joined:
+- each row has its own cache write slot, RoPE position, frame counter and frame budget (the
+  one-batch engine, ``MossLocalEngine``, shares one write index and one frame counter);
+- sampling is counter-based on (seed, the row's own frame, step), so a row draws the same
+  uniforms alone or joined mid-flight (``bestofn.moss.sampling``);
+- attention reads only the row's own slots (its key mask); free rows attend one dummy slot.
+
+Shapes stay bucketed so CUDA graphs are reused: the batch is a power of two (grown, never
+shrunk, within a run: the occupied rows are copied into a larger state), the cache length a
+power of two >= 256, and the attention window a 64-slot bucket of the longest occupied row.
+Up to ``max_states`` states (each a full KV cache, with its graphs) are kept between runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams, apply_repetition_penalty
+
+
+@dataclass
+class Join:
+    key: object  # the caller's handle for this request
+    prompt: torch.Tensor  # [T, 1 + n_vq] rows ending in audio_start
+    seed: int
+    budget: int  # frames at most
+
+
+@dataclass
+class RowUpdate:
+    key: object
+    codes: torch.Tensor  # int64 [F, n_vq] on CPU: the frames this row produced since last time
+    finished: bool  # no more frames will come for this key
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class RowState:
+    """Every buffer a frame step reads and writes, per row slot, for one (batch, max_len)."""
+
+    def __init__(self, model, batch: int, max_len: int, cap: int):
+        c = model.config
+        dev = model.audio_embed.device
+        self.batch, self.max_len, self.cap = batch, max_len, cap
+        self.cache = model.new_backbone_cache(batch, max_len)  # its write_idx is unused
+        self.local = model.new_local_cache(batch)
+        long = dict(dtype=torch.long, device=dev)
+        self.rows = torch.arange(batch, **long)
+        self.steps = torch.arange(1 + c.n_vq, **long)
+        self.slot = torch.zeros(batch, **long)  # each row's next cache slot
+        self.seeds = torch.zeros(batch, **long)
+        self.frame = torch.zeros(batch, **long)  # each row's own frame counter
+        self.n_frames = torch.zeros(batch, **long)
+        self.limit = torch.zeros(batch, **long)  # each row's frame budget
+        self.row = torch.zeros(batch, 1 + c.n_vq, **long)  # next backbone input row
+        self.alive = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.every_row = torch.ones(batch, dtype=torch.bool, device=dev)
+        self.out = torch.zeros(batch, cap, c.n_vq, **long)  # frames since the last sync
+        self.out_n = torch.zeros(batch, **long)
+        self.seen = torch.zeros(c.n_vq, batch, c.audio_vocab, dtype=torch.bool, device=dev)
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.temperature = torch.ones((), **f32)
+        self.top_p = torch.ones((), **f32)
+        self.penalty = torch.ones((), **f32)
+        self.text_temperature = torch.ones((), **f32)
+        self.text_top_p = torch.ones((), **f32)
+        self.pad_row = torch.full((1 + c.n_vq,), c.audio_pad_code, **long)
+        self.pad_row[0] = c.pad_token_id
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.graph_pool = None
+
+    def clear(self, p: SamplingParams) -> None:
+        """Every row free."""
+        self.cache.key_mask.zero_()
+        self.cache.key_mask[:, 0] = True  # free rows attend slot 0 (no all-masked softmax)
+        self.cache.pos.zero_()
+        self.slot.fill_(1)  # ...and write (masked) at slot 1, leaving slot 0 as it is
+        for t in (self.seeds, self.frame, self.n_frames, self.limit, self.out_n):
+            t.zero_()
+        self.row.copy_(self.pad_row.expand_as(self.row))
+        self.alive.zero_()
+        self.finished.fill_(True)
+        self.seen.zero_()
+        self.temperature.fill_(p.temperature)
+        self.top_p.fill_(p.top_p)
+        self.penalty.fill_(p.repetition_penalty)
+        self.text_temperature.fill_(p.text_temperature)
+        self.text_top_p.fill_(p.text_top_p)
+
+    def free(self, b: int) -> None:
+        self.finished[b] = True
+        self.alive[b] = False
+        self.limit[b] = 0
+
+    def copy_rows_from(self, old: RowState, idx: torch.Tensor) -> None:
+        """Rows ``idx`` of ``old`` into the same rows here (a state at least as large)."""
+        L0 = old.max_len
+        self.cache.k[:, idx, :, :L0] = old.cache.k[:, idx]
+        self.cache.v[:, idx, :, :L0] = old.cache.v[:, idx]
+        self.cache.key_mask[idx] = False
+        self.cache.key_mask[idx, :L0] = old.cache.key_mask[idx]
+        self.cache.pos[idx] = old.cache.pos[idx]
+        for name in ("slot", "seeds", "frame", "n_frames", "limit", "row", "alive", "finished",
+                     "out", "out_n"):  # fmt: skip
+            getattr(self, name)[idx] = getattr(old, name)[idx]
+        self.seen[:, idx] = old.seen[:, idx]
+
+
+@dataclass
+class _Row:
+    key: object
+    base: int  # cache slot of its first decode step (= its prompt length)
+    steps: int  # decode steps since it joined
+    budget: int
+
+
+class ContinuousDecoder:
+    def __init__(self, engine, max_states: int = 3, min_len: int = 256):
+        self.engine = engine
+        self.model = engine.model
+        self.config = engine.config
+        self.device = engine.device
+        self.max_states = max_states
+        self.min_len = min_len
+        self._states: dict[tuple[int, int, int], RowState] = {}
+        self.joined_running = 0  # requests that joined a decode already running (for /health)
+
+    # ---- the frame step (captured as a CUDA graph) -------------------------------------------
+
+    def _backbone(self, s: RowState, x: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One backbone step, each row writing at its own slot. x [B, H]."""
+        m, c = self.model, s.cache
+        B, L = s.batch, kv_len
+        c.key_mask.index_put_((s.rows, s.slot), s.alive)
+        bias = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(
+            ~c.key_mask[:, None, None, :L], float("-inf")
+        )
+        cos, sin = m._rope(c.pos, x.dtype)
+        for i, layer in enumerate(m.layers):
+            q, k, v = layer._pre(x, cos, sin)  # q [B, h, D], k/v [B, kv, D]
+            D = layer.head_dim
+            idx = s.slot.view(B, 1, 1, 1).expand(B, layer.n_kv, 1, D)
+            c.k[i].scatter_(2, idx, k.unsqueeze(2))
+            c.v[i].scatter_(2, idx, v.unsqueeze(2))
+            q = q.reshape(B, layer.n_kv, layer.n_heads // layer.n_kv, D)
+            out = F.scaled_dot_product_attention(
+                q, c.k[i][:, :, :L], c.v[i][:, :, :L], attn_mask=bias, scale=layer.scale
+            )
+            x = layer._post(x, out.reshape(B, -1))
+        step = s.alive.long()
+        c.pos.add_(step)
+        s.slot.add_(step)
+        return m.norm(x)
+
+    def _heads(self, s: RowState, p: SamplingParams, h: torch.Tensor, act: torch.Tensor) -> None:
+        """Local transformer + sampling for one frame of the rows in ``act`` (others untouched)."""
+        m, c, e = self.model, self.config, self.engine
+        u = e._uniform(s.seeds[:, None], s.frame[:, None] * STEPS_PER_FRAME + s.steps[None, :])
+        local = m.local_step(h, 0, s.local)
+        stop_idx = e._sample(
+            m.stop_logits(local), u[:, 0], temperature=s.text_temperature,
+            top_k=p.text_top_k, top_p=s.text_top_p, do_sample=p.do_sample,
+        )  # fmt: skip
+        penalty = p.repetition_penalty != 1.0
+        codes = []
+        for k in range(c.n_vq):
+            logits = m.audio_logits(local, k)
+            if penalty:
+                logits = apply_repetition_penalty(logits, s.seen[k], s.penalty)
+            code = e._sample(
+                logits, u[:, 1 + k], temperature=s.temperature, top_k=p.top_k,
+                top_p=s.top_p, do_sample=p.do_sample,
+            )  # fmt: skip
+            if penalty:
+                hit = torch.zeros_like(s.seen[k]).scatter_(1, code.unsqueeze(1), act.unsqueeze(1))
+                s.seen[k] |= hit
+            codes.append(code)
+            if k + 1 < c.n_vq:
+                local = m.local_step(m.audio_embed[k][code].to(local.dtype), k + 1, s.local)
+        cont = (stop_idx == 0) & ~s.finished & act
+        n_after = s.n_frames + cont.long()
+        done = s.finished | (stop_idx == 1) | (n_after >= s.limit)
+        s.finished.copy_(torch.where(act, done, s.finished))
+        frame_codes = torch.where(cont.unsqueeze(-1), torch.stack(codes, -1), c.audio_pad_code)
+        s.out.index_put_((s.rows, s.out_n.clamp(max=s.cap - 1)), frame_codes)
+        s.out_n.add_(cont.long())
+        s.n_frames.copy_(n_after)
+        text = torch.where(cont, c.audio_assistant_slot_token_id, c.pad_token_id)
+        new_row = torch.cat([text.unsqueeze(-1), frame_codes], dim=-1)
+        s.row.copy_(torch.where(act.unsqueeze(-1), new_row, s.row))
+        s.alive.copy_(torch.where(act, cont, s.alive))
+        s.frame.add_(act.long())
+
+    def _frame_step(self, s: RowState, p: SamplingParams, kv_len: int) -> None:
+        m = self.model
+        x = m.embed_rows(s.row).to(m.audio_embed.dtype)
+        self._heads(s, p, self._backbone(s, x, kv_len), s.every_row)
+
+    def _run_step(self, s: RowState, p: SamplingParams, kv_len: int) -> None:
+        if not self.engine.use_cuda_graphs:
+            self._frame_step(s, p, kv_len)
+            return
+        key = (p.top_k, p.text_top_k, p.do_sample, p.repetition_penalty != 1.0, kv_len)
+        graph = s.graphs.get(key)
+        if graph is not None:
+            graph.replay()
+            return
+        # As MossLocalEngine._run_step: a real step on a side stream warms up, then the capture
+        # (which does not execute) records the step that the next replay runs.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._frame_step(s, p, kv_len)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=s.graph_pool):
+            self._frame_step(s, p, kv_len)
+        s.graph_pool = s.graph_pool or graph.pool()
+        s.graphs[key] = graph
+
+    # ---- states ------------------------------------------------------------------------------
+
+    def _state(self, batch: int, max_len: int, cap: int) -> RowState:
+        """The smallest kept state that fits (its CUDA graphs too), else a new one."""
+        fits = [
+            k for k, s in self._states.items()
+            if s.batch >= batch and s.max_len >= max_len and s.cap == cap
+        ]  # fmt: skip
+        key = min(fits) if fits else (batch, max_len, cap)
+        s = self._states.pop(key, None)
+        if s is None:
+            while len(self._states) >= self.max_states:  # drop the oldest (and its graphs)
+                self._states.pop(next(iter(self._states)))
+            s = RowState(self.model, batch, max_len, cap)
+        self._states[key] = s  # most recently used last
+        return s
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def _admit(self, s, rows: dict[int, _Row], joins: list[Join], p, cap, max_batch):
+        """Place ``joins`` in free rows (growing the state when needed) and sample their frame
+        0. Returns the state the loop continues with."""
+        need_batch = min(_pow2(max_batch), _pow2(len(rows) + len(joins)))
+        longest = max(j.prompt.shape[0] + j.budget + 1 for j in joins)
+        longest = max([longest] + [r.base + r.budget + 1 for r in rows.values()])
+        need_len = max(self.min_len, _pow2(longest))
+        if s is None or s.batch < need_batch or s.max_len < need_len:
+            old = s
+            s = self._state(max(need_batch, old.batch if old else 1),
+                            max(need_len, old.max_len if old else 0), cap)  # fmt: skip
+            s.clear(p)
+            if old is not None and rows:
+                s.copy_rows_from(old, torch.tensor(sorted(rows), device=self.device))
+        m, dev = self.model, self.device
+        free = [b for b in range(s.batch) if b not in rows][: len(joins)]
+        act = torch.zeros(s.batch, dtype=torch.bool, device=dev)
+        h0 = torch.zeros(s.batch, self.config.hidden_size, dtype=m.audio_embed.dtype, device=dev)
+        by_len: dict[int, list[int]] = {}
+        for n, j in enumerate(joins):
+            by_len.setdefault(int(j.prompt.shape[0]), []).append(n)
+        for T, members in by_len.items():
+            idx = torch.tensor([free[n] for n in members], device=dev)
+            ids = torch.stack([joins[n].prompt for n in members]).to(dev)
+            tmp = m.new_backbone_cache(len(members), T)
+            h = m.prefill(ids, torch.ones(ids.shape[:2], dtype=torch.bool, device=dev), tmp)
+            s.cache.k[:, idx, :, :T] = tmp.k
+            s.cache.v[:, idx, :, :T] = tmp.v
+            s.cache.key_mask[idx] = False
+            s.cache.key_mask[idx, :T] = True
+            s.cache.pos[idx] = T
+            s.slot[idx] = T
+            h0[idx] = h[:, -1]
+            del tmp
+        idx = torch.tensor(free, device=dev)
+        s.seeds[idx] = torch.tensor([int(j.seed) for j in joins], dtype=torch.long, device=dev)
+        s.limit[idx] = torch.tensor([int(j.budget) for j in joins], dtype=torch.long, device=dev)
+        for t in (s.frame, s.n_frames, s.out_n):
+            t[idx] = 0
+        s.finished[idx] = False
+        s.alive[idx] = True
+        s.seen[:, idx] = False
+        act[idx] = True
+        self._heads(s, p, h0, act)  # frame 0 from the prompt's last hidden state
+        for b, j in zip(free, joins, strict=True):
+            rows[b] = _Row(j.key, int(j.prompt.shape[0]), 0, int(j.budget))
+        return s
+
+    @torch.inference_mode()
+    def run(
+        self,
+        pull: Callable[[int], list[Join]],
+        params: SamplingParams | None = None,
+        cancelled: Callable[[object], bool] | None = None,
+        every: int = 4,
+        max_batch: int = 64,
+    ) -> Iterator[list[RowUpdate]]:
+        """Decode until no row is left and ``pull(room)`` (up to ``room`` new requests, never
+        blocking) has nothing. Yields, every ``every`` frames, one ``RowUpdate`` per occupied
+        row (a row's last one has ``finished``); a request whose ``cancelled(key)`` turns true
+        is dropped at the next sync without a last update."""
+        p = params or SamplingParams()
+        every, max_batch = max(1, int(every)), max(1, int(max_batch))
+        cap = every + 1  # a joiner's frame 0, then ``every`` frames, between two syncs
+        s: RowState | None = None
+        rows: dict[int, _Row] = {}
+        while True:
+            if cancelled is not None:
+                for b in [b for b, r in rows.items() if cancelled(r.key)]:
+                    s.free(b)
+                    del rows[b]
+            room = max_batch - len(rows)
+            joins = list(pull(room)) if room > 0 else []
+            if len(joins) > room:
+                raise ValueError(f"pull({room}) returned {len(joins)} requests")
+            if not rows and not joins:
+                return
+            if joins:
+                if rows:
+                    self.joined_running += len(joins)
+                s = self._admit(s, rows, joins, p, cap, max_batch)
+            for _ in range(every):
+                top = max(r.base + r.steps for r in rows.values())  # highest write slot
+                kv_len = min(s.max_len, -(-(top + 1) // 64) * 64)
+                self._run_step(s, p, kv_len)
+                for r in rows.values():
+                    r.steps += 1
+            # copies (on a CPU device .cpu() would alias the buffers the next steps rewrite)
+            out_n = s.out_n.to("cpu", copy=True)
+            finished = s.finished.to("cpu", copy=True)
+            most = int(out_n.max())
+            out = s.out[:, :most].to("cpu", copy=True) if most else None
+            s.out_n.zero_()
+            updates = []
+            for b, r in sorted(rows.items()):
+                n = int(out_n[b])
+                codes = out[b, :n] if n else torch.zeros(0, self.config.n_vq, dtype=torch.long)
+                done = bool(finished[b])
+                updates.append(RowUpdate(r.key, codes, done))
+                if done:
+                    s.free(b)
+                    del rows[b]
+            yield updates
+
+
+def decoder_for(engine) -> ContinuousDecoder:
+    """The engine's continuous decoder (made once; it keeps its states between runs)."""
+    dec = getattr(engine, "_continuous", None)
+    if dec is None:
+        dec = engine._continuous = ContinuousDecoder(engine)
+    return dec

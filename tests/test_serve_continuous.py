@@ -1,0 +1,173 @@
+"""Continuous batching of speech requests on moss-fast (tiny random model, CPU): requests that
+arrive while a decode runs join it; each keeps its own audio (same seed, same audio alone or
+joined mid-flight); rows free and get reused; a cancelled request leaves its row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bestofn import speech
+from bestofn.spec import GroupSpec
+
+
+def spec(text: str, seed: int) -> GroupSpec:
+    return GroupSpec("calm", "api", text, 1, seed)
+
+
+class CausalCodec:
+    """Stand-in codec: frame t's audio depends on codes t and t-1; 4 samples per frame."""
+
+    sample_rate, channels, per_frame = 48000, 1, 4
+
+    def decode(self, codes):
+        out = []
+        for c in codes:
+            x = c.double().sum(dim=1)
+            prev = torch.cat([x.new_zeros(1), x[:-1]]) if len(x) else x
+            y = torch.tanh(0.05 * x - 0.03 * prev).float().repeat_interleave(self.per_frame)
+            out.append(y.numpy().reshape(-1, 1))
+        return out
+
+
+def _gen(stops: bool):
+    from bestofn.fakes.moss import always_continue_, build, stop_head_tensors
+
+    gen = build("cpu", size="tiny", min_frames=6, max_frames=48)
+    gen.codec = CausalCodec()
+    m = gen.model
+    with torch.no_grad():
+        if stops:  # takes stop at random frames (p = 0.06 per frame): rows free at any sync
+            t = stop_head_tensors(gen.config, 0.06, seed=3)
+            m.local_ln_f.weight.mul_(t["local_transformer.ln_f.weight"])
+            m.local_ln_f.bias.copy_(t["local_transformer.ln_f.bias"])
+            m.stop_head.copy_(t["local_text_lm_head.weight"])
+        else:
+            always_continue_(m.local_ln_f.bias, m.stop_head)  # every take runs its budget
+    return gen
+
+
+@pytest.fixture(scope="module")
+def moss():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: threads only add overhead on a shared CPU
+    yield _gen(stops=False)
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def moss_stops():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield _gen(stops=True)
+    torch.set_num_threads(threads)
+
+
+class LateFeed:
+    """Hands out ``later`` requests once the render has yielded ``after`` chunks (they arrive
+    while it decodes), ``room`` permitting."""
+
+    def __init__(self, later: list[GroupSpec], after: int, max_batch: int = 8):
+        self.later, self.after, self.chunks = list(later), after, 0
+        self.max_batch, self.taken, self.gone = max_batch, [], set()
+
+    def take(self, n: int) -> list[GroupSpec]:
+        if self.chunks < self.after:
+            return []
+        out, self.later = self.later[:n], self.later[n:]
+        self.taken.append((self.chunks, len(out)))
+        return out
+
+    def cancelled(self, i: int) -> bool:
+        return i in self.gone
+
+    def feed(self) -> speech.Feed:
+        return speech.Feed(self.take, self.cancelled, self.max_batch)
+
+
+def render(gen, specs, late: LateFeed | None = None, n: int | None = None):
+    n = n or len(specs) + (len(late.later) if late else 0)
+    parts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    lasts = [0] * n
+    order = []
+    for i, audio, last in speech.stream_batch(gen, specs, late.feed() if late else None):
+        assert lasts[i] == 0, f"request {i} got a chunk after its last one"
+        parts[i].append(audio)
+        lasts[i] += last
+        order.append(i)
+        if late is not None:
+            late.chunks += 1
+    return [np.concatenate(p) if p else None for p in parts], lasts, order
+
+
+def test_a_request_joined_mid_flight_gets_the_audio_it_gets_alone(moss):
+    from bestofn.moss.continuous import decoder_for
+
+    long = spec("one two three four five six seven", 11)  # 7 words x 6 = 42 frames
+    late = [spec("Good morning to you.", 5), spec("It is late.", 9)]
+    alone = [render(moss, [s])[0][0] for s in (long, *late)]
+    dec = decoder_for(moss.engine)
+    before = dec.joined_running
+    feed = LateFeed(late, after=2)  # after the long request's first two chunks
+    joined, lasts, order = render(moss, [long], feed)
+    assert lasts == [1, 1, 1]
+    assert feed.taken and feed.taken[0] == (2, 2), "the late requests joined at one sync"
+    assert dec.joined_running - before == 2, "they joined a decode that was running"
+    # the long request went on streaming after they joined, and they streamed before it ended
+    last_long = len(order) - 1 - order[::-1].index(0)
+    assert order.index(1) < last_long and order.index(2) < last_long
+    for got, want in zip(joined, alone, strict=True):
+        assert np.array_equal(got, want)
+    per = CausalCodec.per_frame
+    assert [a.shape[0] for a in joined] == [42 * per, 24 * per, 18 * per]
+    # the joined request's audio is exactly the workflow's take with the same seed
+    assert np.array_equal(joined[1][:, 0], moss.generate(late[0])[0].audio[:, 0])
+    # another seed gives other audio (the comparison above could fail)
+    other = render(moss, [spec("Good morning to you.", 6)])[0][0]
+    assert not np.array_equal(other, joined[1])
+
+
+def test_more_requests_than_rows_wait_for_free_rows_and_keep_their_audio(moss_stops):
+    """Rows stop at random frames; 7 requests through at most 2 rows at once: later ones take
+    the rows that free up (and the state grows 1 -> 2 rows mid-flight)."""
+    from bestofn.moss.continuous import decoder_for
+
+    texts = ["one two three four five", "Hi there.", "It is late now.", "See you at nine.",
+             "A b c d e f", "Once more.", "The end of it."]  # fmt: skip
+    specs = [spec(t, 100 + i) for i, t in enumerate(texts)]
+    alone = [render(moss_stops, [s])[0][0] for s in specs]
+    lengths = {a.shape[0] for a in alone}
+    assert len(lengths) > 2, "takes of different lengths (rows free at different syncs)"
+    feed = LateFeed(specs[1:], after=0, max_batch=2)
+    joined, lasts, _ = render(moss_stops, specs[:1], feed)
+    assert lasts == [1] * 7
+    assert sum(k for _, k in feed.taken) == 6 and max(k for _, k in feed.taken) <= 1
+    for got, want in zip(joined, alone, strict=True):
+        assert np.array_equal(got, want)
+    assert all(s.batch <= 2 for s in decoder_for(moss_stops.engine)._states.values())
+
+
+def test_a_cancelled_request_leaves_its_row_and_the_others_are_unchanged(moss):
+    a, b = spec("one two three four five six", 21), spec("one two three four five six", 22)
+    alone_b = render(moss, [b])[0][0]
+    feed = LateFeed([], after=0)
+    feed.gone = set()
+    parts: dict[int, list] = {0: [], 1: []}
+    for i, audio, last in speech.stream_batch(moss, [a, b], feed.feed()):
+        parts[i].append((audio, last))
+        if i == 0 and len(parts[0]) == 1:
+            feed.gone.add(0)  # client 0 left after its first chunk
+    assert len(parts[0]) == 1 and not parts[0][0][1], "no more chunks for a cancelled request"
+    assert parts[1][-1][1]
+    assert np.array_equal(np.concatenate([p for p, _ in parts[1]]), alone_b)
+
+
+def test_piper_ignores_the_feed(tmp_path):
+    """piper renders the requests it was given; the feed is left for the caller's next batch."""
+    from bestofn.backends.piper import PiperGenerator
+
+    feed = LateFeed([spec("Later.", 1)], after=0)
+    out = list(speech.stream_batch(PiperGenerator(), [spec("Now.", 2)], feed.feed()))
+    assert {i for i, _, _ in out} == {0} and out[-1][2]
+    assert feed.taken == [] and len(feed.later) == 1
