@@ -1,0 +1,187 @@
+"""MOSS-TTS v1.5 Delay (8B) with random weights: configs, state dicts and checkpoint
+directories in the published layout (OpenMOSS/MOSS-TTS ``moss_tts_delay/``).
+
+- ``tiny_config()``: a small ``MossDelayConfig`` (4 codebooks of 16) for engine tests and
+  ``bestofn parity``. Its text vocabulary keeps the real size's special ids (151643..151662):
+  the published ``generate`` indexes the delay slot by its literal id 151662.
+- ``SIZES``: ``real`` = Qwen3-8B backbone (hidden 4096, 36 layers, 32 query / 8 KV heads of
+  128, SwiGLU 12288, vocab 151936) with 32 codebooks of 1024 (+1 pad row); ``tiny`` = the
+  same audio layout (32 x 1024, what the codec reads) on a 2-layer, 32-wide backbone.
+
+A checkpoint directory holds config.json (published keys + ``auto_map``), the weights
+(model.safetensors, or 4 GiB shards + index at real size), a byte-level tokenizer whose MOSS
+specials sit at the published ids, a Qwen-style chat template and processor_config.json. The
+remote code is not ours: ``add_remote_code`` copies it from a copy of ``moss_tts_delay/``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from bestofn.fakes import check_size
+from bestofn.moss.delay import MossDelayConfig
+
+SIZES = {
+    "real": dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, inner=12288,
+                 vocab=151936, n_vq=32, codebook=1024),
+    "tiny": dict(hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, inner=64,
+                 vocab=151680, n_vq=32, codebook=1024),
+}  # fmt: skip
+INIT_STD = {"tiny": 0.2, "real": 0.02}
+SHARD_BYTES = {"tiny": None, "real": 4 * 2**30}
+REMOTE_CODE_FILES = (
+    "configuration_moss_tts.py",
+    "modeling_moss_tts.py",
+    "inference_utils.py",
+    "processing_moss_tts.py",
+    "tts_robust_normalizer_single_script.py",
+)
+SPECIAL_NAMES = {  # published ids (configuration_moss_tts.py defaults) -> token text here
+    "pad_token_id": "<|endoftext|>",
+    "im_start_token_id": "<|im_start|>",
+    "im_end_token_id": "<|im_end|>",
+    "audio_start_token_id": "<|audio_start|>",
+    "audio_end_token_id": "<|audio_end|>",
+    "audio_user_slot_token_id": "<|audio_user_slot|>",
+    "audio_assistant_gen_slot_token_id": "<|audio_assistant_gen_slot|>",
+    "audio_assistant_delay_slot_token_id": "<|audio_assistant_delay_slot|>",
+}
+# Qwen's chat template reduced to what the processor renders (one message, optional prompt)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_config(n_vq: int = 4, codebook: int = 16, vocab_size: int = 151680) -> MossDelayConfig:
+    return MossDelayConfig(
+        hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+        intermediate_size=48, vocab_size=vocab_size, rope_theta=10000.0, n_vq=n_vq,
+        audio_vocab_size=codebook, audio_pad_code=codebook,
+    )  # fmt: skip
+
+
+def size_config(size: str) -> MossDelayConfig:
+    check_size(size)
+    s = SIZES[size]
+    return MossDelayConfig(
+        hidden_size=s["hidden"], num_layers=s["layers"], num_heads=s["heads"],
+        num_kv_heads=s["kv_heads"], head_dim=s["head_dim"], intermediate_size=s["inner"],
+        vocab_size=s["vocab"], n_vq=s["n_vq"], audio_vocab_size=s["codebook"],
+        audio_pad_code=s["codebook"],
+    )  # fmt: skip
+
+
+def published_config(cfg: MossDelayConfig) -> dict:
+    return {
+        **cfg.to_hf_dict(),
+        "auto_map": {
+            "AutoConfig": "configuration_moss_tts.MossTTSDelayConfig",
+            "AutoModel": "modeling_moss_tts.MossTTSDelayModel",
+        },
+    }
+
+
+def random_tensors(cfg: MossDelayConfig, seed: int = 0, std: float = 0.2
+                   ) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+    """Published-layout tensors, float32 on the CPU, one at a time (an 8B checkpoint is
+    written without holding it in memory)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=std):
+        return torch.randn(*shape, generator=g) * scale
+
+    H, D, V1 = cfg.hidden_size, cfg.head_dim, cfg.audio_vocab_size + 1
+    p = "language_model."
+    yield p + "embed_tokens.weight", rnd(cfg.vocab_size, H, scale=1.0)
+    for i in range(cfg.num_layers):
+        q = f"{p}layers.{i}."
+        yield q + "self_attn.q_proj.weight", rnd(cfg.num_heads * D, H)
+        yield q + "self_attn.k_proj.weight", rnd(cfg.num_kv_heads * D, H)
+        yield q + "self_attn.v_proj.weight", rnd(cfg.num_kv_heads * D, H)
+        yield q + "self_attn.o_proj.weight", rnd(H, cfg.num_heads * D)
+        yield q + "self_attn.q_norm.weight", 1 + rnd(D, scale=0.1)
+        yield q + "self_attn.k_norm.weight", 1 + rnd(D, scale=0.1)
+        yield q + "input_layernorm.weight", 1 + rnd(H, scale=0.1)
+        yield q + "post_attention_layernorm.weight", 1 + rnd(H, scale=0.1)
+        yield q + "mlp.gate_proj.weight", rnd(cfg.intermediate_size, H)
+        yield q + "mlp.up_proj.weight", rnd(cfg.intermediate_size, H)
+        yield q + "mlp.down_proj.weight", rnd(H, cfg.intermediate_size)
+    yield p + "norm.weight", 1 + rnd(H, scale=0.1)
+    for k in range(cfg.n_vq):
+        yield f"emb_ext.{k}.weight", rnd(V1, H, scale=1.0 / cfg.n_vq**0.5)
+    yield "lm_heads.0.weight", rnd(cfg.vocab_size, H, scale=1.0 / H**0.5)
+    for k in range(cfg.n_vq):
+        yield f"lm_heads.{k + 1}.weight", rnd(V1, H, scale=3.0 / H**0.5)
+
+
+def random_state_dict(cfg: MossDelayConfig, seed: int = 0, std: float = 0.2) -> dict:
+    return dict(random_tensors(cfg, seed, std))
+
+
+def write_tokenizer(out: Path, cfg: MossDelayConfig) -> None:
+    """Byte-level tokenizer: bytes at 0..255, the MOSS specials at the config's ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    specials = {getattr(cfg, field): name for field, name in SPECIAL_NAMES.items()}
+    vocab.update({name: i for i, name in specials.items()})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(specials.values()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>",
+                                   eos_token="<|im_end|>")  # fmt: skip
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+
+
+def write_model(out_dir, size: str = "tiny", seed: int = 0, codec_dir=None,
+                cfg: MossDelayConfig | None = None, shard_bytes="auto") -> Path:  # fmt: skip
+    """A Delay checkpoint directory with random weights (float32 tiny, bfloat16 real)."""
+    from bestofn.fakes.moss import write_safetensors
+
+    tiny = check_size(size)
+    cfg = cfg or size_config(size)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(published_config(cfg), indent=1))
+    write_tokenizer(out, cfg)
+    processor_config = {
+        "processor_class": "MossTTSDelayProcessor",
+        "auto_map": {"AutoProcessor": "processing_moss_tts.MossTTSDelayProcessor"},
+        "audio_tokenizer_name_or_path": str(codec_dir or "OpenMOSS-Team/MOSS-Audio-Tokenizer"),
+    }
+    (out / "processor_config.json").write_text(json.dumps(processor_config, indent=1))
+    if shard_bytes == "auto":
+        shard_bytes = SHARD_BYTES[size]
+    dtype = torch.float32 if tiny else torch.bfloat16
+    write_safetensors(out, random_tensors(cfg, seed, INIT_STD[size]), dtype, shard_bytes)
+    return out
+
+
+def add_remote_code(model_dir, code_dir) -> Path:
+    """Copy the published Delay code (a copy of ``moss_tts_delay/``) into ``model_dir``."""
+    model_dir, code_dir = Path(model_dir), Path(code_dir)
+    missing = [n for n in REMOTE_CODE_FILES if not (code_dir / n).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"MOSS Delay remote code missing in {code_dir}: {missing} (expected a copy of "
+            "OpenMOSS/MOSS-TTS moss_tts_delay/)"
+        )
+    for name in REMOTE_CODE_FILES:
+        shutil.copy2(code_dir / name, model_dir / name)
+    return model_dir
+
+
+def is_delay_code(code_dir) -> bool:
+    path = Path(code_dir) / "modeling_moss_tts.py"
+    return path.is_file() and "MossTTSDelayModel" in path.read_text(errors="replace")

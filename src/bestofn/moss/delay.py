@@ -1,0 +1,343 @@
+"""MOSS-TTS v1.5 Delay (8B): checkpoint facts, the network for inference, and its loader.
+
+Facts (OpenMOSS/MOSS-TTS ``moss_tts_delay/``; docs/notes/moss-facts.md, section Delay):
+
+- config.json: ``model_type = "moss_tts_delay"``, a nested ``language_config`` (Qwen3),
+  ``n_vq`` (32), ``audio_vocab_size`` (1024), ``audio_pad_code`` (1024), ``sampling_rate``
+  (24000) and the special token ids.
+- Weights (published key names): ``language_model.*`` (a plain Qwen3Model: embed_tokens,
+  layers.{i}.self_attn.{q,k,v,o}_proj / {q,k}_norm, mlp.{gate,up,down}_proj, the two layer
+  norms, norm), ``emb_ext.{k}.weight`` [audio_vocab + 1, H] (the pad code has its own row and
+  IS added to the input embedding), ``lm_heads.0.weight`` [vocab, H] (text head) and
+  ``lm_heads.{1+k}.weight`` [audio_vocab + 1, H] (codebook k; its last logit is never sampled).
+- Input rows are [text token, code_0 .. code_{n_vq-1}]; one backbone step per row, all heads
+  on the final hidden. Codebook k of frame f sits in row f + k (the delay pattern).
+- Positions are the slot index (the published forward passes no position ids, so a left-padded
+  prompt's pads take positions too); padded and finished slots are masked as keys.
+
+The backbone layers are ``bestofn.moss.model.BackboneLayer`` (the same Qwen3 block as Local).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from bestofn.moss.checkpoint import CheckpointError, _DictTensors, _Tensors, weight_files
+from bestofn.moss.kv_cache import BackboneCache
+from bestofn.moss.model import BackboneLayer, RMSNorm
+
+MODEL_TYPE = "moss_tts_delay"
+
+
+@dataclass
+class MossDelayConfig:
+    # backbone (Qwen3-8B in the published model)
+    hidden_size: int = 4096
+    num_layers: int = 36
+    num_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    intermediate_size: int = 12288
+    vocab_size: int = 151936
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    # audio
+    n_vq: int = 32
+    audio_vocab_size: int = 1024
+    audio_pad_code: int = 1024
+    sampling_rate: int = 24_000
+    frame_rate: float = 12.5
+    # special tokens (published defaults)
+    pad_token_id: int = 151643
+    im_start_token_id: int = 151644
+    im_end_token_id: int = 151645
+    audio_start_token_id: int = 151652
+    audio_end_token_id: int = 151653
+    audio_user_slot_token_id: int = 151654
+    audio_assistant_gen_slot_token_id: int = 151656
+    audio_assistant_delay_slot_token_id: int = 151662
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.audio_pad_code != self.audio_vocab_size:
+            # the published heads have audio_vocab + 1 rows and mask the last one as the pad
+            raise ValueError(
+                f"audio_pad_code ({self.audio_pad_code}) must equal audio_vocab_size "
+                f"({self.audio_vocab_size}) in the Delay layout"
+            )
+        ids = [self.pad_token_id, self.im_end_token_id, self.audio_start_token_id,
+               self.audio_end_token_id, self.audio_assistant_gen_slot_token_id,
+               self.audio_assistant_delay_slot_token_id]  # fmt: skip
+        if max(ids) >= self.vocab_size:
+            raise ValueError(f"special token ids {ids} must lie below vocab_size {self.vocab_size}")
+
+    @property
+    def audio_vocab(self) -> int:
+        return self.audio_vocab_size
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict) -> MossDelayConfig:
+        q = cfg.get("language_config") or {}
+        hidden = int(q.get("hidden_size", 4096))
+        heads = int(q.get("num_attention_heads", 32))
+        rope_theta = q.get("rope_theta")
+        for key in ("rope_parameters", "rope_scaling"):
+            if rope_theta is None and isinstance(q.get(key), dict):
+                rope_theta = q[key].get("rope_theta")
+        d = cls.__dataclass_fields__
+        ints = {k: int(cfg[k]) for k in d if k in cfg and k.endswith(("_id", "_code"))}
+        return cls(
+            hidden_size=hidden,
+            num_layers=int(q.get("num_hidden_layers", 36)),
+            num_heads=heads,
+            num_kv_heads=int(q.get("num_key_value_heads", heads)),
+            head_dim=int(q.get("head_dim") or hidden // heads),
+            intermediate_size=int(q.get("intermediate_size", 12288)),
+            vocab_size=int(q.get("vocab_size", 151936)),
+            rope_theta=float(rope_theta if rope_theta is not None else 1_000_000.0),
+            rms_norm_eps=float(q.get("rms_norm_eps", 1e-6)),
+            n_vq=int(cfg.get("n_vq", 32)),
+            audio_vocab_size=int(cfg.get("audio_vocab_size", 1024)),
+            sampling_rate=int(cfg.get("sampling_rate", 24000)),
+            **ints,
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> MossDelayConfig:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_hf_dict(json.load(f))
+
+    def to_hf_dict(self) -> dict:
+        """config.json in the published layout (what ``MossTTSDelayConfig`` reads)."""
+        qwen3 = {
+            "model_type": "qwen3",
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 40960,
+        }
+        out = {
+            "architectures": ["MossTTSDelayModel"],
+            "model_type": MODEL_TYPE,
+            "language_config": qwen3,
+            "tie_word_embeddings": False,
+        }
+        for k, v in asdict(self).items():
+            if k in ("n_vq", "audio_vocab_size", "sampling_rate") or k.endswith(("_id", "_code")):
+                out[k] = v
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_delay_checkpoint(ckpt_dir: str | Path) -> bool:
+    """True when ``ckpt_dir/config.json`` describes a MOSS-TTS Delay model."""
+    path = Path(ckpt_dir) / "config.json"
+    if not path.is_file():
+        return False
+    cfg = json.loads(path.read_text())
+    archs = cfg.get("architectures") or []
+    return cfg.get("model_type") == MODEL_TYPE or "MossTTSDelayModel" in archs
+
+
+# ---- delay pattern -------------------------------------------------------------------------
+
+
+def apply_delay(codes: torch.Tensor, pad_code: int) -> torch.Tensor:
+    """codes [T, n_vq] -> delayed rows [T + n_vq - 1, n_vq]: codebook k shifted down k rows."""
+    T, n = codes.shape
+    out = torch.full((T + n - 1, n), pad_code, dtype=codes.dtype, device=codes.device)
+    for k in range(n):
+        out[k : k + T, k] = codes[:, k]
+    return out
+
+
+def undo_delay(rows: torch.Tensor) -> torch.Tensor:
+    """Delayed rows [R, n_vq] -> codes [R - n_vq + 1, n_vq] (frames with every codebook)."""
+    R, n = rows.shape
+    T = max(0, R - n + 1)
+    idx = torch.arange(T, device=rows.device)[:, None] + torch.arange(n, device=rows.device)
+    return rows.gather(0, idx) if T else rows.new_zeros((0, n))
+
+
+# ---- network -------------------------------------------------------------------------------
+
+
+class MossDelayModel(nn.Module):
+    def __init__(self, c: MossDelayConfig):
+        super().__init__()
+        self.config = c
+        H, V1 = c.hidden_size, c.audio_vocab_size + 1
+        self.embed_tokens = nn.Embedding(c.vocab_size, H)
+        self.layers = nn.ModuleList(BackboneLayer(c) for _ in range(c.num_layers))
+        self.norm = RMSNorm(H, c.rms_norm_eps)
+        self.audio_embed = nn.Parameter(torch.zeros(c.n_vq, V1, H))  # emb_ext, stacked
+        self.text_head = nn.Parameter(torch.zeros(c.vocab_size, H))  # lm_heads.0
+        self.audio_heads = nn.Parameter(torch.zeros(c.n_vq, V1, H))  # lm_heads.1..n_vq
+        self.build_buffers()
+
+    def build_buffers(self, device=None) -> None:
+        c = self.config
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+        self.register_buffer("inv_freq", inv.to(device) if device else inv, persistent=False)
+
+    def compile_steps(self, **kw) -> None:
+        """torch.compile'd per-token pieces (the same functions Local compiles)."""
+        from bestofn.moss.model import IMPLS
+
+        compiled = getattr(self, "_compiled_impls", None)
+        if compiled is None:
+            compiled = {n: torch.compile(fn, dynamic=False, **kw) for n, fn in IMPLS.items()}
+            self._compiled_impls = compiled
+        for layer in self.layers:
+            layer.impl = compiled
+
+    def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [..., 1 + n_vq] -> [..., H]: text embedding + every channel's code embedding
+        (pad codes included: the published model embeds them with their own row)."""
+        k = torch.arange(self.config.n_vq, device=ids.device)
+        return self.embed_tokens(ids[..., 0]) + self.audio_embed[k, ids[..., 1:]].sum(-2)
+
+    def _rope(self, pos: torch.Tensor, dtype):
+        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, cache: BackboneCache):
+        """ids [B, T, 1+n_vq] left-padded -> final-norm hidden [B, T, H]; fills cache [0, T)."""
+        B, T, _ = ids.shape
+        mask = attention_mask.bool()
+        pos = torch.arange(T, device=ids.device).expand(B, T)
+        x = self.embed_rows(ids).to(self.text_head.dtype)
+        cos, sin = self._rope(pos, x.dtype)
+        attn_mask = None
+        if not bool(mask.all()):
+            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
+            keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=ids.device)
+            attn_mask = causal & keys
+        for i, layer in enumerate(self.layers):
+            x = layer.prefill(x, cos, sin, attn_mask, cache.k[i], cache.v[i])
+        cache.key_mask[:, :T].copy_(mask)
+        cache.pos.fill_(T)
+        cache.write_idx.fill_(T)
+        return self.norm(x)
+
+    def backbone_step(self, x, alive, cache: BackboneCache, kv_len: int | None = None):
+        """x [B, H]: embeddings of each row's newest input; alive [B]: its attention-mask bit."""
+        L = kv_len or cache.max_len
+        cache.key_mask.index_copy_(1, cache.write_idx, alive.unsqueeze(1))
+        bias = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(
+            ~cache.key_mask[:, None, None, :L], float("-inf")
+        )
+        cos, sin = self._rope(cache.pos, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer.decode(x, cos, sin, bias, cache.write_idx, cache.k[i][:, :, :L],
+                             cache.v[i][:, :, :L])  # fmt: skip
+        cache.pos.add_(1)
+        cache.write_idx.add_(1)
+        return self.norm(x)
+
+    def text_logits(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.text_head.t()
+
+    def audio_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[B, H] -> [B, n_vq, audio_vocab + 1] (the last entry, the pad code, at -inf)."""
+        logits = torch.einsum("bh,kvh->bkv", h, self.audio_heads)
+        return logits.index_fill(-1, self._pad_index(logits.device), float("-inf"))
+
+    def _pad_index(self, device):
+        t = getattr(self, "_pad_idx", None)
+        if t is None or t.device != device:
+            t = self._pad_idx = torch.tensor([self.config.audio_pad_code], device=device)
+        return t
+
+    def new_backbone_cache(self, batch: int, max_len: int) -> BackboneCache:
+        c, p = self.config, self.text_head
+        return BackboneCache(
+            c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device
+        )
+
+
+# ---- checkpoint ----------------------------------------------------------------------------
+
+
+def load_delay_config(ckpt_dir: str | Path) -> MossDelayConfig:
+    path = Path(ckpt_dir) / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"missing {path}")
+    return MossDelayConfig.from_json(path)
+
+
+def load_delay_model(
+    ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+) -> MossDelayModel:
+    ckpt_dir = Path(ckpt_dir)
+    cfg = load_delay_config(ckpt_dir)
+    return delay_model_from_tensors(
+        cfg, _Tensors(weight_files(ckpt_dir)), device, dtype, str(ckpt_dir)
+    )
+
+
+def delay_model_from_state_dict(cfg, sd: dict, device="cpu", dtype=torch.float32):
+    return delay_model_from_tensors(cfg, _DictTensors(sd), device, dtype, "state dict")
+
+
+@torch.no_grad()
+def delay_model_from_tensors(cfg: MossDelayConfig, t, device, dtype, where: str):
+    with torch.device("meta"):
+        model = MossDelayModel(cfg)
+    model = model.to_empty(device=device).to(dtype)
+    model.build_buffers(device)
+    used: set[str] = set()
+
+    def take(key: str) -> torch.Tensor:
+        if key not in t:
+            raise CheckpointError(f"{where}: missing tensor {key!r}")
+        used.add(key)
+        return t.get(key)
+
+    def put(param: torch.Tensor, *keys: str):
+        src = torch.cat([take(k) for k in keys], dim=0) if len(keys) > 1 else take(keys[0])
+        if tuple(src.shape) != tuple(param.shape):
+            raise CheckpointError(
+                f"{where}: {keys} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
+            )
+        param.copy_(src)
+
+    put(model.embed_tokens.weight, "language_model.embed_tokens.weight")
+    for i, layer in enumerate(model.layers):
+        p = f"language_model.layers.{i}."
+        a = p + "self_attn."
+        put(layer.qkv.weight, a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+        put(layer.o_proj.weight, a + "o_proj.weight")
+        put(layer.q_norm.weight, a + "q_norm.weight")
+        put(layer.k_norm.weight, a + "k_norm.weight")
+        put(layer.input_layernorm.weight, p + "input_layernorm.weight")
+        put(layer.post_attention_layernorm.weight, p + "post_attention_layernorm.weight")
+        put(layer.gate_up.weight, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+        put(layer.down_proj.weight, p + "mlp.down_proj.weight")
+    put(model.norm.weight, "language_model.norm.weight")
+    put(model.text_head, "lm_heads.0.weight")
+    for k in range(cfg.n_vq):
+        put(model.audio_embed[k], f"emb_ext.{k}.weight")
+        put(model.audio_heads[k], f"lm_heads.{k + 1}.weight")
+    extra = [k for k in t.where if k not in used and not k.endswith("inv_freq")]
+    if extra:
+        raise CheckpointError(f"{where}: unexpected tensors (layout mismatch?): {extra[:8]}")
+    return model.eval()

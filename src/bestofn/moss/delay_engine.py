@@ -1,0 +1,369 @@
+"""The MOSS-TTS Delay decode loop: batched prefill, then one fixed-shape step per row.
+
+One step = one backbone step on the previous row, the text head and the 32 codebook heads on
+its hidden, and their sampling. The published ``generate`` (moss_tts_delay/modeling_moss_tts.py)
+keeps per-row counters that decide, every step, what each row may emit; they are kept here as
+device tensors with the same rules, so the step has no host sync and no data-dependent shape
+and is captured once as a CUDA graph on cuda (eager on cpu):
+
+- ``audio_len``: rows since the audio block started; codebook k is sampled once it exceeds k
+  (so codebook k of frame f lands in row f + k: the delay pattern);
+- ``delayed``: INF until the text head emits the delay slot (the row's "stop"), then counts
+  the n_vq rows of the tail in which the low codebooks fall silent one by one; at n_vq the row
+  emits audio_end. While the tail runs the text token is forced, else it is sampled:
+  inside audio only {gen slot, delay slot}, outside audio anything but the audio specials
+  (and never im_end during the first n_vq + 1 steps, never the delay slot at step 0);
+- a row that emits im_end stops (its next rows are masked as keys, as the reference does).
+
+What this engine adds, all off by default in ``exact`` mode (the parity check):
+``force_audio_start`` (a prompt ending in "assistant\\n" starts its audio block at step 0, as
+the trained model does), ``min_frames`` / ``max_frames`` (the delay slot is banned before
+min_frames frames and forced at max_frames: every take ends with a complete tail), and
+``stop_at_audio_end`` (a row is done at its first audio_end; the loop ends when all are).
+Random numbers: ``take_uniform(seed, step * 64 + j)``, j = 0 text, 1 + k codebook k, so a take
+draws the same numbers whatever its batch. The repetition penalty (if != 1) is per take and
+per codebook over its own generated codes (the published one pools the whole batch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bestofn.moss.delay import MossDelayModel, undo_delay
+from bestofn.moss.engine import GenerationOutput
+from bestofn.moss.sampling import (
+    STEPS_PER_FRAME,
+    SamplingParams,
+    apply_repetition_penalty,
+    sample_tokens,
+    take_uniform,
+)
+
+INF = 1 << 40  # "no tail running" (the reference uses int64 max; only comparisons matter)
+
+
+@dataclass(frozen=True)
+class DelayBudget:
+    """Frame limits of one request (frames = complete codec frames of 80 ms)."""
+
+    max_frames: int
+    min_frames: int = 0
+    force_audio_start: bool = True
+    stop_at_audio_end: bool = True
+    enforce: bool = True  # min_frames / max_frames are applied (off: the reference's rules)
+
+    @classmethod
+    def exact(cls, max_steps: int) -> DelayBudget:
+        """The published generate's behaviour: no forcing, run until im_end or max_steps."""
+        return cls(max_frames=max_steps, min_frames=0, force_audio_start=False,
+                   stop_at_audio_end=False, enforce=False)  # fmt: skip
+
+    def steps(self, n_vq: int) -> int:
+        """Rows needed for max_frames frames: audio_start + frames + tail + audio_end."""
+        return self.max_frames + n_vq + 1
+
+
+class DelayState:
+    """Every buffer one step reads or writes, for a fixed (batch, cache length, steps)."""
+
+    def __init__(self, model: MossDelayModel, batch: int, max_len: int, max_steps: int):
+        c = model.config
+        dev = model.text_head.device
+        self.batch, self.max_len, self.max_steps = batch, max_len, max_steps
+        self.cache = model.new_backbone_cache(batch, max_len)
+        long = dict(dtype=torch.long, device=dev)
+        boolean = dict(dtype=torch.bool, device=dev)
+        self.seeds = torch.zeros(batch, **long)
+        self.offsets = torch.arange(1 + c.n_vq, **long)
+        self.k = torch.arange(c.n_vq, **long)
+        self.step = torch.zeros((), **long)
+        self.row = torch.zeros(batch, 1 + c.n_vq, **long)
+        self.alive = torch.ones(batch, **boolean)
+        self.stopping = torch.zeros(batch, **boolean)
+        self.is_audio = torch.zeros(batch, **boolean)
+        self.audio_len = torch.zeros(batch, **long)
+        self.delayed = torch.full((batch,), INF, **long)
+        self.frames = torch.zeros(batch, **long)  # codebook-0 codes of the first audio block
+        self.audio_done = torch.zeros(batch, **boolean)
+        self.forced_end = torch.zeros(batch, **boolean)  # max_frames forced the tail
+        self.finished = torch.zeros(batch, **boolean)
+        self.history = torch.full((batch, max_steps + 1, 1 + c.n_vq), c.audio_pad_code, **long)
+        self.seen = torch.zeros(batch, c.n_vq, c.audio_vocab + 1, **boolean)
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.temperature = torch.ones((), **f32)
+        self.top_p = torch.ones((), **f32)
+        self.penalty = torch.ones((), **f32)
+        self.text_temperature = torch.ones((), **f32)
+        self.text_top_p = torch.ones((), **f32)
+        self.min_frames = torch.zeros((), **long)
+        self.max_frames = torch.zeros((), **long)
+        # text-head masks: outside audio these four are banned; inside only gen/delay allowed
+        V = c.vocab_size
+        self.ban_text = torch.zeros(V, **boolean)
+        banned = [c.pad_token_id, c.audio_assistant_gen_slot_token_id,
+                  c.audio_assistant_delay_slot_token_id, c.audio_end_token_id]  # fmt: skip
+        self.ban_text[banned] = True
+        self.ban_audio = torch.ones(V, **boolean)
+        self.ban_audio[[c.audio_assistant_gen_slot_token_id,
+                        c.audio_assistant_delay_slot_token_id]] = False  # fmt: skip
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.graph_pool = None
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [*self.cache.tensors(), self.seeds, self.step, self.row, self.alive,
+                self.stopping, self.is_audio, self.audio_len, self.delayed, self.frames,
+                self.audio_done, self.forced_end, self.finished, self.history,
+                self.seen]  # fmt: skip
+
+
+class MossDelayEngine:
+    def __init__(
+        self,
+        model: MossDelayModel,
+        use_cuda_graphs: bool | None = None,
+        compile: bool | None = None,
+        sync_every: int = 8,
+        max_states: int = 2,
+    ):
+        self.model = model.eval()
+        self.config = model.config
+        self.device = model.text_head.device
+        on_gpu = self.device.type == "cuda"
+        self.use_cuda_graphs = on_gpu if use_cuda_graphs is None else use_cuda_graphs
+        self.compiled = on_gpu if compile is None else compile
+        self._sample, self._uniform = sample_tokens, take_uniform
+        if self.compiled:
+            model.compile_steps()
+            self._sample = torch.compile(sample_tokens, dynamic=False)
+            self._uniform = torch.compile(take_uniform, dynamic=False)
+        self.sync_every = sync_every
+        self.max_states = max_states
+        self._states: dict[tuple[int, int, int], DelayState] = {}
+
+    # ---- one step (captured as a CUDA graph) ---------------------------------------------
+
+    def _step(self, s: DelayState, p: SamplingParams, b: DelayBudget, kv_len=None) -> None:
+        m = self.model
+        x = m.embed_rows(s.row).to(m.text_head.dtype)
+        self._heads_and_sampling(s, p, b, m.backbone_step(x, s.alive, s.cache, kv_len))
+
+    def _heads_and_sampling(self, s: DelayState, p: SamplingParams, b: DelayBudget, h):
+        m, c = self.model, self.config
+        n, t = c.n_vq, s.step
+        gen, dly = c.audio_assistant_gen_slot_token_id, c.audio_assistant_delay_slot_token_id
+        u = self._uniform(s.seeds[:, None], t * STEPS_PER_FRAME + s.offsets[None, :])
+
+        # -- text channel
+        in_tail = ~s.stopping & (s.delayed < n)
+        at_end = ~s.stopping & (s.delayed == n)
+        is_audio = s.is_audio & ~at_end
+        free = ~s.stopping & (s.delayed > n)
+        ban = torch.where(is_audio[:, None], s.ban_audio, s.ban_text)
+        col = torch.zeros_like(s.ban_text)
+        col[dly] = True
+        ban = ban | (col & (t == 0))
+        col = torch.zeros_like(s.ban_text)
+        col[c.im_end_token_id] = True
+        ban = ban | (col & (t <= n))
+        if b.enforce and b.min_frames > 0:  # too short to stop: no delay slot yet
+            short = is_audio & (s.frames + 1 < s.min_frames) & ~s.audio_done
+            col = torch.zeros_like(s.ban_text)
+            col[dly] = True
+            ban = ban | (col & short[:, None])
+        logits = m.text_logits(h).float().masked_fill(ban, float("-inf"))
+        sampled = self._sample(logits, u[:, 0], temperature=s.text_temperature,
+                               top_k=p.text_top_k, top_p=s.text_top_p,
+                               do_sample=p.do_sample)  # fmt: skip
+        text = torch.full_like(sampled, c.pad_token_id)
+        text = torch.where(in_tail, dly, text)
+        text = torch.where(at_end, c.audio_end_token_id, text)
+        text = torch.where(free, sampled, text)
+        if b.force_audio_start:
+            start = free & ~is_audio & (t == 0)
+            text = torch.where(start, c.audio_start_token_id, text)
+        if b.enforce:  # long enough: start the tail
+            full = free & is_audio & (s.frames + 1 >= s.max_frames) & ~s.audio_done
+            text = torch.where(full, dly, text)
+            s.forced_end |= full & (sampled != dly)
+        s.is_audio.copy_(is_audio | (text == c.audio_start_token_id))
+        s.stopping |= text == c.im_end_token_id
+
+        # -- codebooks: k is sampled once the block has run k rows, until the tail passes it
+        pre = s.audio_len[:, None] > s.k[None, :]
+        post = (s.k[None, :] > s.delayed[:, None] - 1) | (s.delayed == INF)[:, None]
+        take = pre & post
+        logits = m.audio_logits(h).float()  # [B, n, V+1]
+        if p.repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, s.seen, s.penalty)
+        B = logits.shape[0]
+        codes = self._sample(logits.reshape(B * n, -1), u[:, 1:].reshape(-1),
+                             temperature=s.temperature, top_k=p.top_k, top_p=s.top_p,
+                             do_sample=p.do_sample).view(B, n)  # fmt: skip
+        codes = torch.where(take, codes, c.audio_pad_code)
+        if p.repetition_penalty != 1.0:
+            s.seen.scatter_(2, codes.unsqueeze(-1), True)  # pad (never sampled) is harmless
+
+        # -- counters
+        grows = (text == c.audio_start_token_id) | (text == gen) | (text == dly)
+        s.audio_len.copy_(torch.where(text == c.audio_end_token_id, 0, s.audio_len + grows))
+        d = torch.where((s.delayed == INF) & (text == dly), 0, s.delayed)
+        d = torch.where(d != INF, d + 1, d)
+        s.delayed.copy_(torch.where(d > n, INF, d))
+        s.frames += (take[:, 0] & ~s.audio_done).long()
+        s.audio_done |= text == c.audio_end_token_id
+        done = s.stopping | s.audio_done if b.stop_at_audio_end else s.stopping
+        s.finished.copy_(done)
+
+        row = torch.cat([text[:, None], codes], dim=1)
+        s.history.index_copy_(1, t.clamp(max=s.max_steps).view(1), row.unsqueeze(1))
+        s.row.copy_(row)
+        s.alive.copy_(~s.stopping)
+        s.step += 1
+
+    # ---- public API ----------------------------------------------------------------------
+
+    def _state_for(self, batch: int, prompt_len: int, max_steps: int) -> DelayState:
+        need_len = prompt_len + max_steps + 1
+        fits = [
+            s
+            for s in self._states.values()
+            if s.batch == batch and s.max_len >= need_len and s.max_steps >= max_steps
+        ]
+        if fits:
+            return min(fits, key=lambda s: s.max_len)
+        max_len = -(-need_len // 64) * 64
+        ms = -(-max_steps // 64) * 64
+        while len(self._states) >= self.max_states:
+            self._states.pop(next(iter(self._states)))
+        state = DelayState(self.model, batch, max_len, ms)
+        self._states[(batch, max_len, ms)] = state
+        return state
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        seeds,
+        budget: DelayBudget | int,
+        params: SamplingParams | None = None,
+        max_steps: int | None = None,
+    ) -> GenerationOutput:
+        """input_ids [B, T, 1 + n_vq] left-padded prompts; one seed per row. ``budget``: a
+        DelayBudget or max_frames. Returns de-delayed codes [T_b, n_vq] per row (complete
+        frames of the first audio block), stopped = the row ended its audio by itself."""
+        s, steps = self.run(input_ids, attention_mask, seeds, budget, params, max_steps)
+        return self._collect(s, steps, input_ids)
+
+    @torch.inference_mode()
+    def run(self, input_ids, attention_mask, seeds, budget, params=None, max_steps=None):
+        """The decode loop; returns (state, steps run). ``state.history[:, :steps]`` holds
+        every generated row [text, delayed codes] as the published generate appends them."""
+        p = params or SamplingParams()
+        b = budget if isinstance(budget, DelayBudget) else DelayBudget(max_frames=int(budget))
+        c = self.config
+        B, T, C = input_ids.shape
+        if C != 1 + c.n_vq:
+            raise ValueError(
+                f"input_ids must be [B, T, {1 + c.n_vq}], got {tuple(input_ids.shape)}"
+            )
+        if not 0 <= b.min_frames <= b.max_frames:
+            raise ValueError(f"need 0 <= min_frames <= max_frames, got {b}")
+        max_steps = int(max_steps or b.steps(c.n_vq))
+        if attention_mask is None:
+            attention_mask = torch.ones(B, T, dtype=torch.bool)
+        s = self._state_for(B, T, max_steps)
+        self._reset(s, p, b, seeds, input_ids)
+        dev = self.device
+        h = self.model.prefill(input_ids.to(dev), attention_mask.to(dev), s.cache)
+        self._heads_and_sampling(s, p, b, h[:, -1])
+        steps = 1
+        while steps < max_steps:
+            if steps % self.sync_every == 0 and bool(s.finished.all()):
+                break
+            kv_len = min(s.max_len, -(-(T + steps) // 64) * 64)
+            self._run_step(s, p, b, kv_len)
+            steps += 1
+        return s, steps
+
+    def _reset(self, s: DelayState, p: SamplingParams, b: DelayBudget, seeds, input_ids):
+        c = self.config
+        s.cache.reset()
+        seeds = torch.as_tensor(seeds, dtype=torch.long)
+        if seeds.shape != (s.batch,):
+            raise ValueError(f"need one seed per row ({s.batch}), got {tuple(seeds.shape)}")
+        s.seeds.copy_(seeds)
+        s.step.zero_()
+        # where the prompt leaves each row (the published generate's continuation rule)
+        text = input_ids[..., 0].cpu()
+        T = text.shape[1]
+        last = text[:, -1]
+        cont = (last == c.audio_start_token_id) | (last == c.audio_assistant_gen_slot_token_id)
+        hits = text == c.audio_start_token_id
+        idx = torch.where(hits.any(1), T - 1 - hits.flip(1).int().argmax(1), -1)
+        in_audio = cont & (idx != -1)
+        s.is_audio.copy_(in_audio)
+        s.audio_len.copy_(torch.where(in_audio, T - idx, 0))
+        s.delayed.fill_(INF)
+        s.stopping.zero_()
+        s.frames.zero_()
+        s.audio_done.zero_()
+        s.forced_end.zero_()
+        s.finished.zero_()
+        s.alive.fill_(True)
+        s.history.fill_(c.audio_pad_code)
+        s.seen.zero_()
+        s.temperature.fill_(p.temperature)
+        s.top_p.fill_(p.top_p)
+        s.penalty.fill_(p.repetition_penalty)
+        s.text_temperature.fill_(p.text_temperature)
+        s.text_top_p.fill_(p.text_top_p)
+        s.min_frames.fill_(b.min_frames)
+        s.max_frames.fill_(b.max_frames)
+
+    def _run_step(self, s: DelayState, p: SamplingParams, b: DelayBudget, kv_len: int) -> None:
+        if not self.use_cuda_graphs:
+            self._step(s, p, b, kv_len)
+            return
+        key = (p.top_k, p.text_top_k, p.do_sample, p.repetition_penalty != 1.0, b.min_frames > 0,
+               b.enforce, b.force_audio_start, b.stop_at_audio_end, kv_len)  # fmt: skip
+        graph = s.graphs.get(key)
+        if graph is None:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self._step(s, p, b, kv_len)  # warm-up: a real step
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=s.graph_pool):
+                self._step(s, p, b, kv_len)  # captured, not run: the next replay is step + 1
+            s.graph_pool = s.graph_pool or graph.pool()
+            s.graphs[key] = graph
+            return
+        graph.replay()
+
+    def _collect(self, s: DelayState, steps: int, input_ids) -> GenerationOutput:
+        c = self.config
+        hist = s.history[:, :steps].cpu()
+        text = input_ids[..., 0].cpu()
+        started = (text[:, -1] == c.audio_start_token_id) | (
+            text[:, -1] == c.audio_assistant_gen_slot_token_id
+        )
+        forced = s.forced_end.cpu()
+        codes, stopped = [], []
+        for b in range(s.batch):
+            rows = hist[b]
+            begin = 0
+            if not bool(started[b]):
+                hit = (rows[:, 0] == c.audio_start_token_id).nonzero()
+                begin = int(hit[0]) + 1 if len(hit) else steps
+            end_hit = (rows[begin:, 0] == c.audio_end_token_id).nonzero()
+            end = begin + int(end_hit[0]) if len(end_hit) else steps
+            frames = undo_delay(rows[begin:end, 1:])
+            complete = (frames != c.audio_pad_code).all(dim=1)
+            frames = frames[: int(complete.long().cumprod(0).sum())]  # up to the first gap
+            codes.append(frames.clone())
+            stopped.append(bool(len(end_hit)) and not bool(forced[b]))
+        return GenerationOutput(codes=codes, stopped=stopped, frames=steps)

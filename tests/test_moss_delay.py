@@ -1,0 +1,140 @@
+"""MOSS-TTS Delay: our engine (no reference needed) and parity with the published code
+(skipped when the git-ignored copy .ref/moss_tts_delay is absent)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bestofn.fakes.moss import write_safetensors
+from bestofn.fakes.moss_delay import published_config, random_state_dict, tiny_config
+from bestofn.moss.checkpoint import CheckpointError
+from bestofn.moss.delay import (
+    MossDelayConfig,
+    apply_delay,
+    is_delay_checkpoint,
+    load_delay_model,
+    undo_delay,
+)
+from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
+from bestofn.moss.sampling import SamplingParams
+
+REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_delay"
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    cfg = tiny_config()
+    out = tmp_path_factory.mktemp("delay") / "tiny"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(published_config(cfg)))
+    write_safetensors(out, random_state_dict(cfg, seed=3).items(), torch.float32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(ckpt):
+    return load_delay_model(ckpt)
+
+
+def _prompts(cfg, B=3, T=8, end=None):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.full((B, T, 1 + cfg.n_vq), cfg.audio_pad_code, dtype=torch.long)
+    ids[..., 0] = torch.randint(0, 200, (B, T), generator=g)
+    ids[:, 0, 0] = cfg.im_start_token_id
+    if end is not None:
+        ids[:, -1, 0] = end
+    return ids
+
+
+def test_delay_pattern_round_trip():
+    codes = torch.arange(5 * 4).view(5, 4)
+    rows = apply_delay(codes, pad_code=99)
+    assert rows.shape == (5 + 4 - 1, 4)
+    assert rows[0].tolist() == [0, 99, 99, 99]  # codebook k starts k rows late
+    assert rows[3, 3] == codes[0, 3] and rows[-1].tolist() == [99, 99, 99, codes[4, 3]]
+    assert torch.equal(undo_delay(rows), codes)
+    assert undo_delay(rows[:2]).shape == (0, 4)
+
+
+def test_checkpoint_loads_and_is_recognised(ckpt, model, tmp_path):
+    assert is_delay_checkpoint(ckpt)
+    cfg = model.config
+    assert (cfg.n_vq, cfg.audio_vocab_size, cfg.sampling_rate) == (4, 16, 24000)
+    assert model.audio_heads.shape == (4, 17, cfg.hidden_size)  # + the pad row
+    # published config of the real size: Qwen3-8B backbone, 32 codebooks
+    real = MossDelayConfig.from_hf_dict(published_config(MossDelayConfig()))
+    assert (real.hidden_size, real.num_layers, real.n_vq) == (4096, 36, 32)
+    # a missing head is named
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text((ckpt / "config.json").read_text())
+    sd = random_state_dict(model.config)
+    del sd["lm_heads.3.weight"]
+    write_safetensors(bad, sd.items(), torch.float32)
+    with pytest.raises(CheckpointError, match="lm_heads.3.weight"):
+        load_delay_model(bad)
+
+
+def test_budget_forces_complete_takes(model):
+    """min_frames = max_frames: every take has exactly that many complete frames (the tail is
+    forced), starting from a prompt that ends in plain text (audio_start forced)."""
+    cfg = model.config
+    eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+    ids = _prompts(cfg)
+    out = eng.generate(ids, None, [5, 6, 7], DelayBudget(max_frames=9, min_frames=9))
+    assert [c.shape for c in out.codes] == [(9, cfg.n_vq)] * 3
+    assert all(int(c.max()) < cfg.audio_vocab_size for c in out.codes)  # no pad in a frame
+    assert not all(out.stopped)  # most were cut by the budget (the model may stop right there)
+    assert out.frames == DelayBudget(9).steps(cfg.n_vq)  # audio_start + 9 + tail + audio_end
+
+
+def test_stop_on_delay_slot_and_seeds(model):
+    """The model's own delay slot ends a take (stopped=True); a take's codes depend only on
+    its seed, not on its batch neighbours."""
+    cfg = model.config
+    eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+    ids = _prompts(cfg, B=4, end=cfg.audio_start_token_id)
+    p = SamplingParams(text_temperature=1.5)
+    out = eng.generate(ids, None, [1, 2, 3, 4], DelayBudget(max_frames=40), p)
+    assert any(out.stopped)
+    for c, s in zip(out.codes, out.stopped, strict=True):
+        assert 1 <= c.shape[0] <= 40 and (s or c.shape[0] == 40)
+    solo = eng.generate(ids[2:3], None, [3], DelayBudget(max_frames=40), p)
+    assert torch.equal(solo.codes[0], out.codes[2])
+    again = eng.generate(ids, None, [1, 2, 3, 9], DelayBudget(max_frames=40), p)
+    assert torch.equal(again.codes[0], out.codes[0])
+
+
+def test_delay_slot_banned_until_min_frames(model):
+    cfg = model.config
+    eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+    ids = _prompts(cfg, end=cfg.audio_start_token_id)
+    free = eng.generate(ids, None, [1, 2, 3], DelayBudget(max_frames=30))
+    held = eng.generate(ids, None, [1, 2, 3], DelayBudget(max_frames=30, min_frames=12))
+    assert min(c.shape[0] for c in free.codes) < 12  # random weights stop early...
+    assert min(c.shape[0] for c in held.codes) >= 12  # ...unless min_frames holds them
+
+
+def test_bad_request_is_named(model):
+    eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+    with pytest.raises(ValueError, match="one seed per row"):
+        eng.generate(_prompts(model.config), None, [1], 5)
+    with pytest.raises(ValueError, match=r"input_ids must be \[B, T, 5\]"):
+        eng.generate(torch.zeros(1, 4, 3, dtype=torch.long), None, [1], 5)
+
+
+@pytest.mark.skipif(not (REF / "modeling_moss_tts.py").exists(), reason=f"no reference at {REF}")
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_parity_with_published_delay_code(capsys):
+    from bestofn.moss.parity import parity_main
+
+    code = parity_main(["--reference-code", str(REF), "--frames", "14"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "parity: PASS" in out and "Delay" in out
+    assert out.count("rows identical") == 4  # greedy + sampled, two prompt batches
