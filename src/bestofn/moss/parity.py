@@ -202,9 +202,13 @@ def _flag(good: bool) -> str:
 
 def parity_main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bestofn parity", description=__doc__)
-    ap.add_argument("--reference-code", type=Path, help="copy of moss_tts_local_v1.5/")
+    ap.add_argument(
+        "--reference-code", type=Path, help="copy of moss_tts_local_v1.5/ or moss_tts_delay/"
+    )
     ap.add_argument("--checkpoint", type=Path, help="real checkpoint dir (default: tiny random)")
-    ap.add_argument("--frames", type=int, default=24, help="greedy frames to compare")
+    ap.add_argument(
+        "--frames", type=int, default=24, help="frames (Delay: generated rows) to compare"
+    )
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
 
@@ -226,6 +230,13 @@ def parity_main(argv=None) -> int:
         )
         return 2
 
+    from bestofn.fakes.moss_delay import is_delay_code
+
+    if is_delay_code(args.reference_code):  # a copy of moss_tts_delay/: the Delay engine
+        from bestofn.moss.delay_parity import delay_parity_main
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return delay_parity_main(args, Path(tmp))
     with tempfile.TemporaryDirectory() as tmp:
         if args.checkpoint is None:
             cfg = tiny_config(vocab_size=264)
