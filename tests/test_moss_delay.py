@@ -138,3 +138,40 @@ def test_parity_with_published_delay_code(capsys):
     assert code == 0, out
     assert "parity: PASS" in out and "Delay" in out
     assert out.count("rows identical") == 4  # greedy + sampled, two prompt batches
+
+
+@pytest.mark.skipif(not (REF / "processing_moss_tts.py").exists(), reason=f"no reference at {REF}")
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
+    """DelayPromptBuilder (tokenizer.json only) == the published processor's input_ids, for a
+    text its normalizer leaves alone: direct, with fields, and voice clone (delayed codes)."""
+    import sys
+    import types
+
+    from transformers import PreTrainedTokenizerFast
+
+    from bestofn.fakes.moss_delay import write_tokenizer
+    from bestofn.moss.delay_parity import load_reference_module
+    from bestofn.moss.delay_prompt import DelayPromptBuilder
+
+    cfg = tiny_config()
+    write_tokenizer(tmp_path, cfg)
+    audio = types.ModuleType("torchaudio")  # imported at the top, unused on this path
+    audio.functional = types.SimpleNamespace(resample=None)
+    monkeypatch.setitem(sys.modules, "torchaudio", audio)
+    pkg = load_reference_module(REF).__name__.rsplit(".", 1)[0]
+    proc_mod = importlib.import_module(f"{pkg}.processing_moss_tts")
+    conf_mod = importlib.import_module(f"{pkg}.configuration_moss_tts")
+    ref_cfg = conf_mod.MossTTSDelayConfig(**published_config(cfg))
+    hf_tok = PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+    proc = proc_mod.MossTTSDelayProcessor(tokenizer=hf_tok, model_config=ref_cfg)
+    ours = DelayPromptBuilder.from_tokenizer_json(tmp_path / "tokenizer.json", cfg)
+
+    text = "Well, I never said that. Did I?"
+    codes = torch.randint(0, 16, (6, cfg.n_vq))
+    for kw in ({"language": "English"}, {"instruction": "angry"}, {"reference": [codes]}):
+        msg = proc.build_user_message(text=text, **kw)
+        want = proc([[msg]], mode="generation")["input_ids"][0]
+        refs = kw.pop("reference", None)
+        got = ours.rows(text, references=refs, **kw)
+        assert torch.equal(got, want), kw
