@@ -19,7 +19,9 @@ server refuses to start. Request bodies are bounded (64 KiB), requests in flight
 A request is checked as a sheet row is (empty text, more than ``max_words`` words, an unknown
 voice: 400 with the reason) before it reaches the worker. ``voice`` names a configured emotion
 (its reference voice and description) or the voice id ``default`` (the generator's own voice),
-never a file. The worker batches requests that arrive together (``bestofn.worker.server``)."""
+never a file. The worker batches requests that arrive together (``bestofn.worker.server``); with
+moss-fast, requests that arrive while a batch decodes join it at its next sync (every 4 frames:
+continuous batching, ``bestofn.moss.continuous``)."""
 
 from __future__ import annotations
 
@@ -311,7 +313,7 @@ class Service:
             return None
         keep = ("status", "pid", "device", "load_count", "load_s", "speech_served",
                 "groups_served", "speech_batching", "busy", "queue_length", "uptime_s",
-                "models_hash", "worker_key")  # fmt: skip
+                "models_hash", "worker_key", "gpu_memory_cap")  # fmt: skip
         out = {k: h.get(k) for k in keep}
         out["serves_this_config"] = h.get("worker_key") == snap.key
         return out

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bestofn.gpu_memory import ENV as GPU_MEMORY_ENV
 from bestofn.groupio import SCORES
 from bestofn.pipeline import stable_hash
 from bestofn.schemas import runtime_defaults
@@ -81,6 +82,7 @@ class Runtime:
     start_timeout_s: float = _DEFAULT["start_timeout_s"]
     state_dir: str | None = _DEFAULT["state_dir"]
     log_dir: str | None = _DEFAULT["log_dir"]
+    gpu_memory_gb: float | None = _DEFAULT["gpu_memory_gb"]
 
     @classmethod
     def from_config(cls, runtime: dict | None) -> Runtime:
@@ -275,6 +277,9 @@ def _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype) -> d
     if device.startswith("cuda"):
         env["CUDA_VISIBLE_DEVICES"] = pool.cuda_visible(slot)
         device = "cuda:0"
+    env.pop(GPU_MEMORY_ENV, None)  # the worker caps its GPU memory (bestofn.gpu_memory)
+    if rt.gpu_memory_gb is not None:
+        env[GPU_MEMORY_ENV] = str(rt.gpu_memory_gb)
     cmd = [
         sys.executable, "-m", "bestofn.cli", "worker",
         "--socket", pool.socket(slot), "--slot", str(slot), "--device", device,

@@ -336,6 +336,10 @@ class Worker:
         self.idle_timeout_s = idle_timeout_s
         self.flac_subtype = flac_subtype
         self.started = time.monotonic()
+        from bestofn.gpu_memory import cap_from_environment
+
+        # runtime.gpu_memory_gb, before any model loads (a cap too large for the device: error)
+        self.gpu_memory_cap = cap_from_environment(device)
         self.backends: Backends = load_backends(models, device=device)
         self.load_count = 1
         self.groups_served = 0
@@ -370,6 +374,7 @@ class Worker:
             "load_s": self.backends.load_s,
             "groups_served": self.groups_served,
             "speech_served": self.speech_served,
+            "gpu_memory_cap": self.gpu_memory_cap,
             "speech_batching": self.speech_batcher.stats(),
             "queue_length": self.gate.waiting,
             "busy": self.gate.busy,
