@@ -175,3 +175,34 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
         refs = kw.pop("reference", None)
         got = ours.rows(text, references=refs, **kw)
         assert torch.equal(got, want), kw
+
+
+def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
+    """moss-fast on a Delay checkpoint directory (published layout, tokenizer, 24 kHz codec):
+    the Delay engine and prompt are chosen from config.json; takes decode through the codec
+    (a fixed number of samples per frame), at least delay_min_frames long, reproducible."""
+    import numpy as np
+
+    from bestofn.backends.moss_fast import MossFastGenerator
+    from bestofn.fakes import moss_audio_tokenizer, moss_delay
+    from bestofn.moss.delay_engine import MossDelayEngine
+    from bestofn.spec import GroupSpec
+
+    codec = moss_audio_tokenizer.write(tmp_path / "MOSS-Audio-Tokenizer", "tiny")
+    opts = moss_delay.write(tmp_path, "tiny", codec_dir=tmp_path / "MOSS-Audio-Tokenizer")
+    assert Path(opts["codec_dir"]) == Path(codec).resolve()
+    gen = MossFastGenerator(
+        "cpu", **opts, delay_min_frames=4, min_frames=6, max_frames=8, frames_per_word=1.0
+    )
+    assert isinstance(gen.engine, MossDelayEngine) and gen.params.text_temperature == 1.5
+    spec = GroupSpec(emotion="calm", prompt_id="p1", text="Hello world again.", n_takes=3)
+    takes = gen.generate(spec)
+    hop = takes[0].audio.shape[0] // takes[0].meta["n_frames"]
+    for t in takes:
+        assert 4 <= t.meta["n_frames"] <= 6 and t.audio.dtype == np.float32
+        assert t.audio.shape[0] == t.meta["n_frames"] * hop
+    again, _, _ = gen.generate_codes(GroupSpec("calm", "p1", "Hello world again.", n_takes=2))
+    first, _, _ = gen.generate_codes(spec)
+    assert all(torch.equal(a, b) for a, b in zip(again, first[:2], strict=True))
+    with pytest.raises(ValueError, match="architecture"):
+        MossFastGenerator("cpu", **opts, architecture="delayed")

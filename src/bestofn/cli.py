@@ -224,8 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--moss-code",
-        help="copy of OpenMOSS/MOSS-TTS moss_tts_local_v1.5/: its remote code is copied into the "
-        "MOSS checkpoint so moss-hf loads it too (moss-fast needs none)",
+        action="append",
+        help="copy of OpenMOSS/MOSS-TTS moss_tts_local_v1.5/ or moss_tts_delay/ (give both: "
+        "repeat the option): its remote code is copied into that MOSS checkpoint so moss-hf "
+        "loads it too (moss-fast needs none)",
+    )
+    p.add_argument(
+        "--no-delay",
+        action="store_true",
+        help="skip MOSS-TTS-Delay-v1.5/ (the 8B Delay model: about 17 GB at real size)",
     )
     p.set_defaults(func=_fake_weights)
 

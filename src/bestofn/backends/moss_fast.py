@@ -8,6 +8,11 @@ sampling on the GPU. ~10x faster than the published generate at batch 64 on an H
 ``python -m bestofn.bench generate``). The codec comes from ``bestofn.moss.codec.load_codec``:
 MOSS-Audio-Tokenizer-v2 (48 kHz) still runs through its published remote code, batched, bf16 on
 the GPU; a 24 kHz MOSS-Audio-Tokenizer directory runs on our own implementation.
+
+MOSS-TTS v1.5 Delay (8B, 32 codebooks, 24 kHz) runs on its own engine
+(``bestofn.moss.delay_engine``): chosen when the checkpoint's config.json says
+``model_type: moss_tts_delay`` (option ``architecture: auto``), or forced with
+``architecture: delay`` / ``local``. Its codec is MOSS-Audio-Tokenizer (24 kHz, 32 quantizers).
 """
 
 from __future__ import annotations
@@ -33,7 +38,11 @@ DEFAULTS = {
     # "dtype": backbone weights in `dtype`; "int8": its Linear weights int8 weight-only, per
     # output channel, dequantized on the fly (bestofn.moss.int8): ~half their memory, other audio
     "weights": "dtype",
+    "architecture": "auto",  # auto (from config.json) | local | delay
+    # Delay only: the delay slot (the model's "stop") is banned before this many frames
+    "delay_min_frames": 0,
 }
+DELAY_TEXT_TEMPERATURE = 1.5  # the published Delay generate's default (Local's head: 1.0)
 
 
 # What runs with weights cast to the model dtype: embeddings, attention, linear layers.
@@ -77,9 +86,27 @@ class MossFastGenerator(Generator):
         # int8: load on the CPU, then quantize weight by weight onto the device (the device
         # never holds the whole backbone in full precision)
         int8 = o["weights"] == "int8"
-        model = load_model(self.load_dir, device="cpu" if int8 else device, dtype=self.dtype)
-        prompt = PromptBuilder.from_tokenizer_json(self.model_dir / "tokenizer.json", model.config)
+        if self._is_delay(self.model_dir):
+            from bestofn.moss.delay import load_delay_model
+            from bestofn.moss.delay_prompt import DelayPromptBuilder
+
+            if int8:
+                raise ValueError("moss-fast: weights: int8 is not implemented for the Delay model")
+            model = load_delay_model(self.load_dir, device=device, dtype=self.dtype)
+            builder = DelayPromptBuilder
+        else:
+            model = load_model(self.load_dir, device="cpu" if int8 else device, dtype=self.dtype)
+            builder = PromptBuilder
+        prompt = builder.from_tokenizer_json(self.model_dir / "tokenizer.json", model.config)
         self._attach(model, prompt)
+
+    def _is_delay(self, model_dir: Path) -> bool:
+        from bestofn.moss.delay import is_delay_checkpoint
+
+        arch = self.options["architecture"]
+        if arch not in ("auto", "local", "delay"):
+            raise ValueError(f"moss-fast: architecture is {arch!r}; known: auto, local, delay")
+        return arch == "delay" or (arch == "auto" and is_delay_checkpoint(model_dir))
 
     @classmethod
     def from_modules(cls, model, prompt_builder, device: str = "cpu", **options):
@@ -98,6 +125,7 @@ class MossFastGenerator(Generator):
                 f"moss-fast: unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}"
             )
         self.options = o = {**DEFAULTS, **options}
+        self._given = set(options)
         if o["instruction"] not in ("none", "emotion", "emotion_description"):
             raise ValueError(f"moss-fast: bad instruction mode {o['instruction']!r}")
         from bestofn.moss.int8 import WEIGHTS
@@ -131,13 +159,21 @@ class MossFastGenerator(Generator):
                 model = quantize_backbone_(model, self.device)
         self.model, self.prompt_builder = model, prompt_builder
         self.config = model.config
+        from bestofn.moss.delay import MossDelayModel
         from bestofn.moss.engine import MossLocalEngine
 
-        self.engine = MossLocalEngine(
+        self.is_delay = isinstance(model, MossDelayModel)
+        if self.is_delay:
+            from bestofn.moss.delay_engine import MossDelayEngine as Engine
+        else:
+            Engine = MossLocalEngine
+        self.engine = Engine(
             model,
             use_cuda_graphs=_auto(o["cuda_graphs"], on_gpu),
             compile=_auto(o["compile"], on_gpu),
         )
+        if self.is_delay and "text_temperature" not in self._given:
+            o["text_temperature"] = DELAY_TEXT_TEMPERATURE
         self.params = SamplingParams(
             temperature=o["audio_temperature"],
             top_p=o["audio_top_p"],
@@ -216,7 +252,13 @@ class MossFastGenerator(Generator):
         for start in range(0, len(seeds), step):
             chunk = seeds[start : start + step]
             ids = rows.unsqueeze(0).expand(len(chunk), -1, -1)  # same prompt: no padding
-            out = self.engine.generate(ids, None, chunk, budget, self.params)
+            limit = budget
+            if self.is_delay:  # complete frames only; the tail is forced at the budget
+                from bestofn.moss.delay_engine import DelayBudget
+
+                low = min(int(self.options["delay_min_frames"]), budget)
+                limit = DelayBudget(max_frames=budget, min_frames=low)
+            out = self.engine.generate(ids, None, chunk, limit, self.params)
             codes += out.codes
             stopped += out.stopped
         return codes, stopped, budget

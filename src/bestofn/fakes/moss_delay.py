@@ -6,7 +6,7 @@ directories in the published layout (OpenMOSS/MOSS-TTS ``moss_tts_delay/``).
   the published ``generate`` indexes the delay slot by its literal id 151662.
 - ``SIZES``: ``real`` = Qwen3-8B backbone (hidden 4096, 36 layers, 32 query / 8 KV heads of
   128, SwiGLU 12288, vocab 151936) with 32 codebooks of 1024 (+1 pad row); ``tiny`` = the
-  same audio layout (32 x 1024, what the codec reads) on a 2-layer, 32-wide backbone.
+  32 codebooks of 64 (as the tiny MOSS-Audio-Tokenizer) on a 2-layer, 32-wide backbone.
 
 A checkpoint directory holds config.json (published keys + ``auto_map``), the weights
 (model.safetensors, or 4 GiB shards + index at real size), a byte-level tokenizer whose MOSS
@@ -30,7 +30,7 @@ SIZES = {
     "real": dict(hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, inner=12288,
                  vocab=151936, n_vq=32, codebook=1024),
     "tiny": dict(hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, inner=64,
-                 vocab=151680, n_vq=32, codebook=1024),
+                 vocab=151680, n_vq=32, codebook=64),
 }  # fmt: skip
 INIT_STD = {"tiny": 0.2, "real": 0.02}
 SHARD_BYTES = {"tiny": None, "real": 4 * 2**30}
@@ -185,3 +185,15 @@ def add_remote_code(model_dir, code_dir) -> Path:
 def is_delay_code(code_dir) -> bool:
     path = Path(code_dir) / "modeling_moss_tts.py"
     return path.is_file() and "MossTTSDelayModel" in path.read_text(errors="replace")
+
+
+def write(out_dir, size: str = "tiny", seed: int = 0, code_dir=None, codec_dir=None) -> dict:
+    """``out_dir/MOSS-TTS-Delay-v1.5`` (remote code copied in when ``code_dir`` names a copy
+    of moss_tts_delay/); its codec: ``codec_dir`` (default ``out_dir/MOSS-Audio-Tokenizer``,
+    written by ``bestofn.fakes.moss_audio_tokenizer``). Returns the generator options."""
+    out = Path(out_dir)
+    codec_dir = Path(codec_dir or out / "MOSS-Audio-Tokenizer")
+    model_dir = write_model(out / "MOSS-TTS-Delay-v1.5", size, seed, codec_dir)
+    if code_dir:
+        add_remote_code(model_dir, code_dir)
+    return {"model_dir": str(model_dir.resolve()), "codec_dir": str(codec_dir.resolve())}

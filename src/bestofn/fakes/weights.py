@@ -10,6 +10,8 @@ complete production config that points at them.
                                                 model.safetensors (tiny) or shards + index (real)
     DIR/MOSS-Audio-Tokenizer-v2-STAND-IN/       a random codec with the v2 interface (remote code)
     DIR/MOSS-Audio-Tokenizer/                   the 24 kHz codec of MOSS-TTS Delay, published layout
+    DIR/MOSS-TTS-Delay-v1.5/                    MOSS-TTS Delay (Qwen3-8B shape, 32 codebooks);
+                                                skipped with --no-delay
     DIR/w2v-bert-2.0/, DIR/sidon_raw_weight/    Sidon: base encoder, LoRA adapter, decoder
     DIR/parakeet-tdt-0.6b-v3/*.nemo             Parakeet-TDT (NeMo archive)
     DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: STAND-IN embedder (remote code), heads
@@ -29,6 +31,7 @@ from pathlib import Path
 from bestofn.fakes import check_size
 
 NEED_BYTES = {"tiny": 200 * 2**20, "real": 41 * 2**30}  # what a write needs free, with margin
+DELAY_BYTES = {"tiny": 60 * 2**20, "real": 18 * 2**30}  # MOSS-TTS-Delay-v1.5/ on top
 REFERENCE_VOICE = Path(__file__).resolve().parents[3] / "config" / "voices" / "joe_reference.flac"
 
 EMOTIONS = [
@@ -152,6 +155,12 @@ weights: the real loading code runs on them, and the audio and scores they make 
   code with VoiceCLAP's shapes and API), and the two heads in the published format.
 - `BUD-E-Whisper/`, `Empathic-Insight-Voice-Plus/` (empathic-insight): a Whisper checkpoint and
   {n_heads} head files `model_<Name>_best.pth`.
+{delay}"""
+DELAY_README = """\
+- `MOSS-TTS-Delay-v1.5/` (moss-fast selects its Delay engine from config.json; moss-hf{moss_hf}):
+  the published Delay layout (language_model.*, emb_ext.*, lm_heads.*), Qwen3-8B shape at real
+  size, 32 codebooks of 1024 for `MOSS-Audio-Tokenizer/`; byte-level tokenizer with the MOSS
+  specials at their published ids (151643..151662) and a Qwen-style chat template.
 """
 
 
@@ -160,14 +169,15 @@ def _yaml(value) -> str:
     return json.dumps(str(value) if isinstance(value, Path) else value)
 
 
-def _check_free_space(out: Path, size: str) -> None:
+def _check_free_space(out: Path, size: str, delay: bool = True) -> None:
     probe = out
     while not probe.exists():
         probe = probe.parent
     free = shutil.disk_usage(probe).free
-    if free < NEED_BYTES[size]:
+    need = NEED_BYTES[size] + (DELAY_BYTES[size] if delay else 0)
+    if free < need:
         raise OSError(
-            f"fake-weights: {size} size needs about {NEED_BYTES[size] / 2**30:.1f} GiB free "
+            f"fake-weights: {size} size needs about {need / 2**30:.1f} GiB free "
             f"under {probe}, only {free / 2**30:.1f} GiB are; nothing was written"
         )
 
@@ -192,21 +202,40 @@ def write_reference_voice(path: Path) -> Path:
 
 
 def write_all(
-    out_dir, size: str = "tiny", seed: int = 0, moss_code=None, log=print, p_stop=None
+    out_dir,
+    size: str = "tiny",
+    seed: int = 0,
+    moss_code=None,
+    log=print,
+    p_stop=None,
+    delay: bool = True,
 ) -> Path:
     """Write every production backend's random checkpoint, the sheets and ``config.yaml`` into
     ``out_dir``; returns the config's path. ``p_stop``: MOSS stop probability per frame
-    (default ``moss.P_STOP[size]``)."""
-    from bestofn.fakes import empathic, moss, moss_audio_tokenizer, parakeet, sidon, voiceclap
+    (default ``moss.P_STOP[size]``). ``moss_code``: a copy of moss_tts_local_v1.5/ or of
+    moss_tts_delay/, or a list of both. ``delay``: also write MOSS-TTS-Delay-v1.5/."""
+    from bestofn.fakes import (
+        empathic,
+        moss,
+        moss_audio_tokenizer,
+        moss_delay,
+        parakeet,
+        sidon,
+        voiceclap,
+    )
 
     check_size(size)
     out = Path(out_dir).expanduser().resolve()
-    if moss_code and not (Path(moss_code) / "modeling_moss_tts.py").is_file():
-        raise FileNotFoundError(
-            f"fake-weights: --moss-code {moss_code} has no modeling_moss_tts.py (expected a copy "
-            "of OpenMOSS/MOSS-TTS moss_tts_local_v1.5/)"
-        )
-    _check_free_space(out, size)
+    codes = [moss_code] if isinstance(moss_code, (str, Path)) else list(moss_code or [])
+    for code in codes:
+        if not (Path(code) / "modeling_moss_tts.py").is_file():
+            raise FileNotFoundError(
+                f"fake-weights: --moss-code {code} has no modeling_moss_tts.py (expected a copy "
+                "of OpenMOSS/MOSS-TTS moss_tts_local_v1.5/ or moss_tts_delay/)"
+            )
+    delay_code = next((c for c in codes if moss_delay.is_delay_code(c)), None)
+    moss_code = next((c for c in codes if not moss_delay.is_delay_code(c)), None)
+    _check_free_space(out, size, delay)
     out.mkdir(parents=True, exist_ok=True)
     opts = {}
     for name, writer in (
@@ -214,6 +243,11 @@ def write_all(
         (
             "moss-audio-tokenizer",
             lambda: moss_audio_tokenizer.write(out / "MOSS-Audio-Tokenizer", size, seed),
+        ),
+        *(
+            [("moss-tts-delay", lambda: moss_delay.write(out, size, seed, delay_code))]
+            if delay
+            else []
         ),
         ("sidon", lambda: sidon.write(out, size, seed)),
         ("parakeet", lambda: parakeet.write(out, size, seed)),
@@ -258,6 +292,11 @@ def write_all(
             p_stop=moss.P_STOP[size] if p_stop is None else p_stop,
             w2v_layers=sidon.DISK_LAYERS[size],
             n_heads=f"{emotion_heads} + {quality_heads}",
+            delay=DELAY_README.format(
+                moss_hf=" too: remote code copied in" if delay_code else ": add --moss-code DIR"
+            )
+            if delay
+            else "",
         )
     )
     return out / "config.yaml"
@@ -267,7 +306,10 @@ def main(args) -> int:
     """The `bestofn fake-weights` subcommand."""
     t0 = time.perf_counter()
     try:
-        config = write_all(args.dir, args.size, args.seed, args.moss_code, p_stop=args.p_stop)
+        config = write_all(
+            args.dir, args.size, args.seed, args.moss_code, p_stop=args.p_stop,
+            delay=not getattr(args, "no_delay", False),
+        )  # fmt: skip
     except (OSError, ValueError) as e:
         print(f"error: {e}")
         return 2
