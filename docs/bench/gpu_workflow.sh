@@ -28,7 +28,7 @@ mkdir -p "$out" "$work/project"
 t0=$(date +%s)
 writer=
 if [ ! -f "$work/weights/config.yaml" ]; then
-    $py -m bestofn.cli fake-weights "$work/weights" --size "$size" --p-stop 1e-9 \
+    $py -m bestofn.cli fake-weights "$work/weights" --size "$size" --p-stop 1e-9 --no-delay \
         >"$out/fake_weights.log" 2>&1 &
     writer=$!
 fi
