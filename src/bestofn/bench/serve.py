@@ -8,7 +8,10 @@ the request is sent), wall time, audio seconds (bytes / 48000). Per level: audio
 second (all the audio / the level's wall time), TTFA mean / p50 / p95, per-request RTF (wall /
 audio), failures (a request not answered in full within ``--timeout`` seconds, connect to last
 byte, is cut and fails). ``--warmup`` requests first (at concurrency 1) start the worker, so
-the load is reported apart and the levels measure a warm worker.
+the load is reported apart and the levels measure a warm worker. Before each level, unless
+``--no-level-warmup``, ``concurrency`` requests at that concurrency run unmeasured: a batch size
+the worker has not run yet costs a compile and CUDA-graph captures (load cost, as in
+``bestofn ab``); their wall time is reported as the level's ``warmup_s``.
 
     bestofn serve --config CONFIG --max-batch 128 &
     python -m bestofn.bench serve --url http://127.0.0.1:8000 --concurrency 1,16,64,128
@@ -161,6 +164,17 @@ def hardware() -> str:
     return f"{name}, {os.cpu_count()} cores (no GPU)"
 
 
+def server_health(host, port, key: str | None) -> dict:
+    try:
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        conn.request("GET", "/health", headers={"Authorization": f"Bearer {key}"} if key else {})
+        health = json.loads(conn.getresponse().read())
+        conn.close()
+        return health
+    except (OSError, ValueError, http.client.HTTPException):
+        return {}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m bestofn.bench serve", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -169,6 +183,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--concurrency", default="1,16,64,128", help="comma-separated levels")
     ap.add_argument("--requests", type=int, help="per level (default: max(16, 4 x level))")
     ap.add_argument("--warmup", type=int, default=2, help="requests before measuring")
+    ap.add_argument(
+        "--no-level-warmup",
+        dest="level_warmup",
+        action="store_false",
+        help="measure each level from its first request (compile and graph capture included)",
+    )
     ap.add_argument("--model", default="bestofn")
     ap.add_argument("--voice", default="default")
     ap.add_argument("--text", help="one text for every request (default: 4 sentences)")
@@ -204,28 +224,32 @@ def main(argv: list[str]) -> int:
         "warmup_s": round(time.perf_counter() - t0, 3),
         "levels": [],
     }
-    try:
-        conn = http.client.HTTPConnection(host, port, timeout=30)
-        conn.request("GET", "/health", headers={"Authorization": f"Bearer {args.api_key}"}
-                     if args.api_key else {})  # fmt: skip
-        health = json.loads(conn.getresponse().read())
-        report["generator"] = health.get("generator")
-        report["worker_device"] = (health.get("worker") or {}).get("device")
-        conn.close()
-    except (OSError, ValueError, http.client.HTTPException):
-        pass
+    health = server_health(host, port, args.api_key)
+    report["generator"] = health.get("generator")
+    report["worker_device"] = (health.get("worker") or {}).get("device")
+    report["gpu_memory_cap"] = (health.get("worker") or {}).get("gpu_memory_cap")
     print(f"# {report['date']}  {report['hardware']}  generator {report.get('generator')}")
     print("| concurrency | requests | ok | audio-s/s | TTFA mean ms | p50 | p95 | RTF mean |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for k, c in enumerate(levels):
         n = args.requests or max(16, 4 * c)
+        warm_s = None
+        if args.level_warmup:
+            t1 = time.perf_counter()
+            run_level(host, port, args, c, c, seed0=k * 100_000 + 50_000)
+            warm_s = round(time.perf_counter() - t1, 3)
         row = run_level(host, port, args, c, n, seed0=k * 100_000)
+        row["warmup_s"] = warm_s
         report["levels"].append(row)
         print(f"| {c} | {n} | {row['ok']} | {row['audio_s_per_s']} | {row['ttfa_ms_mean']} | "
               f"{row['ttfa_ms_p50']} | {row['ttfa_ms_p95']} | {row['rtf_mean']} |",
               flush=True)  # fmt: skip
         if row["errors"]:
             print(f"#   errors: {row['errors']}")
+    # the worker's view after the levels: batches, requests that joined a running decode
+    report["speech_batching"] = (server_health(host, port, args.api_key).get("worker") or {}).get(
+        "speech_batching"
+    )
     print(json.dumps(report))
     if args.json:
         with open(args.json, "w") as f:

@@ -15,9 +15,10 @@ What makes a row independent of its neighbours and of when it joined:
   uniforms alone or joined mid-flight (``bestofn.moss.sampling``);
 - attention reads only the row's own slots (its key mask); free rows attend one dummy slot.
 
-Shapes stay bucketed so CUDA graphs are reused: the batch is a power of two (grown, never
-shrunk, within a run: the occupied rows are copied into a larger state), the cache length a
-power of two >= 256, and the attention window a 64-slot bucket of the longest occupied row.
+Shapes stay bucketed so CUDA graphs (and compiled code) are reused: the batch is a power of two
+(grown at least 4x at a time, never shrunk within a run: the occupied rows are copied into the
+larger state), the cache length a power of two >= 256, and the attention window a 64-slot
+bucket of the longest occupied row.
 Up to ``max_states`` states (each a full KV cache, with its graphs) are kept between runs.
 """
 
@@ -263,6 +264,8 @@ class ContinuousDecoder:
         need_len = max(self.min_len, _pow2(longest))
         if s is None or s.batch < need_batch or s.max_len < need_len:
             old = s
+            if old is not None and old.batch < need_batch:  # grow 4x at least: fewer shapes
+                need_batch = max(need_batch, min(_pow2(max_batch), 4 * old.batch))
             s = self._state(max(need_batch, old.batch if old else 1),
                             max(need_len, old.max_len if old else 0), cap)  # fmt: skip
             s.clear(p)
@@ -317,7 +320,7 @@ class ContinuousDecoder:
         is dropped at the next sync without a last update."""
         p = params or SamplingParams()
         every, max_batch = max(1, int(every)), max(1, int(max_batch))
-        cap = every + 1  # a joiner's frame 0, then ``every`` frames, between two syncs
+        cap = every + 1  # frames a row can produce between two syncs, with room to spare
         s: RowState | None = None
         rows: dict[int, _Row] = {}
         while True:
@@ -335,7 +338,9 @@ class ContinuousDecoder:
                 if rows:
                     self.joined_running += len(joins)
                 s = self._admit(s, rows, joins, p, cap, max_batch)
-            for _ in range(every):
+            # after a join, the joiners' frame 0 is already out: sync one step sooner, so
+            # their first ``every`` frames come out together (time to first audio)
+            for _ in range(every - 1 if joins and every > 1 else every):
                 top = max(r.base + r.steps for r in rows.values())  # highest write slot
                 kv_len = min(s.max_len, -(-(top + 1) // 64) * 64)
                 self._run_step(s, p, kv_len)
