@@ -14,7 +14,12 @@ from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.engine import MossLocalEngine
 from bestofn.moss.local_loop import local_position, rope_tables, swap_pairs
 from bestofn.moss.model import _rotate_pairs
-from bestofn.moss.sampling import SamplingParams
+from bestofn.moss.sampling import (
+    SamplingParams,
+    sample_tokens,
+    sample_tokens_fused,
+    take_uniform,
+)
 
 CFG = tiny_config(vocab_size=264)
 # learned positions, two local blocks, codebooks of different sizes (masked head logits)
@@ -49,6 +54,32 @@ def test_rope_tables_rotate_exactly_like_the_unfused_rotation():
         qk = x[:, :2]
         assert torch.equal(fused[:, :2], qk * cos[j] + _rotate_pairs(qk) * sin[j])
         assert torch.equal(fused[:, 2], x[:, 2])  # v passes through
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "wide"])
+def test_fused_sampler_draws_exactly_what_the_unfused_one_draws(kind):
+    g = torch.Generator().manual_seed(7)
+    B, V = 512, 64
+    logits = torch.randn(B, V, generator=g)
+    if kind == "ties":  # many equal logits (as in bf16) and equal probabilities
+        logits = (logits * 2).round()
+    elif kind == "wide":  # probabilities that underflow to 0 (flat stretches in the CDF)
+        logits = logits * 60
+    logits[0] = float("-inf")
+    logits[0, 3] = 1.0  # one finite candidate
+    u = take_uniform(torch.arange(B), 5)
+    differ = 0
+    for top_k in (0, 1, 5, 25, V):
+        for top_p in (1.0, 0.95, 0.8, 0.3, 1e-6):
+            for temp in (0.3, 1.0, 1.7, torch.tensor(1.7)):
+                kw = dict(temperature=temp, top_k=top_k, top_p=top_p)
+                a = sample_tokens(logits, u, **kw)
+                b = sample_tokens_fused(logits, u, **kw)
+                assert torch.equal(a, b), (top_k, top_p, temp)
+                differ += int((a != a[0]).any())
+    assert differ > 0  # the draws do depend on the rows
+    greedy = dict(temperature=1.0, top_k=5, top_p=0.8, do_sample=False)
+    assert torch.equal(sample_tokens(logits, u, **greedy), sample_tokens_fused(logits, u, **greedy))
 
 
 @pytest.mark.parametrize("cfg", [CFG, CFG_ABS], ids=["rope", "absolute-uneven"])

@@ -180,6 +180,36 @@ def profile_step(engine, batch, prompt_len, frames, params, replays=20):
     return out
 
 
+def profile_ops(fast, cfg, batch, prompt_len, params, dev) -> list[dict]:
+    """Ops (CPU) or kernels (CUDA) per eager frame step and per local loop, unfused vs fused,
+    eager and compiled (no CUDA graph: the kernels a captured graph would hold)."""
+    from bestofn.moss.opcount import frame_counts
+
+    ids, _ = make_prompts(cfg, [prompt_len] * batch)
+    out = []
+    cuda = dev.startswith("cuda")
+    unit = "kernels" if cuda else "kernel-like ops"
+    # compiled on CPU: Inductor C++ compiles take minutes there; `python -m bestofn.moss.opcount
+    # --compiled` does it on request
+    for compiled in (False, True) if cuda else (False,):
+        for fused in (False, True):
+            name = f"{'compiled' if compiled else 'eager'}{'' if fused else '-unfused'}"
+            try:
+                r = frame_counts(fast, ids.to(dev), params, fused, compiled)
+            except Exception as e:  # the timings above stand on their own
+                print(f"# profile-ops {name} failed: {type(e).__name__}: {e}")
+                continue
+            f, loc = r["frame"], r["local_loop"]
+            print(
+                f"# profile-ops batch {batch} {name:>16}: frame step {f['ops']:.0f} ops, "
+                f"{f['kernels']:.0f} {unit}; local loop {loc['ops']:.0f} ops, "
+                f"{loc['kernels']:.0f} {unit}"
+            )
+            out.append({"engine": f"profile-ops[{name}]", "batch": batch, **r})
+    fast.fused_local = True
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bestofn.bench generate", description=__doc__)
     ap.add_argument("--batches", default="64,16,128")
@@ -193,12 +223,20 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny config (CPU smoke test)")
     ap.add_argument(
         "--variants",
-        default="compiled,eager",
+        default="compiled,compiled-unfused,eager",
         help="moss-fast variants: compiled (torch.compile + CUDA graph), eager (CUDA graph only); "
-        "the second and later variants run at the first batch size only",
+        "a '-unfused' suffix runs the local loop piece by piece (as before moss/local_loop.py; "
+        "same as BESTOFN_MOSS_FUSED=0); the second and later variants run at the first batch "
+        "size only",
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="kernel breakdown at the first batch")
+    ap.add_argument(
+        "--profile-ops",
+        action="store_true",
+        help="ops (CPU) / kernels (CUDA) per frame step and per local loop, fused vs unfused, "
+        "at the first batch size (moss/opcount.py)",
+    )
     args = ap.parse_args(argv)
 
     dtype = getattr(torch, args.dtype)
@@ -228,11 +266,13 @@ def main(argv=None) -> int:
     plan = [(variants[0], b) for b in batches] + [(v, batches[0]) for v in variants[1:]]
     engines = {}
     for variant, batch in plan:
+        compiled = variant.removesuffix("-unfused") == "compiled"
+        fast.fused_local = not variant.endswith("-unfused")
         if variant not in engines:
             fast.eager_steps()
-            engines[variant] = MossLocalEngine(fast, compile=(variant == "compiled"))
+            engines[variant] = MossLocalEngine(fast, compile=compiled)
         engine = engines[variant]
-        if variant == "compiled":
+        if compiled:
             fast.compile_steps()
         else:
             fast.eager_steps()
@@ -256,7 +296,9 @@ def main(argv=None) -> int:
             _print(row)
             print(f"  speed-up at batch {batch}: {dt / best:.1f}x")
     engine = engines[variants[0]]
-    if variants[0] == "compiled":
+    first_compiled = variants[0].removesuffix("-unfused") == "compiled"
+    fast.fused_local = not variants[0].endswith("-unfused")
+    if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:
         ids, _ = make_prompts(cfg, [args.prompt_len] * 4)
@@ -264,12 +306,14 @@ def main(argv=None) -> int:
         same, total = graph_check(engine, ids.to(dev), 40, params)
         print(f"# CUDA-graph replay vs eager, 4 takes x 40 frames, same seeds: {same}/{total} same")
     if args.profile and dev.startswith("cuda"):
-        fast.compile_steps() if variants[0] == "compiled" else fast.eager_steps()
+        fast.compile_steps() if first_compiled else fast.eager_steps()
         try:
             prof = profile_step(engine, batches[0], args.prompt_len, args.frames, params)
             rows.append({"engine": "profile", "batch": batches[0], **prof})
         except Exception as e:  # the timings above stand on their own
             print(f"# profile failed: {type(e).__name__}: {e}")
+    if args.profile_ops:
+        rows += profile_ops(fast, cfg, batches[0], args.prompt_len, params, dev)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

@@ -12,7 +12,8 @@ LayerNorm), and the per-position work itself does fewer ops:
   q/k/v block (v rows: cos 1, sin 0), and the pair rotation is one ``flip`` on a [..., D/2, 2]
   view with the sign folded into the sin table (was: two strided slices, a negation, a stack);
 - K and V of a position go to the cache in one copy (``LocalCache.kv`` keeps them side by side);
-- position 0 attends to itself only, so its attention output is its V (no attention call).
+- position 0 attends to itself only, so its attention output is its V (no attention call);
+- the sampler is ``sample_tokens_fused`` (one cumulative sum, one ``searchsorted``; same draws).
 
 Eager on CPU it gives bit-identical codes to the unfused loop (tests/test_moss_local_loop.py);
 ``bestofn parity`` runs through it by default. ``BESTOFN_MOSS_FUSED=0`` (or ``model.fused_local =
@@ -26,7 +27,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from bestofn.moss.sampling import apply_repetition_penalty, sample_tokens
+from bestofn.moss.sampling import apply_repetition_penalty, sample_tokens_fused
 
 
 def fused_default() -> bool:
@@ -109,7 +110,7 @@ def local_frame(
     place when use_penalty). Returns (stop index [B], codes [B, n_vq])."""
     n_vq = m.config.n_vq
     local = local_position(m, h, 0, kv, cos3, sin3)
-    stop = sample_tokens(
+    stop = sample_tokens_fused(
         m.stop_logits(local), u[:, 0], temperature=text_temperature, top_k=text_top_k,
         top_p=text_top_p, do_sample=do_sample,
     )  # fmt: skip
@@ -118,7 +119,7 @@ def local_frame(
         logits = m.audio_logits(local, k)
         if use_penalty:
             logits = apply_repetition_penalty(logits, seen[k], penalty)
-        code = sample_tokens(
+        code = sample_tokens_fused(
             logits, u[:, 1 + k], temperature=temperature, top_k=top_k, top_p=top_p,
             do_sample=do_sample,
         )  # fmt: skip

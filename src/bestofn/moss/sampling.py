@@ -100,3 +100,34 @@ def sample_tokens(
     target = uniform.unsqueeze(-1) * cdf[:, -1:]
     choice = (cdf < target).sum(dim=-1, keepdim=True).clamp_(max=k - 1)
     return indices.gather(-1, choice).squeeze(-1)
+
+
+def sample_tokens_fused(
+    logits: torch.Tensor,
+    uniform: torch.Tensor,
+    *,
+    temperature: torch.Tensor | float,
+    top_k: int,
+    top_p: torch.Tensor | float,
+    do_sample: bool = True,
+) -> torch.Tensor:
+    """``sample_tokens`` with fewer ops and the same result, bit for bit (tests/
+    test_moss_local_loop.py): one cumulative sum instead of two, no masked copy of the
+    probabilities, and the inverse-CDF lookup as one ``searchsorted``.
+
+    Why it is the same draw: the candidates are sorted, so the cumulative sum ``cdf`` of the
+    unfiltered probabilities is nondecreasing and top-p keeps a prefix of them. On that prefix
+    it equals the filtered cumulative sum (the dropped ones only come after), and its last kept
+    value is the filtered total. Every dropped candidate has ``cdf >= total >= u * total``, so
+    counting ``cdf < u * total`` over all k counts exactly the kept ones ``sample_tokens``
+    counts."""
+    logits = logits.float()
+    if not do_sample:
+        return logits.argmax(dim=-1)
+    k = logits.shape[-1] if top_k <= 0 else min(int(top_k), logits.shape[-1])
+    values, indices = torch.topk(logits, k, dim=-1, sorted=True)
+    probs = torch.softmax(values / temperature, dim=-1)
+    cdf = probs.cumsum(dim=-1)
+    total = torch.where(cdf - probs > top_p, 0.0, cdf).amax(dim=-1, keepdim=True)
+    choice = torch.searchsorted(cdf, uniform.unsqueeze(-1) * total).clamp_(max=k - 1)
+    return indices.gather(-1, choice).squeeze(-1)
