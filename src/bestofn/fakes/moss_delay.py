@@ -88,10 +88,14 @@ def published_config(cfg: MossDelayConfig) -> dict:
     }
 
 
-def random_tensors(cfg: MossDelayConfig, seed: int = 0, std: float = 0.2
-                   ) -> Iterator[tuple[str, torch.Tensor]]:  # fmt: skip
+def random_tensors(
+    cfg: MossDelayConfig, seed: int = 0, std: float = 0.2, always_continue: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Published-layout tensors, float32 on the CPU, one at a time (an 8B checkpoint is
-    written without holding it in memory)."""
+    written without holding it in memory). ``always_continue``: inside an audio block the text
+    head always prefers the gen slot to the delay slot (benchmarks: takes run to the budget on
+    both engines): every text embedding carries +30 in dimension 0, which dominates that
+    dimension of the final hidden, and the two slot rows of the text head read it as +-10."""
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=std):
@@ -99,7 +103,10 @@ def random_tensors(cfg: MossDelayConfig, seed: int = 0, std: float = 0.2
 
     H, D, V1 = cfg.hidden_size, cfg.head_dim, cfg.audio_vocab_size + 1
     p = "language_model."
-    yield p + "embed_tokens.weight", rnd(cfg.vocab_size, H, scale=1.0)
+    embed = rnd(cfg.vocab_size, H, scale=1.0)
+    if always_continue:
+        embed[:, 0] += 30.0
+    yield p + "embed_tokens.weight", embed
     for i in range(cfg.num_layers):
         q = f"{p}layers.{i}."
         yield q + "self_attn.q_proj.weight", rnd(cfg.num_heads * D, H)
@@ -116,7 +123,11 @@ def random_tensors(cfg: MossDelayConfig, seed: int = 0, std: float = 0.2
     yield p + "norm.weight", 1 + rnd(H, scale=0.1)
     for k in range(cfg.n_vq):
         yield f"emb_ext.{k}.weight", rnd(V1, H, scale=1.0 / cfg.n_vq**0.5)
-    yield "lm_heads.0.weight", rnd(cfg.vocab_size, H, scale=1.0 / H**0.5)
+    text_head = rnd(cfg.vocab_size, H, scale=1.0 / H**0.5)
+    if always_continue:
+        text_head[cfg.audio_assistant_gen_slot_token_id, 0] = 10.0
+        text_head[cfg.audio_assistant_delay_slot_token_id, 0] = -10.0
+    yield "lm_heads.0.weight", text_head
     for k in range(cfg.n_vq):
         yield f"lm_heads.{k + 1}.weight", rnd(V1, H, scale=3.0 / H**0.5)
 
@@ -145,7 +156,8 @@ def write_tokenizer(out: Path, cfg: MossDelayConfig) -> None:
 
 
 def write_model(out_dir, size: str = "tiny", seed: int = 0, codec_dir=None,
-                cfg: MossDelayConfig | None = None, shard_bytes="auto") -> Path:  # fmt: skip
+                cfg: MossDelayConfig | None = None, shard_bytes="auto",
+                always_continue: bool = False) -> Path:  # fmt: skip
     """A Delay checkpoint directory with random weights (float32 tiny, bfloat16 real)."""
     from bestofn.fakes.moss import write_safetensors
 
@@ -164,7 +176,8 @@ def write_model(out_dir, size: str = "tiny", seed: int = 0, codec_dir=None,
     if shard_bytes == "auto":
         shard_bytes = SHARD_BYTES[size]
     dtype = torch.float32 if tiny else torch.bfloat16
-    write_safetensors(out, random_tensors(cfg, seed, INIT_STD[size]), dtype, shard_bytes)
+    tensors = random_tensors(cfg, seed, INIT_STD[size], always_continue)
+    write_safetensors(out, tensors, dtype, shard_bytes)
     return out
 
 
