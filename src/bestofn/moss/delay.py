@@ -211,8 +211,13 @@ class MossDelayModel(nn.Module):
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [..., 1 + n_vq] -> [..., H]: text embedding + every channel's code embedding
         (pad codes included: the published model embeds them with their own row)."""
+        x = self.embed_tokens(ids[..., 0])
+        if ids.dim() > 2:  # a prompt: channel by channel (no [B, T, n_vq, H] intermediate)
+            for k in range(self.config.n_vq):
+                x = x + self.audio_embed[k][ids[..., 1 + k]]
+            return x
         k = torch.arange(self.config.n_vq, device=ids.device)
-        return self.embed_tokens(ids[..., 0]) + self.audio_embed[k, ids[..., 1:]].sum(-2)
+        return x + self.audio_embed[k, ids[..., 1:]].sum(-2)
 
     def _rope(self, pos: torch.Tensor, dtype):
         freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
