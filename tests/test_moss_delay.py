@@ -206,3 +206,33 @@ def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(again, first[:2], strict=True))
     with pytest.raises(ValueError, match="architecture"):
         MossFastGenerator("cpu", **opts, architecture="delayed")
+
+
+@pytest.mark.skipif(not (REF / "modeling_moss_tts.py").exists(), reason=f"no reference at {REF}")
+@pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
+def test_moss_hf_runs_the_published_delay_code_and_agrees_with_moss_fast(tmp_path):
+    """moss-hf on a Delay checkpoint loads the published code (trust_remote_code) and its
+    processor; with the same seeds its takes equal moss-fast's wherever both ended by eos."""
+    from bestofn.backends.moss_fast import MossFastGenerator
+    from bestofn.backends.moss_hf import MossHFGenerator
+    from bestofn.backends.moss_hf_delay import MossHFDelayGenerator
+    from bestofn.fakes import moss_audio_tokenizer, moss_delay
+    from bestofn.spec import GroupSpec
+
+    moss_audio_tokenizer.write(tmp_path / "MOSS-Audio-Tokenizer", "tiny")
+    opts = moss_delay.write(tmp_path, "tiny", code_dir=REF)
+    common = dict(min_frames=10, max_frames=10, cache_dir=str(tmp_path / "cache"))
+    hf = MossHFGenerator("cpu", **opts, **common)
+    assert isinstance(hf, MossHFDelayGenerator)
+    assert type(hf.model).__name__ == "MossTTSDelayModel"
+    spec = GroupSpec(emotion="calm", prompt_id="p1", text="Hello there, my friend.", n_takes=4)
+    takes = hf.generate(spec)
+    assert len(takes) == 4 and all(t.meta["n_frames"] >= 1 for t in takes)
+    hf_codes, cut, _ = hf.generate_codes(spec)
+    fast = MossFastGenerator("cpu", model_dir=opts["model_dir"], codec_dir=opts["codec_dir"],
+                             min_frames=10, max_frames=10)  # fmt: skip
+    fast_codes, stopped, _ = fast.generate_codes(spec)
+    both = [i for i in range(4) if stopped[i] and not cut[i]]
+    assert both, (stopped, cut)
+    for i in both:
+        assert torch.equal(hf_codes[i], fast_codes[i]), i

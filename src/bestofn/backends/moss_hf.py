@@ -248,6 +248,18 @@ class MossHFGenerator(Generator):
     def known_options(cls) -> frozenset[str]:
         return frozenset(DEFAULTS)
 
+    def __new__(cls, device: str = "cpu", **options):
+        # A MOSS-TTS Delay checkpoint (config.json model_type moss_tts_delay) runs through
+        # its own published code path (bestofn.backends.moss_hf_delay).
+        if cls is MossHFGenerator and options.get("model_dir"):
+            from bestofn.moss.delay import is_delay_checkpoint
+
+            if is_delay_checkpoint(Path(options["model_dir"]).expanduser()):
+                from bestofn.backends.moss_hf_delay import MossHFDelayGenerator
+
+                cls = MossHFDelayGenerator
+        return super().__new__(cls)
+
     def __init__(self, device: str = "cpu", **options):
         unknown = set(options) - set(DEFAULTS)
         if unknown:

@@ -89,13 +89,21 @@ def published_config(cfg: MossDelayConfig) -> dict:
 
 
 def random_tensors(
-    cfg: MossDelayConfig, seed: int = 0, std: float = 0.2, always_continue: bool = False
+    cfg: MossDelayConfig,
+    seed: int = 0,
+    std: float = 0.2,
+    always_continue: bool = False,
+    start_audio: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Published-layout tensors, float32 on the CPU, one at a time (an 8B checkpoint is
     written without holding it in memory). ``always_continue``: inside an audio block the text
     head always prefers the gen slot to the delay slot (benchmarks: takes run to the budget on
     both engines): every text embedding carries +30 in dimension 0, which dominates that
-    dimension of the final hidden, and the two slot rows of the text head read it as +-10."""
+    dimension of the final hidden, and the two slot rows of the text head read it as +-10.
+    ``start_audio`` (implied by it): after "assistant\n" the text head picks audio_start (its
+    row reads that dimension as +10), as a trained model does; the random gen/delay choice
+    then ends takes after a few frames."""
+    start_audio = start_audio or always_continue
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=std):
@@ -104,7 +112,7 @@ def random_tensors(
     H, D, V1 = cfg.hidden_size, cfg.head_dim, cfg.audio_vocab_size + 1
     p = "language_model."
     embed = rnd(cfg.vocab_size, H, scale=1.0)
-    if always_continue:
+    if start_audio:
         embed[:, 0] += 30.0
     yield p + "embed_tokens.weight", embed
     for i in range(cfg.num_layers):
@@ -124,6 +132,8 @@ def random_tensors(
     for k in range(cfg.n_vq):
         yield f"emb_ext.{k}.weight", rnd(V1, H, scale=1.0 / cfg.n_vq**0.5)
     text_head = rnd(cfg.vocab_size, H, scale=1.0 / H**0.5)
+    if start_audio:
+        text_head[cfg.audio_start_token_id, 0] = 10.0
     if always_continue:
         text_head[cfg.audio_assistant_gen_slot_token_id, 0] = 10.0
         text_head[cfg.audio_assistant_delay_slot_token_id, 0] = -10.0
@@ -176,7 +186,7 @@ def write_model(out_dir, size: str = "tiny", seed: int = 0, codec_dir=None,
     if shard_bytes == "auto":
         shard_bytes = SHARD_BYTES[size]
     dtype = torch.float32 if tiny else torch.bfloat16
-    tensors = random_tensors(cfg, seed, INIT_STD[size], always_continue)
+    tensors = random_tensors(cfg, seed, INIT_STD[size], always_continue, start_audio=True)
     write_safetensors(out, tensors, dtype, shard_bytes)
     return out
 

@@ -61,18 +61,23 @@ def make_prompts(cfg: MossDelayConfig, lengths: list[int], text_rows=(), seed: i
     return ids, mask
 
 
-class _ReferenceDraws:
-    """Stands in for the reference module's ``sample_token`` during one ``generate``. It
-    reads which rows (and codebooks) are being sampled from the caller's masks, and draws
-    their numbers from the per-take uniforms."""
+class PublishedDelayDraws:
+    """Stands in for the published module's ``sample_token`` during one ``generate`` (parity
+    here, per-take seeds in moss-hf). It reads which rows (and codebooks) are being sampled
+    from the caller's masks, and draws their numbers from the per-take uniforms. ``penalty``:
+    the published penalty function, applied as the published ``sample_token`` does (None:
+    a penalty other than 1.0 is refused)."""
 
-    def __init__(self, seeds):
+    def __init__(self, seeds, penalty=None):
         self.seeds = torch.as_tensor(seeds, dtype=torch.long)
+        self.penalty = penalty
 
     def __call__(self, logits, prev_tokens=None, repetition_penalty=1.0, top_p=None,
                  top_k=None, do_sample=True):  # fmt: skip
         if repetition_penalty != 1.0:
-            raise ValueError("parity: the reference's batch-pooled penalty is not compared")
+            if self.penalty is None:
+                raise ValueError("parity: the reference's batch-pooled penalty is not compared")
+            logits = self.penalty(logits, prev_tokens, repetition_penalty)
         loc = sys._getframe(1).f_locals
         need = "sampling_text_mask" if prev_tokens is None else "sampling_audio_mask"
         if need not in loc or "time_step" not in loc:
@@ -160,7 +165,7 @@ def _compare(mod, ref, fast, engines, lengths, text_rows, steps, device):
             text_temperature=1.5, text_top_p=1.0, text_top_k=50, audio_temperature=1.7,
             audio_top_p=0.8, audio_top_k=5)  # fmt: skip
         original = mod.sample_token, mod.tqdm
-        mod.sample_token, mod.tqdm = _ReferenceDraws(seeds), lambda it, **_: it  # no bar
+        mod.sample_token, mod.tqdm = PublishedDelayDraws(seeds), lambda it, **_: it  # no bar
         try:
             ref_out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, **kw)
         finally:

@@ -1,0 +1,193 @@
+"""MOSS-TTS v1.5 Delay (8B) through its published code (``moss-hf`` on a Delay checkpoint).
+
+``MossHFGenerator`` hands a checkpoint whose config.json says ``model_type: moss_tts_delay``
+to this class. The model, its prompt processor and its ``generate`` are the published ones,
+loaded from the checkpoint directory with ``trust_remote_code`` (moss_tts_delay/: modeling,
+configuration, processing, inference_utils). What is ours around them:
+
+- per-take seeds: the published ``generate`` draws with torch's global RNG through the
+  module function ``sample_token``; for the call it is replaced by
+  ``bestofn.moss.delay_parity.PublishedDelayDraws`` (the same per-take uniforms as moss-fast's
+  Delay engine; the published penalty function still applies a penalty other than 1.0);
+- frame budget: ``max_new_tokens`` = budget + n_vq + 1 rows (audio_start, frames, the delay
+  tail, audio_end); a take is its first audio block, de-delayed with the processor's
+  ``apply_de_delay_pattern``, complete frames only; no audio_end in time = truncated;
+- the codec: ``bestofn.moss.codec.load_codec(codec_dir)`` (MOSS-Audio-Tokenizer, 24 kHz,
+  32 quantizers), not the processor's, so the remote codec code is not needed.
+The prompt goes through the published processor (chat template, text normalizer, delayed
+reference codes), built without its codec (``audio_tokenizer=None``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bestofn.backends.moss_hf import (
+    DEFAULTS,
+    SAMPLING_KEYS,
+    MossHFGenerator,
+    _default_cache_dir,
+    _torchaudio_importable,
+    check_checkpoint,
+)
+from bestofn.moss.budget import FrameBudget
+from bestofn.moss.prompt import LANGUAGE_TAGS
+from bestofn.spec import GroupSpec
+
+DELAY_TEXT_TEMPERATURE = 1.5  # the published Delay generate's default
+
+
+class MossHFDelayGenerator(MossHFGenerator):
+    def __init__(self, device: str = "cpu", **options):
+        unknown = set(options) - set(DEFAULTS)
+        if unknown:
+            raise TypeError(
+                f"moss-hf: unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}"
+            )
+        self.options = {**DEFAULTS, **options}
+        if "text_temperature" not in options:
+            self.options["text_temperature"] = DELAY_TEXT_TEMPERATURE
+        o = self.options
+        if o["instruction"] not in ("none", "emotion", "emotion_description"):
+            raise ValueError(f"moss-hf: bad instruction mode {o['instruction']!r}")
+        self.budget = FrameBudget.from_options(o)
+        self.device = device
+        self._model_files = check_checkpoint(o["model_dir"], "model_dir", tokenizer=True)
+        if not o["codec_dir"] or not (Path(o["codec_dir"]).expanduser() / "config.json").is_file():
+            raise FileNotFoundError(
+                f"moss-hf: {o['codec_dir']}/config.json not found (config field: codec_dir)"
+            )
+        self.cache_dir = Path(o["cache_dir"] or _default_cache_dir()).expanduser()
+        self.model_dir = self.load_dir = Path(o["model_dir"]).expanduser()
+        self.codec_dir = Path(o["codec_dir"]).expanduser()
+        if o["lora"]:
+            from bestofn.moss.lora import merged_weights_dir
+
+            self.load_dir = merged_weights_dir(self.model_dir, Path(o["lora"]), self.cache_dir)
+        self._load()
+        self._ref_codes: dict[tuple, object] = {}
+
+    def _load(self):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from bestofn.moss.codec import load_codec
+
+        hf_logging.disable_progress_bar()
+        o = self.options
+        dtype, attn = self._resolve_dtype_and_attn()
+        if torch.device(self.device).type == "cuda":
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        with _torchaudio_importable():
+            self.model = AutoModel.from_pretrained(
+                str(self.load_dir), trust_remote_code=True, local_files_only=True, dtype=dtype,
+                attn_implementation=attn,
+            )  # fmt: skip
+        self.model.to(self.device).eval()
+        self.module = sys.modules[type(self.model).__module__]
+        Processor = getattr(self.model, "Processor", None)
+        if Processor is None:
+            raise RuntimeError(
+                f"moss-hf: {self.load_dir}/processing_moss_tts.py did not import (the published "
+                "Delay processor is needed for the prompt)"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(str(self.load_dir), local_files_only=True)
+        self.processor = Processor(tokenizer=tokenizer, audio_tokenizer=None,
+                                   model_config=self.model.config)  # fmt: skip
+        package = self.module.__name__.rsplit(".", 1)[0]
+        utils = sys.modules[f"{package}.inference_utils"]
+        self.penalty = utils.apply_repetition_penalty_delay_pattern
+        self.config = self.model.config
+        self.n_vq = int(self.config.n_vq)
+        self.audio_pad = int(self.config.audio_pad_code)
+        self.codec = load_codec(
+            self.codec_dir, device=self.device, n_vq=self.n_vq,
+            weight_dtype=o["codec_weight_dtype"], compute_dtype=o["codec_compute_dtype"],
+            decode_batch_size=o["decode_batch_size"],
+        )  # fmt: skip
+        self.sample_rate = int(self.codec.sample_rate)
+        self.dtype, self.attn = dtype, attn
+
+    def reference_codes(self, path):
+        from bestofn.audio import load_audio
+
+        path = Path(path)
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+        if key not in self._ref_codes:
+            audio, sr = load_audio(path, sample_rate=self.sample_rate, mono=False)
+            audio = audio[: int(self.options["max_reference_s"] * sr)]
+            self._ref_codes[key] = self.codec.encode(audio, sr)
+        return self._ref_codes[key]
+
+    def prompt(self, spec: GroupSpec):
+        language = self.options["language"] or LANGUAGE_TAGS.get(spec.language, spec.language)
+        reference = [self.reference_codes(spec.reference_audio)] if spec.reference_audio else None
+        message = self.processor.build_user_message(
+            text=spec.text, reference=reference, instruction=self._instruction(spec),
+            language=language or None,
+        )  # fmt: skip
+        batch = self.processor([[message]], mode="generation", n_vq=self.n_vq)
+        return batch["input_ids"], batch["attention_mask"]
+
+    @contextlib.contextmanager
+    def _draws(self, seeds):
+        from bestofn.moss.delay_parity import PublishedDelayDraws
+
+        original = self.module.sample_token
+        self.module.sample_token = PublishedDelayDraws(seeds, penalty=self.penalty)
+        try:
+            yield
+        finally:
+            self.module.sample_token = original
+
+    def generate_codes(self, spec: GroupSpec, seeds: list[int] | None = None):
+        import torch
+
+        seeds = spec.seeds() if seeds is None else list(seeds)
+        budget = self.budget.frames(spec.text)
+        input_ids, attention_mask = self.prompt(spec)
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        sampling = {k: self.options[k] for k in SAMPLING_KEYS if k != "do_sample"}
+        if not self.options["do_sample"]:
+            sampling.update(text_temperature=0.0, audio_temperature=0.0)
+        c = self.config
+        codes, truncated = [], []
+        step = max(1, int(self.options["batch_size"]))
+        for start in range(0, len(seeds), step):
+            chunk = seeds[start : start + step]
+            n = len(chunk)
+            with torch.inference_mode(), self._draws(chunk):
+                outputs = self.model.generate(
+                    input_ids=input_ids.expand(n, -1, -1),
+                    attention_mask=attention_mask.expand(n, -1),
+                    max_new_tokens=budget + self.n_vq + 1,
+                    **sampling,
+                )
+            for kept, rows in outputs:
+                rows = rows[int(kept) :].cpu()  # the generated rows
+                hit = (rows[:, 0] == c.audio_start_token_id).nonzero()
+                begin = int(hit[0]) + 1 if len(hit) else rows.shape[0]
+                end_hit = (rows[begin:, 0] == c.audio_end_token_id).nonzero()
+                end = begin + int(end_hit[0]) if len(end_hit) else rows.shape[0]
+                seg = rows[begin:end, 1:]
+                frames = (
+                    self.processor.apply_de_delay_pattern(seg)
+                    if seg.shape[0] >= self.n_vq
+                    else seg[:0]
+                )
+                full = (frames != self.audio_pad).all(dim=1).long().cumprod(0).sum()
+                codes.append(frames[: int(full)].to(torch.long))
+                truncated.append(not len(end_hit))
+        return codes, truncated, budget
+
+    def decode(self, codes: list) -> list[np.ndarray]:
+        audios = self.codec.decode(codes)
+        if self.options["mono"]:
+            audios = [a.mean(axis=1) if a.ndim == 2 else a for a in audios]
+        return [np.asarray(a, dtype=np.float32) for a in audios]
