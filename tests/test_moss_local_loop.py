@@ -112,17 +112,45 @@ def test_local_positions_give_the_same_hidden_as_local_step(cfg):
 )
 def test_fused_frame_gives_the_unfused_loops_codes(cfg, params):
     m = _model(cfg)
-    engine = MossLocalEngine(m, use_cuda_graphs=False, compile=False)
     ids = _prompt(cfg, 4)
     seeds = [11, 12, 13, 14]
     outs = {}
     for fused in (False, True):
-        m.fused_local = fused
+        m.set_fused(fused)  # a new engine: its caches are laid out for the mode
+        engine = MossLocalEngine(m, use_cuda_graphs=False, compile=False)
+        assert (engine._state_for(4, 8, 12).cache.kv is not None) == fused
         outs[fused] = engine.generate(ids, None, seeds, 12, params)
     for a, b in zip(outs[False].codes, outs[True].codes, strict=True):
         assert torch.equal(a, b)
     assert outs[False].stopped == outs[True].stopped
     assert sum(len(c) for c in outs[True].codes) > 0
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_fused_backbone_step_gives_the_unfused_hidden(padded):
+    """K+V in one write and residual+next norm fused: same hidden, same cache, bit for bit."""
+    m = _model(CFG)
+    ids = _prompt(CFG, 3, length=6)
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    if padded:
+        mask[0, :2] = False
+    alive = torch.tensor([True, False, True])
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(3, CFG.hidden_size, generator=g) for _ in range(5)]
+    out = {}
+    for fused in (False, True):
+        m.set_fused(fused)
+        cache = m.new_backbone_cache(3, 64)
+        hs = [m.prefill(ids, mask, cache)]
+        hs += [
+            m.backbone_step(x, alive, cache, kv_len=64 if i % 2 else None) for i, x in enumerate(xs)
+        ]
+        out[fused] = (hs, cache)
+    for a, b in zip(out[False][0], out[True][0], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(out[False][1].k, out[True][1].k)
+    assert torch.equal(out[False][1].v, out[True][1].v)
+    assert out[True][1].kv is not None and out[False][1].kv is None
 
 
 def test_fused_backbone_projections_equal_separate_ones():

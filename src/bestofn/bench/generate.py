@@ -206,7 +206,7 @@ def profile_ops(fast, cfg, batch, prompt_len, params, dev) -> list[dict]:
                 f"{loc['kernels']:.0f} {unit}"
             )
             out.append({"engine": f"profile-ops[{name}]", "batch": batch, **r})
-    fast.fused_local = True
+    fast.set_fused(True)
     return out
 
 
@@ -225,9 +225,9 @@ def main(argv=None) -> int:
         "--variants",
         default="compiled,compiled-unfused,eager",
         help="moss-fast variants: compiled (torch.compile + CUDA graph), eager (CUDA graph only); "
-        "a '-unfused' suffix runs the local loop piece by piece (as before moss/local_loop.py; "
-        "same as BESTOFN_MOSS_FUSED=0); the second and later variants run at the first batch "
-        "size only",
+        "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "
+        "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
+        "later variants run at the first batch size only",
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="kernel breakdown at the first batch")
@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     engines = {}
     for variant, batch in plan:
         compiled = variant.removesuffix("-unfused") == "compiled"
-        fast.fused_local = not variant.endswith("-unfused")
+        fast.set_fused(not variant.endswith("-unfused"))
         if variant not in engines:
             fast.eager_steps()
             engines[variant] = MossLocalEngine(fast, compile=compiled)
@@ -297,7 +297,7 @@ def main(argv=None) -> int:
             print(f"  speed-up at batch {batch}: {dt / best:.1f}x")
     engine = engines[variants[0]]
     first_compiled = variants[0].removesuffix("-unfused") == "compiled"
-    fast.fused_local = not variants[0].endswith("-unfused")
+    fast.set_fused(not variants[0].endswith("-unfused"))
     if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:

@@ -14,10 +14,22 @@ class BackboneCache:
     finished rows are 0). ``pos`` is each row's next RoPE position; ``write_idx`` the next slot.
     """
 
-    def __init__(self, n_layers, batch, kv_heads, max_len, head_dim, dtype, device):
+    def __init__(
+        self, n_layers, batch, kv_heads, max_len, head_dim, dtype, device, kv_side_by_side=False
+    ):
         shape = (n_layers, batch, kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.kv = None
+        if kv_side_by_side:
+            # [layers, batch, kv_heads, max_len, 2, head_dim]: a token's K and V are adjacent,
+            # so the fused decode writes both with one index_copy. k/v are strided views of it
+            # with the usual [layers, batch, kv_heads, max_len, head_dim] shape.
+            self.kv = torch.zeros(
+                (n_layers, batch, kv_heads, max_len, 2, head_dim), dtype=dtype, device=device
+            )
+            self.k, self.v = self.kv[..., 0, :], self.kv[..., 1, :]
+        else:
+            self.k = torch.zeros(shape, dtype=dtype, device=device)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.key_mask = torch.zeros(batch, max_len, dtype=torch.bool, device=device)
         self.pos = torch.zeros(batch, dtype=torch.long, device=device)
         self.write_idx = torch.zeros(1, dtype=torch.long, device=device)
@@ -30,7 +42,8 @@ class BackboneCache:
         self.write_idx.zero_()
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.k, self.v, self.key_mask, self.pos, self.write_idx]
+        kv = [self.k, self.v] if self.kv is None else [self.kv]
+        return [*kv, self.key_mask, self.pos, self.write_idx]
 
 
 class LocalCache:

@@ -103,9 +103,37 @@ def local_post_attn(
     return x + F.linear(_activation(act)(h), w_out, b_out)
 
 
+def backbone_qkv_fused(hn, cos, sin, w_qkv, w_qk_norm, n_heads: int, n_kv: int, eps: float):
+    """``backbone_pre_attn`` on an already normalized input, returning K and V stacked
+    ([..., kv_heads, 2, D]) so one cache write stores both."""
+    D = w_qk_norm.shape[-1]
+    qkv = F.linear(hn, w_qkv)
+    qk = qkv[..., : (n_heads + n_kv) * D].unflatten(-1, (n_heads + n_kv, D))
+    v = qkv[..., (n_heads + n_kv) * D :].unflatten(-1, (n_kv, D))
+    qk = w_qk_norm * F.rms_norm(qk, (D,), None, eps)
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    qk = qk * cos + _rotate_half(qk) * sin
+    return qk[..., :n_heads, :], torch.stack((qk[..., n_heads:, :], v), dim=-2)
+
+
+def backbone_post_attn_norm(x, attn, w_o, w_norm, w_gate_up, w_down, w_next, eps: float):
+    """``backbone_post_attn`` followed by the next RMSNorm (the next layer's input norm, or the
+    final norm after the last layer): returns (residual stream, its normalized copy), so the
+    residual add and the next norm can be one kernel."""
+    x = backbone_post_attn(x, attn, w_o, w_norm, w_gate_up, w_down, eps)
+    return x, w_next * F.rms_norm(x, (x.shape[-1],), None, eps)
+
+
+def rms_norm_w(x, w, eps: float):
+    return w * F.rms_norm(x, (x.shape[-1],), None, eps)
+
+
 IMPLS = {
     "backbone_pre_attn": backbone_pre_attn,
     "backbone_post_attn": backbone_post_attn,
+    "backbone_qkv_fused": backbone_qkv_fused,
+    "backbone_post_attn_norm": backbone_post_attn_norm,
+    "rms_norm_w": rms_norm_w,
     "local_pre_attn": local_pre_attn,
     "local_post_attn": local_post_attn,
 }
@@ -188,6 +216,25 @@ class BackboneLayer(nn.Module):
         )
         return self._post(x, out.reshape(B, -1))
 
+    def decode_fused(self, x, hn, cos, sin, key_bias, write_idx, kv_cache, w_next):
+        """``decode`` with this layer's input norm already applied (hn) and the next norm fused
+        into the output: returns (x, next hn). kv_cache [B, kv, L, 2, D] (K and V side by side,
+        one write)."""
+        B = x.shape[0]
+        q, kv = self.impl["backbone_qkv_fused"](
+            hn, cos, sin, self.qkv.weight, self._qk_norm_weight(), self.n_heads, self.n_kv,
+            self.eps,
+        )  # fmt: skip
+        kv_cache.index_copy_(2, write_idx, kv.unsqueeze(2))
+        q = q.reshape(B, self.n_kv, self.n_heads // self.n_kv, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            q, kv_cache[..., 0, :], kv_cache[..., 1, :], attn_mask=key_bias, scale=self.scale
+        )
+        return self.impl["backbone_post_attn_norm"](
+            x, out.reshape(B, -1), self.o_proj.weight, self.post_attention_layernorm.weight,
+            self.gate_up.weight, self.down_proj.weight, w_next, self.eps,
+        )  # fmt: skip
+
 
 class LocalBlock(nn.Module):
     def __init__(self, c: MossLocalConfig):
@@ -241,6 +288,9 @@ class MossLocalModel(nn.Module):
         # The whole local loop of a frame as one function (moss/local_loop.py); False: the
         # engine's unfused per-piece loop (kept for side-by-side benchmarks).
         self.fused_local = fused_default()
+        # Backbone decode with K+V in one cache write and each residual add fused with the next
+        # RMSNorm (needs a cache made while it is on: K/V side by side).
+        self.fused_backbone = fused_default()
         self._local_frame_fn = local_frame
         self.build_buffers()
 
@@ -263,6 +313,11 @@ class MossLocalModel(nn.Module):
             self.register_buffer(name, value.to(device) if device else value, persistent=False)
         self._local_trig = {}
         self._local_tables = {}
+
+    def set_fused(self, on: bool) -> None:
+        """Fused local loop and backbone decode on/off (off: the pre-fusion code paths, for
+        side-by-side benchmarks). Caches made afterwards follow the backbone setting."""
+        self.fused_local = self.fused_backbone = bool(on)
 
     def compile_steps(self, **kw) -> None:
         """Use torch.compile'd versions of the per-token pieces (fuses the elementwise chains:
@@ -336,12 +391,21 @@ class MossLocalModel(nn.Module):
             ~cache.key_mask[:, None, None, :L], float("-inf")
         )
         cos, sin = self._rope(cache.pos, x.dtype)
-        for i, layer in enumerate(self.layers):
-            k, v = cache.k[i][:, :, :L], cache.v[i][:, :, :L]
-            x = layer.decode(x, cos, sin, bias, cache.write_idx, k, v)
+        if self.fused_backbone and cache.kv is not None:
+            first = self.layers[0]
+            hn = first.impl["rms_norm_w"](x, first.input_layernorm.weight, first.eps)
+            for i, layer in enumerate(self.layers):
+                nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+                kv = cache.kv[i][:, :, :L]
+                x, hn = layer.decode_fused(x, hn, cos, sin, bias, cache.write_idx, kv, nxt.weight)
+        else:
+            for i, layer in enumerate(self.layers):
+                k, v = cache.k[i][:, :, :L], cache.v[i][:, :, :L]
+                x = layer.decode(x, cos, sin, bias, cache.write_idx, k, v)
+            hn = self.norm(x)
         cache.pos.add_(alive.long())
         cache.write_idx.add_(1)
-        return self.norm(x)
+        return hn
 
     # ---- local transformer -------------------------------------------------------------------
 
@@ -394,8 +458,9 @@ class MossLocalModel(nn.Module):
     def new_backbone_cache(self, batch: int, max_len: int) -> BackboneCache:
         c, p = self.config, self.audio_embed
         return BackboneCache(
-            c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device
-        )
+            c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device,
+            kv_side_by_side=self.fused_backbone,
+        )  # fmt: skip
 
     def new_local_cache(self, batch: int) -> LocalCache:
         c, p = self.config, self.audio_embed

@@ -12,8 +12,10 @@ ops one eager frame step runs. torch.profiler records them; we count, per frame:
 
 ``python -m bestofn.moss.opcount`` prints both for the whole frame step and for its local loop
 (stop head + 12 codebooks), tiny and real-shaped (one backbone layer, real local transformer and
-heads), unfused (BESTOFN_MOSS_FUSED=0) and fused. Compiled variants (``--compiled``) count what
-runs after torch.compile (Inductor's C++ kernels on CPU show up as one op each).
+heads), unfused (BESTOFN_MOSS_FUSED=0: the local loop piece by piece, the backbone with
+separate K/V writes and separate residual/norm kernels) and fused. Compiled variants
+(``--compiled``) count what runs after torch.compile (Inductor's C++ kernels on CPU show up as
+one op each).
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def build(cfg: MossLocalConfig, batch: int, prompt_len: int, frames: int):
 @torch.inference_mode()
 def frame_counts(model, ids, params: SamplingParams, fused: bool, compiled: bool) -> dict:
     """Counts for one frame step and for its local loop alone, after a few real frames."""
-    model.fused_local = fused
+    model.set_fused(fused)
     model.eager_steps()
     engine = MossLocalEngine(model, use_cuda_graphs=False, compile=compiled)
     try:
@@ -133,7 +135,7 @@ def frame_counts(model, ids, params: SamplingParams, fused: bool, compiled: bool
             "local_loop": count_ops(lambda: engine._heads_and_sampling(s, params, h), cuda=cuda),
         }
     finally:
-        model.fused_local = True
+        model.set_fused(True)
         model.eager_steps()
 
 
