@@ -213,3 +213,19 @@ def test_fused_backbone_projections_equal_separate_ones():
     fused_local = m.local_step(fused_hidden[:, -1], 0, m.new_local_cache(2))
     torch.testing.assert_close(m.stop_logits(fused_local), m.stop_logits(sep_local))
     torch.testing.assert_close(m.audio_logits(fused_local, 0), m.audio_logits(sep_local, 0))
+
+
+def test_opcount_sees_fewer_kernels_per_frame_when_fused():
+    """The CPU proxy of the bench (moss/opcount.py): the fused paths run fewer kernel-like ops
+    per frame and per local loop (counts, not timings)."""
+    from bestofn.moss.opcount import build, frame_counts
+
+    model, ids = build(CFG, 2, 8, 8)
+    params = SamplingParams()
+    unfused = frame_counts(model, ids, params, fused=False, compiled=False)
+    fused = frame_counts(model, ids, params, fused=True, compiled=False)
+    assert model.fused_local and model.fused_backbone  # restored
+    for part in ("frame", "local_loop"):
+        assert 0 < fused[part]["kernels"] < unfused[part]["kernels"]
+    # one K+V write per backbone layer instead of two, one per local position instead of two
+    assert fused["frame"]["kernels"] <= unfused["frame"]["kernels"] - CFG.num_layers - CFG.n_vq

@@ -322,8 +322,15 @@ class MossLocalModel(nn.Module):
     def compile_steps(self, **kw) -> None:
         """Use torch.compile'd versions of the per-token pieces (fuses the elementwise chains:
         norms, RoPE, SiLU-gating, residuals). One compiled graph per piece, shared by layers."""
+        import os
+
         import torch._dynamo
 
+        # BESTOFN_MOSS_COMPILE_MODE: an Inductor mode to try, e.g. max-autotune-no-cudagraphs
+        # (Triton GEMM templates with fused epilogues; longer compile). Not "max-autotune": its
+        # own CUDA graphs would nest inside the engine's captured frame step.
+        if os.environ.get("BESTOFN_MOSS_COMPILE_MODE"):
+            kw.setdefault("mode", os.environ["BESTOFN_MOSS_COMPILE_MODE"])
         # Batch sizes differ between groups; allow a compiled variant per shape.
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         compiled = getattr(self, "_compiled_impls", None)
