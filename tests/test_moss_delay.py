@@ -204,6 +204,11 @@ def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
     again, _, _ = gen.generate_codes(GroupSpec("calm", "p1", "Hello world again.", n_takes=2))
     first, _, _ = gen.generate_codes(spec)
     assert all(torch.equal(a, b) for a, b in zip(again, first[:2], strict=True))
+    from bestofn.speech import stream_batch
+
+    one = GroupSpec(emotion="calm", prompt_id="p1", text="Hello world again.", n_takes=1)
+    chunks = list(stream_batch(gen, [one]))  # the speech service: the take, whole
+    assert len(chunks) == 1 and chunks[0][2] and chunks[0][1].shape == takes[0].audio.shape
     with pytest.raises(ValueError, match="architecture"):
         MossFastGenerator("cpu", **opts, architecture="delayed")
 

@@ -174,6 +174,8 @@ class MossFastGenerator(Generator):
         )
         if self.is_delay and "text_temperature" not in self._given:
             o["text_temperature"] = DELAY_TEXT_TEMPERATURE
+        if self.is_delay:  # the speech service renders Delay takes whole (no streaming yet)
+            self.stream_batch = self._render_whole
         self.params = SamplingParams(
             temperature=o["audio_temperature"],
             top_p=o["audio_top_p"],
@@ -262,6 +264,11 @@ class MossFastGenerator(Generator):
             codes += out.codes
             stopped += out.stopped
         return codes, stopped, budget
+
+    def _render_whole(self, specs: list[GroupSpec]):
+        """``bestofn.speech.stream_batch`` for a Delay model: each request's take, whole."""
+        for i, spec in enumerate(specs):
+            yield i, np.asarray(self.generate(spec)[0].audio, dtype=np.float32), True
 
     def generate(self, spec: GroupSpec) -> list[Take]:
         seeds = spec.seeds()
