@@ -174,7 +174,7 @@ def test_fp8_stored_weights_upcast_per_layer_are_close_to_fp32(ckpt, codec):
     assert fp8.weight_bytes() < codec.weight_bytes()
     clips = _clips([40, 12], seed=8)
     for ref, x in zip(codec.decode(clips), fp8.decode(clips), strict=True):
-        assert 20 < _snr_db(ref, x) < 80
+        assert 35 < _snr_db(ref, x) < 80
 
 
 def test_fp8_matmuls_are_refused_on_a_cpu_naming_the_option(ckpt):
@@ -280,7 +280,7 @@ def test_fp8_matmul_path_where_scaled_mm_runs(ckpt, codec, monkeypatch):
     )
     clips = _clips([40, 13], seed=11)
     for ref, x in zip(codec.decode(clips), fp8.decode(clips), strict=True):
-        assert 15 < _snr_db(ref, x) < 80
+        assert 30 < _snr_db(ref, x) < 80
     batched = fp8.decode(clips)
     np.testing.assert_allclose(
         batched[1], fp8.decode([clips[1]])[0], rtol=0, atol=1e-2 * np.abs(batched[1]).max()
