@@ -171,3 +171,61 @@ def test_piper_ignores_the_feed(tmp_path):
     out = list(speech.stream_batch(PiperGenerator(), [spec("Now.", 2)], feed.feed()))
     assert {i for i, _, _ in out} == {0} and out[-1][2]
     assert feed.taken == [] and len(feed.later) == 1
+
+
+def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
+    """`bestofn serve` with moss-fast (tiny, every take runs its budget): a request sent while
+    another streams joins its decode (the worker's /health counts it) and gets the audio it
+    gets alone."""
+    import threading
+
+    import yaml
+    from conftest import write_tsv
+    from test_serve import Server, moss_speak
+
+    from bestofn.fakes import moss
+
+    options = moss.write(tmp_path / "weights", "tiny", seed=0, p_stop=1e-9)
+    write_tsv(tmp_path / "emotions.tsv", ["emotion", "description"], [["calm", "A calm voice."]])
+    write_tsv(tmp_path / "prompts.tsv", ["prompt_id", "text"], [["p1", "Hello."]])
+    config = {
+        "emotions": "emotions.tsv", "prompts": "prompts.tsv", "results": "results",
+        "takes": 1, "device": "cpu",
+        "models": {"generator": {"backend": "moss-fast", "options": options}},
+        "runtime": {"idle_timeout_s": 120},
+        "selection": {"filter": "true", "score": "0"},
+    }  # fmt: skip
+    (tmp_path / "speech.yaml").write_text(yaml.safe_dump(config))
+    srv = Server(tmp_path, "--config", "speech.yaml")
+    try:
+        long_text = " ".join(["word"] * 16)  # 96 frames: 7.68 s of audio
+        late_text = "Good morning to you."
+        late_alone = moss_speak(srv, late_text, seed=5)
+        before = srv.health()["worker"]["speech_batching"]
+        import openai
+
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0,
+                               timeout=120)  # fmt: skip
+        started, result = threading.Event(), {}
+
+        def late():
+            started.wait(60)
+            result["late"] = moss_speak(srv, late_text, seed=5)
+
+        t = threading.Thread(target=late)
+        t.start()
+        with client.audio.speech.with_streaming_response.create(
+            model="bestofn", voice="default", input=long_text, response_format="pcm",
+            extra_body={"seed": 1},
+        ) as resp:  # fmt: skip
+            parts = []
+            for chunk in resp.iter_bytes():
+                parts.append(chunk)
+                started.set()  # the long request is streaming: send the late one now
+        t.join(120)
+        after = srv.health()["worker"]["speech_batching"]
+        assert len(b"".join(parts)) == 2 * 24000 * 96 * 0.08  # its whole budget, 24 kHz pcm
+        assert after["joined_running"] - before["joined_running"] == 1
+        assert result["late"] == late_alone
+    finally:
+        srv.close()
