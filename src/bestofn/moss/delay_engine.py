@@ -105,6 +105,8 @@ class DelayState:
         banned = [c.pad_token_id, c.audio_assistant_gen_slot_token_id,
                   c.audio_assistant_delay_slot_token_id, c.audio_end_token_id]  # fmt: skip
         self.ban_text[banned] = True
+        self.slot_ids = torch.tensor([c.audio_assistant_gen_slot_token_id,
+                                      c.audio_assistant_delay_slot_token_id], **long)  # fmt: skip
         self.ban_audio = torch.ones(V, **boolean)
         self.ban_audio[[c.audio_assistant_gen_slot_token_id,
                         c.audio_assistant_delay_slot_token_id]] = False  # fmt: skip
@@ -160,22 +162,37 @@ class MossDelayEngine:
         at_end = ~s.stopping & (s.delayed == n)
         is_audio = s.is_audio & ~at_end
         free = ~s.stopping & (s.delayed > n)
-        ban = torch.where(is_audio[:, None], s.ban_audio, s.ban_text)
-        col = torch.zeros_like(s.ban_text)
-        col[dly] = True
-        ban = ban | (col & (t == 0))
-        col = torch.zeros_like(s.ban_text)
-        col[c.im_end_token_id] = True
-        ban = ban | (col & (t <= n))
+        short = None
         if b.enforce and b.min_frames > 0:  # too short to stop: no delay slot yet
             short = is_audio & (s.frames + 1 < s.min_frames) & ~s.audio_done
+        if b.force_audio_start and b.stop_at_audio_end:
+            # Every row whose text we keep is inside its audio block (step 0 is forced to
+            # audio_start, a row is done at audio_end), where only the two slot tokens are
+            # allowed: two rows of the text head instead of the whole vocabulary (the same
+            # draw: the banned tokens have probability 0 either way).
+            logits = (h @ m.text_head[s.slot_ids].t()).float()  # [B, 2]: gen, delay
+            stop_banned = (t == 0).expand(logits.shape[0])
+            if short is not None:
+                stop_banned = stop_banned | short
+            logits[:, 1] = logits[:, 1].masked_fill(stop_banned, float("-inf"))
+            k = min(p.text_top_k, 2) if p.text_top_k > 0 else 0
+            pick = self._sample(logits, u[:, 0], temperature=s.text_temperature, top_k=k,
+                                top_p=s.text_top_p, do_sample=p.do_sample)  # fmt: skip
+            sampled = s.slot_ids[pick]
+        else:  # the published rules over the whole vocabulary
+            ban = torch.where(is_audio[:, None], s.ban_audio, s.ban_text)
             col = torch.zeros_like(s.ban_text)
             col[dly] = True
-            ban = ban | (col & short[:, None])
-        logits = m.text_logits(h).float().masked_fill(ban, float("-inf"))
-        sampled = self._sample(logits, u[:, 0], temperature=s.text_temperature,
-                               top_k=p.text_top_k, top_p=s.text_top_p,
-                               do_sample=p.do_sample)  # fmt: skip
+            ban = ban | (col & (t == 0))
+            if short is not None:
+                ban = ban | (col & short[:, None])
+            col = torch.zeros_like(s.ban_text)
+            col[c.im_end_token_id] = True
+            ban = ban | (col & (t <= n))
+            logits = m.text_logits(h).float().masked_fill(ban, float("-inf"))
+            sampled = self._sample(logits, u[:, 0], temperature=s.text_temperature,
+                                   top_k=p.text_top_k, top_p=s.text_top_p,
+                                   do_sample=p.do_sample)  # fmt: skip
         text = torch.full_like(sampled, c.pad_token_id)
         text = torch.where(in_tail, dly, text)
         text = torch.where(at_end, c.audio_end_token_id, text)
