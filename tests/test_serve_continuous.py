@@ -229,3 +229,33 @@ def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
         assert result["late"] == late_alone
     finally:
         srv.close()
+
+
+def test_a_request_that_cannot_start_fails_alone(moss):
+    """Its prompt fails (as an unreadable reference voice would): it gets its error as its one
+    last chunk, at the start or when joining mid-flight; the others keep their audio."""
+    good, bad = spec("one two three four five", 31), spec("Broken voice.", 32)
+    alone = render(moss, [good])[0][0]
+    real = moss.prompt
+
+    def prompt(s):
+        if s.text == bad.text:
+            raise OSError("reference voice unreadable")
+        return real(s)
+
+    moss.prompt = prompt
+    try:
+        for specs, late in (([bad, good], []), ([good], [bad])):
+            feed = LateFeed(late, after=1)
+            got: dict[int, list] = {0: [], 1: []}
+            for i, audio, last in speech.stream_batch(moss, specs, feed.feed()):
+                got[i].append((audio, last))
+                feed.chunks += 1
+            assert late == [] or feed.taken, "the bad request was sent mid-flight"
+            b = 0 if specs[0] is bad else 1
+            ((err, last),) = got[b]
+            assert isinstance(err, OSError) and last
+            assert got[1 - b][-1][1]
+            assert np.array_equal(np.concatenate([a for a, _ in got[1 - b]]), alone)
+    finally:
+        moss.prompt = real

@@ -53,7 +53,9 @@ class Feed:
 def stream_batch(generator, specs: list[GroupSpec], feed: Feed | None = None) -> Iterator[Chunk]:
     """Render ``specs`` (one take each) in one call, yielding chunks as they are produced.
 
-    Every request gets exactly one chunk with ``last=True`` (possibly empty audio). With a
+    Every request gets exactly one chunk with ``last=True`` (possibly empty audio; with
+    moss-fast, an exception instead of audio for a request that could not start: it fails
+    alone, the worker answers it with that error). With a
     ``feed``, moss-fast takes in requests that arrive while it decodes (continuous batching);
     piper and the others render ``specs`` only (the caller batches what arrives meanwhile)."""
     for spec in specs:

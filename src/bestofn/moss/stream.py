@@ -55,7 +55,9 @@ def stream_batch(
 
     ``feed`` (a ``bestofn.speech.Feed``, optional): requests that arrive while this call
     decodes join it at the next sync; their indices continue after ``specs`` in the order
-    ``feed.take`` returns them. ``feed.cancelled(i)`` drops request i (its client left)."""
+    ``feed.take`` returns them. ``feed.cancelled(i)`` drops request i (its client left).
+    A request that cannot start (its prompt fails, e.g. an unreadable reference voice) gets
+    its exception as its one last chunk: ``(i, exception, True)``; the others go on."""
     from bestofn.moss.continuous import Join, decoder_for
 
     if max_batch is None:
@@ -65,22 +67,37 @@ def stream_batch(
     codes: list[torch.Tensor] = []  # per request: every frame so far [T, n_vq]
     emitted: list[int] = []
 
-    def join(spec: GroupSpec) -> Join:
-        if spec.n_takes != 1:
-            raise ValueError(f"speech renders one take per request, got n_takes={spec.n_takes}")
+    failed: list[tuple[int, Exception]] = []  # requests that could not start, to report
+
+    def join(spec: GroupSpec) -> Join | None:
         i = len(budgets)
-        budgets.append(gen.budget.frames(spec.text))
+        budgets.append(0)
         codes.append(torch.zeros(0, gen.config.n_vq, dtype=torch.long))
         emitted.append(0)
-        return Join(i, gen.prompt(spec), spec.seeds()[0], budgets[i])
+        try:  # a request that fails here (e.g. its reference voice) fails alone
+            if spec.n_takes != 1:
+                raise ValueError(f"speech renders one take per request, got {spec.n_takes}")
+            budgets[i] = gen.budget.frames(spec.text)
+            return Join(i, gen.prompt(spec), spec.seeds()[0], budgets[i])
+        except Exception as e:
+            failed.append((i, e))
+            return None
 
     def pull(room: int) -> list[Join]:
         out = []
         while todo and len(out) < room:
-            out.append(join(todo.pop(0)))
-        if feed is not None and len(out) < room:
-            out += [join(spec) for spec in feed.take(room - len(out))]
+            if (j := join(todo.pop(0))) is not None:
+                out.append(j)
+        while feed is not None and len(out) < room:
+            more = feed.take(room - len(out))
+            if not more:
+                break
+            out += [j for spec in more if (j := join(spec)) is not None]
         return out
+
+    def report_failed():
+        while failed:
+            yield *failed.pop(0), True
 
     codec = gen._codec()
     mono = bool(gen.options.get("mono"))
@@ -92,6 +109,7 @@ def stream_batch(
     updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch)
     try:
         for block in updates:
+            yield from report_failed()
             ready, windows, skip, done = [], [], [], []
             for u in block:
                 b = u.key
@@ -121,5 +139,6 @@ def stream_batch(
                 if finished:
                     codes[b] = codes[b][:0]  # its frames are no longer needed
                 yield b, audio, finished
+        yield from report_failed()
     finally:
         updates.close()
