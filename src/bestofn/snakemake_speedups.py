@@ -19,7 +19,11 @@ three times per call: about ten signatures per group job, the same few functions
 
 ``install()`` is called from workflow/rules/common.smk. It does nothing when Snakemake's
 function is not the one this was written against, or when BESTOFN_NO_SNAKEMAKE_SPEEDUPS is set
-(the before/after benchmark sets it)."""
+(the before/after benchmark sets it); BESTOFN_NO_SNAKEMAKE_JOB_PATCHES leaves out only part 3.
+
+3. Per-job work of the dry run that gives the same answer for every job of a rule, or that no
+   one reads: see install_job_patches. Each patch checks the shape of the Snakemake function
+   it replaces and leaves Snakemake's own in place (with a debug line) where it differs."""
 
 from __future__ import annotations
 
@@ -73,11 +77,14 @@ def tune_gc() -> None:
 
 
 def install() -> bool:
-    """Put the cache in front of Snakemake's get_function_params and tune the garbage
-    collector (tune_gc); True if the cache is in place."""
+    """Put the cache in front of Snakemake's get_function_params, tune the garbage collector
+    (tune_gc) and install the per-job patches (install_job_patches); True if the cache is in
+    place."""
     if os.environ.get("BESTOFN_NO_SNAKEMAKE_SPEEDUPS"):
         return False
     tune_gc()
+    if not os.environ.get("BESTOFN_NO_SNAKEMAKE_JOB_PATCHES"):
+        install_job_patches()
     try:
         import snakemake.common as common
         import snakemake.jobs as jobs
@@ -97,3 +104,294 @@ def install() -> bool:
     for module in (common, rules, jobs):
         module.get_function_params = fast
     return True
+
+
+# --- 3. Per-job work of the dry run --------------------------------------------------------
+#
+# Each patch wraps one Snakemake 9 function, checks first that it has the shape this was
+# written against (SHAPES), and is skipped with a debug line otherwise. Each is exact: the same
+# jobs, the same output, the same errors, except where its docstring says otherwise.
+
+APPLIED: dict[str, bool] = {}  # patch name -> installed (for tests and the debug log)
+
+
+def _debug(msg: str) -> None:
+    try:
+        from snakemake.logging import logger
+
+        logger.debug(f"bestofn.snakemake_speedups: {msg}")
+    except Exception:  # noqa: BLE001 - a debug line must never break planning
+        pass
+
+
+def _params(func) -> list[str]:
+    import inspect
+
+    return list(inspect.signature(func).parameters)
+
+
+def rules_suppressed(logger) -> bool:
+    """True when no handler of ``logger`` can emit a JOB_INFO or SHELLCMD record: every handler
+    reachable from it carries Snakemake's DefaultFilter with ``--quiet rules`` (that filter
+    drops both events whatever the record holds), or the logger drops INFO altogether. Any other
+    handler (a logger plugin's queue, pytest's capture, a file handler without that filter)
+    answers False: then the record is built as Snakemake builds it."""
+    import logging
+
+    from snakemake.logging import DefaultFilter
+    from snakemake.settings.enums import Quietness
+
+    if not logger.isEnabledFor(logging.INFO):
+        return True
+    node = logger
+    while node is not None:
+        for handler in node.handlers:
+            if handler.level > logging.INFO:
+                continue
+            if not any(
+                type(f) is DefaultFilter and Quietness.RULES in f.quiet for f in handler.filters
+            ):
+                return False
+        if not node.propagate:
+            break
+        node = node.parent
+    return True
+
+
+def quiet_log_info(original, logger):
+    """``Job.log_info`` that, while no handler would print it (``rules_suppressed``), evaluates
+    what the record would hold that can fail or is cached on the job (priority, log,
+    benchmark, resources, threads, message, shell command: so a dry run raises the same errors)
+    but neither formats the files nor builds and filters two log records per job. Checkpoint
+    and handover rules, and every printing case, go to Snakemake's own."""
+
+    def log_info(self, indent=False, printshellcmd=True):
+        rule = self.rule
+        if rule.is_checkpoint or rule.is_handover or not rules_suppressed(logger):
+            return original(self, indent=indent, printshellcmd=printshellcmd)
+        self.priority  # noqa: B018 - read for its errors, in the order Snakemake's log_info reads
+        self.benchmark  # noqa: B018
+        self.dag.jobid(self)
+        for name in ("message", "log", "resources", "threads", "shellcmd"):
+            getattr(self, name)
+
+    log_info.bestofn_original = original
+    return log_info
+
+
+def conda_spec_without_params(original_property):
+    """``Job.conda_env_spec`` that, for a rule without a ``conda:`` directive, answers None
+    without expanding the job's params first. Snakemake passes ``self.params`` to
+    ``Rule.expand_conda_env``, which returns None at once for such a rule: the params were
+    expanded (every params function of every job, 9 % of a dry run) only to be dropped.
+    Not exactly equivalent in one respect: a params function that raises now raises where the
+    params are first needed (a rerun-trigger check of an existing output, or the job's run),
+    not while the DAG is built; the value is the same."""
+    getter = original_property.fget
+
+    def conda_env_spec(self):
+        if self._conda_env_spec is None and self.rule._conda_env is None:
+            return None
+        return getter(self)
+
+    conda_env_spec.bestofn_original = getter
+    return property(conda_env_spec, doc=original_property.__doc__)
+
+
+def constant_resource_shortcut(original, evaluate):
+    """``Rule.apply_input_function`` that answers a constant resource at once. Snakemake
+    expands every resource of every job through it, ``Resource.evaluate`` bound to the
+    resource: for a resource that is a plain value (no evaluator) that call returns the resource
+    itself, after building a Wildcards object and the aux parameters. Answered the same
+    ``(resource, False)`` here when nothing among the aux parameters is a callable Snakemake
+    would call first."""
+
+    def apply_input_function(self, func, wildcards, *args, **kwargs):
+        if (
+            not args
+            and getattr(func, "__func__", None) is evaluate
+            and func.__self__._evaluator is None
+            and kwargs.get("groupid") is None
+            and not any(callable(v) for k, v in kwargs.items() if k not in _NOT_CALLED)
+        ):
+            return func.__self__, False
+        return original(self, func, wildcards, *args, **kwargs)
+
+    apply_input_function.bestofn_original = original
+    return apply_input_function
+
+
+# Keyword arguments of apply_input_function that are not aux params called before use.
+_NOT_CALLED = frozenset({"incomplete_checkpoint_func", "raw_exceptions", "groupid", "async_run"})
+
+
+def compiled_eval():
+    """``eval`` for snakemake.resources: resource expressions (``--default-resources``,
+    ``--set-resources``, profile ``resources``) are evaluated per job from their source text,
+    compiled again each time. Compiled once per text here; ``eval`` of a string strips leading
+    spaces and tabs and compiles it as '<string>', and so does this."""
+    import builtins
+    import functools
+
+    @functools.lru_cache(maxsize=256)
+    def code(source: str):
+        return compile(source.lstrip(" \t"), "<string>", "eval")
+
+    def eval_(source, globals=None, locals=None, /):  # noqa: A002 - eval's own names
+        if type(source) is str:
+            source = code(source)
+        return builtins.eval(source, globals, locals)
+
+    eval_.bestofn_cached = True
+    return eval_
+
+
+def output_parts(path: str, cwd: tuple[str, ...]):
+    """The parts of ``Path(path).absolute()``, from the string where it is plain (no empty
+    or '.' component, not starting with '//'); None where only pathlib can say."""
+    if path.startswith("/"):
+        if path.startswith("//"):
+            return None
+        rest = path[1:].split("/")
+        head: tuple[str, ...] = ("/",)
+    else:
+        rest = path.split("/")
+        head = cwd
+    if "" in rest or "." in rest:
+        return None
+    return head + tuple(rest)
+
+
+def directory_output_check(original, error_class):
+    """``DAG.check_directory_outputs`` in one sort of tuples of path parts: Snakemake sorts
+    ``(Path(f).absolute(), job)`` over all outputs and calls ``os.path.commonpath`` twice for
+    each neighbour pair. Paths order and compare by their parts, and for absolute paths
+    ``commonpath([a, b]) == commonpath([a])`` with ``a != b`` says the parts of ``a`` are a
+    proper prefix of those of ``b``: the same pairs are compared and the same
+    ``ChildIOException`` is raised, built from the same ``(Path, job)`` tuples. Outputs that
+    are not plain strings (see output_parts) go to Snakemake's own check."""
+    from pathlib import Path
+
+    def check_directory_outputs(self):
+        cwd = Path.cwd().parts
+        if cwd[0] != "/":
+            return original(self)
+        entries = {}
+        for job in self.jobs:
+            for f in job.output:
+                parts = output_parts(str(f), cwd)
+                if parts is None:
+                    return original(self)
+                entries.setdefault((parts, job), f)
+        keys = sorted(entries)
+        for (a, job_a), (b, job_b) in zip(keys, keys[1:], strict=False):
+            if len(a) < len(b) and b[: len(a)] == a and job_a != job_b:
+                raise error_class(
+                    parent=(Path(entries[(a, job_a)]).absolute(), job_a),
+                    child=(Path(entries[(b, job_b)]).absolute(), job_b),
+                )
+
+    check_directory_outputs.bestofn_original = original
+    return check_directory_outputs
+
+
+def install_job_patches() -> dict[str, bool]:
+    """Install each per-job patch whose target has the expected shape; returns APPLIED."""
+    import importlib
+
+    try:
+        importlib.import_module("snakemake.api")  # first: snakemake.dag alone is a circular import
+        import snakemake.dag as dag
+        import snakemake.jobs as jobs
+        import snakemake.resources as resources
+        import snakemake.rules as rules
+        from snakemake.logging import logger
+    except ImportError as e:
+        _debug(f"no per-job patches ({e})")
+        return APPLIED
+    Job, Rule, DAG = jobs.Job, rules.Rule, dag.DAG
+
+    def patch(name, ok, apply):
+        if APPLIED.get(name):
+            return
+        try:
+            good = ok()
+        except Exception as e:  # noqa: BLE001 - any surprise means: leave Snakemake alone
+            good, why = False, repr(e)
+        else:
+            why = "unexpected shape"
+        if not good:
+            APPLIED[name] = False
+            _debug(f"{name}: not installed, Snakemake's own kept ({why})")
+            return
+        apply()
+        APPLIED[name] = True
+
+    patch(
+        "quiet_log_info",
+        lambda: (
+            _params(Job.log_info) == ["self", "indent", "printshellcmd"] and jobs.logger is logger
+        ),
+        lambda: setattr(Job, "log_info", quiet_log_info(Job.log_info, logger)),
+    )
+    patch(
+        "conda_spec_without_params",
+        lambda: (
+            isinstance(Job.__dict__.get("conda_env_spec"), property)
+            and "self._conda_env_spec" in _source(Job.__dict__["conda_env_spec"].fget)
+            and "self._conda_env" in _source(Rule.expand_conda_env)
+            and "self._expanded_conda_env = None" in _source(Rule.expand_conda_env)
+        ),
+        lambda: setattr(
+            Job, "conda_env_spec", conda_spec_without_params(Job.__dict__["conda_env_spec"])
+        ),
+    )
+    patch(
+        "constant_resource_shortcut",
+        lambda: (
+            _params(Rule.apply_input_function)[:6]
+            == [
+                "self",
+                "func",
+                "wildcards",
+                "incomplete_checkpoint_func",
+                "raw_exceptions",
+                "groupid",
+            ]
+            and "return self" in _source(resources.Resource.evaluate)
+            and "_evaluator" in _source(resources.Resource.__init__)
+        ),
+        lambda: setattr(
+            Rule,
+            "apply_input_function",
+            constant_resource_shortcut(Rule.apply_input_function, resources.Resource.evaluate),
+        ),
+    )
+    patch(
+        "compiled_eval",
+        lambda: (
+            "eval(val, namespace)" in _source(resources.Resource.cli_evaluator)
+            and "eval" not in vars(resources)
+        ),
+        lambda: setattr(resources, "eval", compiled_eval()),
+    )
+    patch(
+        "directory_output_check",
+        lambda: (
+            _params(DAG.check_directory_outputs) == ["self"]
+            and "Path(f).absolute()" in _source(DAG.check_directory_outputs)
+            and "commonpath" in _source(DAG.check_directory_outputs)
+        ),
+        lambda: setattr(
+            DAG,
+            "check_directory_outputs",
+            directory_output_check(DAG.check_directory_outputs, dag.ChildIOException),
+        ),
+    )
+    return APPLIED
+
+
+def _source(func) -> str:
+    import inspect
+
+    return inspect.getsource(func)

@@ -1,0 +1,370 @@
+"""bestofn.snakemake_speedups, part 3 (the per-job patches): each gives what stock Snakemake
+gives, the same jobs, the same output and the same errors, checked against Snakemake's own
+function in-process and end to end on a small workflow run with and without the patches."""
+
+import builtins
+import logging
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bestofn import snakemake_speedups as sp
+
+BIN = Path(sys.executable).parent
+
+
+def stock(func):
+    """Snakemake's own function, also when a test before this one installed the patch."""
+    return getattr(func, "bestofn_original", func)
+
+
+# --- the nested directory-output check ------------------------------------------------------
+
+
+class FakeJob:
+    """Stands for a Snakemake job: hashable by identity, ordered (Snakemake orders jobs by rule)."""
+
+    def __init__(self, name, output):
+        self.name, self.output = name, output
+
+    def __lt__(self, other):
+        return self.name < other.name
+
+    def __gt__(self, other):
+        return self.name > other.name
+
+    def __repr__(self):
+        return self.name
+
+
+class FakeDAG:
+    def __init__(self, jobs):
+        self.jobs = jobs
+
+
+def outcome(check, dag):
+    try:
+        check(dag)
+    except Exception as e:  # noqa: BLE001 - compared by type and message
+        return type(e).__name__, str(e)
+    return None
+
+
+@pytest.fixture
+def directory_checks(tmp_path, monkeypatch):
+    import snakemake.api  # noqa: F401 - snakemake.dag alone is a circular import
+    from snakemake.dag import DAG
+    from snakemake.exceptions import ChildIOException
+
+    monkeypatch.chdir(tmp_path)
+    original = stock(DAG.check_directory_outputs)
+    return original, sp.directory_output_check(original, ChildIOException)
+
+
+def test_nested_directory_output_raises_as_stock(directory_checks):
+    original, fast = directory_checks
+    cases = {
+        "nested, other job": [("a", ["results/groups"]), ("b", ["results/groups/e/p"])],
+        "nested, same job": [("a", ["results/groups", "results/groups/e/p"])],
+        "siblings": [("a", ["results/groups/e/p1"]), ("b", ["results/groups/e/p2"])],
+        "prefix but no parent": [("a", ["results/g"]), ("b", ["results/g-x/p", "results/gx"])],
+        "absolute": [("a", ["/tmp/x"]), ("b", ["/tmp/x/y"])],
+        "not plain (pathlib decides)": [("a", ["out//d"]), ("b", ["./out/d/f"])],
+    }
+    results = {}
+    for name, spec in cases.items():
+        dag = FakeDAG([FakeJob(j, out) for j, out in spec])
+        results[name] = outcome(fast, dag)
+        assert results[name] == outcome(original, dag), name
+    assert results["nested, other job"][0] == "ChildIOException"
+    assert "results/groups/e/p" in results["nested, other job"][1]
+    assert results["absolute"][0] == "ChildIOException"
+    assert results["not plain (pathlib decides)"][0] == "ChildIOException"
+    for name in ["nested, same job", "siblings", "prefix but no parent"]:
+        assert results[name] is None, name
+
+
+def test_directory_check_matches_stock_on_random_outputs(directory_checks):
+    """Random output sets over components that sort differently as strings and as paths
+    ('a-b' < 'a/b' as text, 'a' < 'a-b' as parts), '..', absolute and non-plain paths."""
+    original, fast = directory_checks
+    rng = random.Random(10)
+    parts = ["a", "b", "a-b", "a.b", "..", "a b"]
+    raised = 0
+    for _ in range(600):
+        jobs = []
+        for j in range(rng.randint(1, 4)):
+            outs = []
+            for _ in range(rng.randint(1, 3)):
+                path = "/".join(rng.choice(parts) for _ in range(rng.randint(1, 3)))
+                path = rng.choice(["", "", "", "/tmp/", "./", "x//"]) + path
+                outs.append(path)
+            jobs.append(FakeJob(f"job{j}", outs))
+        dag = FakeDAG(jobs)
+        expected = outcome(original, dag)
+        assert outcome(fast, dag) == expected, [(j.name, j.output) for j in jobs]
+        raised += expected is not None
+    assert 50 < raised < 550  # both outcomes were exercised
+
+
+def test_output_parts_are_pathlibs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cwd = Path.cwd().parts
+    for path in ["a", "a/b", "/a/b", "a/../b", "a b/c", "a-b/c.d", "/a/.."]:
+        assert sp.output_parts(path, cwd) == Path(path).absolute().parts, path
+    for path in ["a//b", "./a", "a/./b", "a/", "//a", ".", "/", ""]:
+        assert sp.output_parts(path, cwd) is None, path
+
+
+# --- printing jobs under --quiet rules ------------------------------------------------------
+
+
+def quiet_filter(*quiet):
+    from snakemake.logging import DefaultFilter
+
+    return DefaultFilter(
+        set(quiet), debug_dag=False, verbose=False, dryrun=True, printshellcmds=True
+    )
+
+
+def test_rules_suppressed_only_when_every_handler_drops_job_info():
+    from snakemake.settings.enums import Quietness
+
+    parent = logging.getLogger("bestofn-test-parent")
+    logger = logging.getLogger("bestofn-test-parent.child")
+    logger.setLevel(logging.INFO)
+    parent.propagate = False
+    try:
+        quiet = logging.StreamHandler()
+        quiet.addFilter(quiet_filter(Quietness.RULES))
+        logger.addHandler(quiet)
+        assert sp.rules_suppressed(logger)
+
+        quiet.filters[0].quiet = {Quietness.PROGRESS}  # prints rules
+        assert not sp.rules_suppressed(logger)
+        quiet.filters[0].quiet = {Quietness.ALL}  # a dry run still prints jobs then
+        assert not sp.rules_suppressed(logger)
+        quiet.filters[0].quiet = {Quietness.RULES}
+
+        plain = logging.StreamHandler()  # e.g. a capture handler further up
+        parent.addHandler(plain)
+        assert not sp.rules_suppressed(logger)
+        plain.setLevel(logging.WARNING)  # drops INFO itself
+        assert sp.rules_suppressed(logger)
+        logger.propagate = False
+        plain.setLevel(logging.INFO)
+        assert sp.rules_suppressed(logger)
+
+        logger.setLevel(logging.WARNING)
+        logger.addHandler(logging.StreamHandler())
+        assert sp.rules_suppressed(logger)
+    finally:
+        for node in (logger, parent):
+            for h in list(node.handlers):
+                node.removeHandler(h)
+        logger.propagate = parent.propagate = True
+
+
+# --- conda spec, constant resources, resource expressions -----------------------------------
+
+
+def test_conda_spec_skips_params_only_without_a_conda_directive():
+    import snakemake.api  # noqa: F401
+    import snakemake.rules as rules_module
+    from snakemake.jobs import Job
+    from snakemake.rules import Rule
+
+    original = Job.__dict__["conda_env_spec"]
+    if getattr(original.fget, "bestofn_original", None):
+        original = property(original.fget.bestofn_original)
+
+    class FakeRule:
+        def __init__(self, conda_env):
+            self._conda_env = conda_env
+            self._expanded_conda_env = rules_module._NOT_CACHED
+            self.expanded = []
+
+        def expand_conda_env(self, wildcards, params=None, input=None):
+            if self._conda_env is None:
+                return Rule.expand_conda_env(self, wildcards, params, input)
+            self.expanded.append(params)
+            return f"spec:{self._conda_env}:{params}"
+
+    class FakeJob:
+        def __init__(self, conda_env):
+            self.rule, self._conda_env_spec = FakeRule(conda_env), None
+            self.wildcards_dict, self.input, self.params_read = {}, [], 0
+
+        @property
+        def params(self):
+            self.params_read += 1
+            return "P"
+
+    for spec in [original, sp.conda_spec_without_params(original)]:
+        FakeJob.conda_env_spec = spec
+        none, env = FakeJob(None), FakeJob("envs/x.yaml")
+        assert (none.conda_env_spec, env.conda_env_spec) == (None, "spec:envs/x.yaml:P")
+        assert env.params_read == 1 and env.rule.expanded == ["P"]
+        reads_without_conda = none.params_read
+    assert reads_without_conda == 0  # patched: no params for a rule without conda
+    FakeJob.conda_env_spec = original
+    job = FakeJob(None)
+    assert job.conda_env_spec is None
+    assert job.params_read == 1  # stock expands them only to drop them
+
+
+def test_constant_resources_answered_as_stock():
+    import snakemake.api  # noqa: F401
+    from snakemake.resources import Resource
+    from snakemake.rules import Rule
+
+    original = stock(Rule.apply_input_function)
+    fast = sp.constant_resource_shortcut(original, Resource.evaluate)
+
+    class FakeRule:
+        name = "r"
+
+    calls = []
+
+    def counting(self, func, wildcards, *args, **kwargs):
+        calls.append(func)
+        return original(self, func, wildcards, *args, **kwargs)
+
+    counted = sp.constant_resource_shortcut(counting, Resource.evaluate)
+    aux = dict(input=[], attempt=2, rulename="r", async_run=None, threads=1)
+    kw = dict(incomplete_checkpoint_func=lambda e: 0, raw_exceptions=True, **aux)
+    for res in [Resource("gpu", 1), Resource("tmpdir", "/tmp"), Resource("mem_mb", 2000),
+                Resource("runtime", lambda wildcards, attempt: 10 * attempt),
+                Resource("x", lambda wildcards: wildcards.emotion)]:  # fmt: skip
+        want = original(FakeRule(), res.evaluate, {"emotion": "calm"}, **kw)
+        got = fast(FakeRule(), res.evaluate, {"emotion": "calm"}, **kw)
+        assert type(got[0]) is type(want[0]) and got[0].name == want[0].name
+        assert got[0].value == want[0].value and got[1] == want[1]
+    calls.clear()
+    counted(FakeRule(), Resource("gpu", 1).evaluate, {}, **kw)
+    assert calls == []  # a constant is answered at once
+    counted(FakeRule(), Resource("gpu", 1).evaluate, {}, **{**kw, "input": lambda: []})
+    assert len(calls) == 1  # Snakemake would call that aux param: its own path
+
+
+def test_compiled_eval_answers_as_eval():
+    fast = sp.compiled_eval()
+    namespace = {"attempt": 3, "system_tmpdir": "/tmp"}
+    for source in ["1 + 2", "  attempt * 2", "\tsystem_tmpdir", "'n1'", "n1-standard-4",
+                   "1 +", " \n1", "min(attempt, 2)", "1\n", "x := 1"]:  # fmt: skip
+        for _ in range(2):  # compiled, then from the cache
+            try:
+                want = ("ok", builtins.eval(source, dict(namespace)))
+            except Exception as e:  # noqa: BLE001
+                want = ("error", type(e))
+            try:
+                got = ("ok", fast(source, dict(namespace)))
+            except Exception as e:  # noqa: BLE001
+                got = ("error", type(e))
+            assert got == want, source
+
+
+# --- end to end: a small workflow with and without the patches --------------------------------
+
+SNAKEFILE = """
+from bestofn import snakemake_speedups
+
+snakemake_speedups.install()
+print("patches:", sorted(k for k, v in snakemake_speedups.APPLIED.items() if v))
+
+
+rule all:
+    input:
+        expand("out/{i}.txt", i=range(int(config.get("n", 4)))),
+        "tree",
+        *(["tree/inner.txt"] if config.get("nested") else []),
+
+
+rule make:
+    output:
+        "out/{i}.txt",
+    params:
+        p=lambda w: f"p{w.i}",
+    resources:
+        gpu=1,
+        mem_mb=lambda w: 1 // 0 if w.i == str(config.get("bad")) else 100,
+    shell:
+        "echo {params.p} > {output}"
+
+
+rule tree:
+    output:
+        directory("tree"),
+    shell:
+        "mkdir -p {output}"
+
+
+if config.get("nested"):
+
+    rule inner:
+        output:
+            "tree/inner.txt",
+        shell:
+            "touch {output}"
+"""
+
+
+def dry_run(tmp_path: Path, patched: bool, *args: str):
+    (tmp_path / "Snakefile").write_text(SNAKEFILE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BESTOFN_NO_SNAKEMAKE")}
+    if not patched:
+        env["BESTOFN_NO_SNAKEMAKE_JOB_PATCHES"] = "1"
+    proc = subprocess.run(
+        [str(BIN / "snakemake"), "-s", str(tmp_path / "Snakefile"), "-d", str(tmp_path),
+         "-n", "-c1", *args],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    applied = re.search(r"patches: (\[.*\])", out)
+    assert applied, out
+    assert (applied.group(1) != "[]") == patched, applied.group(1)
+    kept = [
+        line.strip()
+        for line in out.splitlines()
+        if not re.match(r"\[\w{3} \w{3} .*\d{4}\]$|Date:|Workflow ID:|patches:", line.strip())
+        # a traceback names the function that raised: Snakemake's or its replacement here
+        and not re.search(r'File ".*(/snakemake/dag\.py|snakemake_speedups\.py)"', line)
+    ]
+    # Snakemake lists a job's updated inputs in set order, which varies from run to run.
+    return proc.returncode, sorted(map(sort_list, kept))
+
+
+def sort_list(line: str) -> str:
+    head, sep, items = line.rpartition(": ")
+    return head + sep + ", ".join(sorted(items.split(", ")))
+
+
+def test_same_jobs_printed_and_same_errors_with_and_without_patches(tmp_path):
+    printed = {}
+    for args in [("-p",), ("--quiet", "rules")]:
+        stock_rc, stock_out = dry_run(tmp_path, False, *args)
+        rc, printed[args] = dry_run(tmp_path, True, *args)
+        assert (rc, printed[args]) == (stock_rc, stock_out) and rc == 0, args
+    assert printed[("-p",)].count("rule make:") == 4
+    assert any(line.endswith("echo p3 > out/3.txt") for line in printed[("-p",)])
+    assert "rule make:" not in printed[("--quiet", "rules")]
+
+    # A resource that fails for one job fails the dry run, also where nothing prints it.
+    args = ("--config", "bad=2", "--quiet", "rules")
+    stock_rc, stock_out = dry_run(tmp_path, False, *args)
+    rc, out = dry_run(tmp_path, True, *args)
+    assert rc == stock_rc == 1, out
+    assert "ZeroDivisionError" in "\n".join(out)
+    assert out == stock_out
+
+    # An output inside another job's directory output is still an error.
+    stock_rc, stock_out = dry_run(tmp_path, False, "--config", "nested=1", "--quiet", "rules")
+    rc, out = dry_run(tmp_path, True, "--config", "nested=1", "--quiet", "rules")
+    assert rc == stock_rc == 1
+    assert any("File/directory is a child to another output" in line for line in out), out
+    assert out == stock_out
