@@ -445,8 +445,10 @@ class MossLocalModel(nn.Module):
         head -> sampling -> embedding -> next local position. Returns (stop [B], codes [B, n_vq]).
         Compiled as one graph after ``compile_steps()``."""
         cos3, sin3 = self.local_rope_tables(h.dtype, h.device)
+        # contiguous: the first frame's h is a strided slice of the prefill output; one layout
+        # means one compiled graph instead of two
         return self._local_frame_fn(
-            self, h, u, cache.kv, seen, cos3, sin3, temperature, top_p, penalty,
+            self, h.contiguous(), u, cache.kv, seen, cos3, sin3, temperature, top_p, penalty,
             text_temperature, text_top_p, top_k=top_k, text_top_k=text_top_k,
             do_sample=do_sample, use_penalty=use_penalty,
         )  # fmt: skip
