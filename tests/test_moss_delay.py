@@ -110,6 +110,22 @@ def test_stop_on_delay_slot_and_seeds(model):
     assert torch.equal(again.codes[0], out.codes[0])
 
 
+def test_two_row_text_head_draws_like_the_whole_vocabulary(model):
+    """moss-fast's mode (audio_start forced, done at audio_end) reads two rows of the text
+    head; the published rules over the whole vocabulary give the same takes."""
+    cfg = model.config
+    eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+    p = SamplingParams(text_temperature=1.5)
+    for end in (None, cfg.audio_start_token_id):  # prompts ending in text / in audio_start
+        ids = _prompts(cfg, B=4, end=end)
+        fast = eng.generate(ids, None, [4, 5, 6, 7], DelayBudget(max_frames=20), p)
+        whole = DelayBudget(max_frames=20, stop_at_audio_end=False)
+        slow = eng.generate(ids, None, [4, 5, 6, 7], whole, p, max_steps=fast.frames + 8)
+        assert [c.shape[0] for c in fast.codes] == [c.shape[0] for c in slow.codes]
+        assert all(torch.equal(a, b) for a, b in zip(fast.codes, slow.codes, strict=True))
+        assert fast.stopped == slow.stopped
+
+
 def test_delay_slot_banned_until_min_frames(model):
     cfg = model.config
     eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
