@@ -157,10 +157,11 @@ weights: the real loading code runs on them, and the audio and scores they make 
   {n_heads} head files `model_<Name>_best.pth`.
 {delay}"""
 DELAY_README = """\
-- `MOSS-TTS-Delay-v1.5/` (moss-fast selects its Delay engine from config.json; moss-hf{moss_hf}):
+- `MOSS-TTS-Delay-v1.5/` (moss-fast picks its Delay engine from config.json; moss-hf{moss_hf}):
   the published Delay layout (language_model.*, emb_ext.*, lm_heads.*), Qwen3-8B shape at real
-  size, 32 codebooks of 1024 for `MOSS-Audio-Tokenizer/`; byte-level tokenizer with the MOSS
-  specials at their published ids (151643..151662) and a Qwen-style chat template.
+  size, 32 codebooks (of 1024 real, 64 tiny) as `MOSS-Audio-Tokenizer/` decodes them; a
+  byte-level tokenizer with the MOSS specials at their published ids (151643..151662) and a
+  Qwen-style chat template. Point the generator's `model_dir` and `codec_dir` here to run it.
 """
 
 
