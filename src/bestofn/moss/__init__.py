@@ -11,4 +11,10 @@ codec.py      codec interface (MOSS-Audio-Tokenizer-v2)
 parity.py     `bestofn parity`: moss-fast vs the reference remote code
 budget.py     frame budget per take (shared with moss-hf)
 lora.py       LoRA merge once + on-disk cache (shared with moss-hf)
+
+MOSS-TTS v1.5 Delay (8B, 32 codebooks, 24 kHz):
+delay.py          config, network, published-layout loader, delay pattern
+delay_engine.py   batched decode loop (delay-pattern counters, CUDA-graph captured step)
+delay_prompt.py   the Delay prompt (chat template) from tokenizer.json
+delay_parity.py   `bestofn parity` against a copy of moss_tts_delay/
 """

@@ -6,12 +6,9 @@ in a ``DecodeState`` for one (batch, max_len) shape, so on CUDA the whole step i
 a CUDA graph and replayed for every frame (one launch per frame instead of ~1,000 kernels).
 The host syncs only every ``sync_every`` frames to see whether all rows have stopped.
 
-Designed to carry the MOSS-TTS Delay 8B variant too (32 codebooks, delay pattern, no local
-transformer): the backbone cache, the per-take uniforms (``STEPS_PER_FRAME`` = 64 > 1 + 32
-steps), the sampler, finished-row masking, KV-length buckets and graph capture do not depend
-on how a frame's codes are produced; a Delay backend replaces ``_heads_and_sampling`` (32 heads
-on the backbone hidden, sampled in one batched call, plus the delay-pattern bookkeeping kept in
-static per-row counters) and ``embed_rows``. Not implemented yet.
+The MOSS-TTS Delay 8B variant (32 codebooks, delay pattern, no local transformer) has its own
+loop in ``bestofn.moss.delay_engine`` on the same pieces: the backbone layers and cache, the
+per-take uniforms (``STEPS_PER_FRAME`` = 64 > 1 + 32 steps), the sampler and graph capture.
 """
 
 from __future__ import annotations
