@@ -152,8 +152,8 @@ def main(argv=None) -> int:
     print(f"# command: python -m bestofn.moss.opcount {' '.join(argv or sys.argv[1:])}")
     print(
         f"# host: {platform.machine()} {platform.processor() or ''}; torch {torch.__version__}; "
-        f"fp32 eager on CPU; batch {args.batch}; sampling = model card (T 1.7, top-p 0.8, "
-        f"top-k 25)"
+        f"fp32 on CPU (eager; 'compiled' rows: torch.compile); batch {args.batch}; "
+        f"sampling = model card (T 1.7, top-p 0.8, top-k 25)"
     )
     params = SamplingParams()
     if args.compiled:  # Inductor's C++ kernels appear in the profile as one op each
