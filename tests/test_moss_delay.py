@@ -126,6 +126,23 @@ def test_two_row_text_head_draws_like_the_whole_vocabulary(model):
         assert fast.stopped == slow.stopped
 
 
+def test_fused_backbone_decode_gives_the_same_takes(model):
+    """The fused backbone decode (K+V in one cache write, residual add + next norm together)
+    and the per-piece layers give the same takes."""
+    cfg = model.config
+    ids = _prompts(cfg, B=3, end=cfg.audio_start_token_id)
+    outs = []
+    for fused in (True, False):
+        model.fused_backbone = fused
+        try:
+            eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+            outs.append(eng.generate(ids, None, [1, 2, 3], DelayBudget(max_frames=15)))
+        finally:
+            model.fused_backbone = True
+    assert eng._states and next(iter(eng._states.values())).cache.kv is None  # unfused ran
+    assert all(torch.equal(a, b) for a, b in zip(outs[0].codes, outs[1].codes, strict=True))
+
+
 def test_delay_slot_banned_until_min_frames(model):
     cfg = model.config
     eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)

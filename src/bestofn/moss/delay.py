@@ -190,6 +190,11 @@ class MossDelayModel(nn.Module):
         self.audio_embed = nn.Parameter(torch.zeros(c.n_vq, V1, H))  # emb_ext, stacked
         self.text_head = nn.Parameter(torch.zeros(c.vocab_size, H))  # lm_heads.0
         self.audio_heads = nn.Parameter(torch.zeros(c.n_vq, V1, H))  # lm_heads.1..n_vq
+        # Local's fused backbone decode (K+V in one cache write, residual add + next norm in one
+        # piece); BESTOFN_MOSS_FUSED=0 keeps the per-piece layers
+        from bestofn.moss.local_loop import fused_default
+
+        self.fused_backbone = fused_default()
         self.build_buffers()
 
     def build_buffers(self, device=None) -> None:
@@ -251,12 +256,21 @@ class MossDelayModel(nn.Module):
             ~cache.key_mask[:, None, None, :L], float("-inf")
         )
         cos, sin = self._rope(cache.pos, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer.decode(x, cos, sin, bias, cache.write_idx, cache.k[i][:, :, :L],
-                             cache.v[i][:, :, :L])  # fmt: skip
+        if self.fused_backbone and cache.kv is not None:
+            first = self.layers[0]
+            hn = first.impl["rms_norm_w"](x, first.input_layernorm.weight, first.eps)
+            for i, layer in enumerate(self.layers):
+                nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+                kv = cache.kv[i][:, :, :L]
+                x, hn = layer.decode_fused(x, hn, cos, sin, bias, cache.write_idx, kv, nxt.weight)
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer.decode(x, cos, sin, bias, cache.write_idx, cache.k[i][:, :, :L],
+                                 cache.v[i][:, :, :L])  # fmt: skip
+            hn = self.norm(x)
         cache.pos.add_(1)
         cache.write_idx.add_(1)
-        return self.norm(x)
+        return hn
 
     def text_logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.text_head.t()
@@ -275,8 +289,9 @@ class MossDelayModel(nn.Module):
     def new_backbone_cache(self, batch: int, max_len: int) -> BackboneCache:
         c, p = self.config, self.text_head
         return BackboneCache(
-            c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device
-        )
+            c.num_layers, batch, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device,
+            kv_side_by_side=self.fused_backbone,
+        )  # fmt: skip
 
 
 # ---- checkpoint ----------------------------------------------------------------------------
