@@ -77,7 +77,7 @@ def _worker(args) -> int:
         models = json.load(f)
     serve(
         args.socket, models, args.models_hash, args.results, args.device, args.slot,
-        args.idle_timeout, args.flac_subtype, args.worker_key,
+        args.idle_timeout, args.flac_subtype, args.worker_key, args.overlap,
     )  # fmt: skip
     return 0
 
@@ -175,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-timeout", type=float, default=runtime_defaults()["idle_timeout_s"])
     p.add_argument(
         "--flac-subtype", default=schema("config")["properties"]["flac_subtype"]["default"]
+    )
+    p.add_argument(
+        "--overlap",
+        default=None,
+        help="auto, off, host or full (runtime.overlap; default: BESTOFN_OVERLAP, else auto)",
     )
     p.set_defaults(func=_worker)
 

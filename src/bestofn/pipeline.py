@@ -5,6 +5,7 @@ and the warm per-GPU worker can call it for every group it serves."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -171,6 +172,241 @@ def device_label(device: str) -> str:
     return f"cuda:{host_index} {torch.cuda.get_device_name(index)}"
 
 
+# How a warm worker overlaps consecutive groups (runtime.overlap):
+#   off   one group at a time, every stage in the worker's gate (the sequential path);
+#   host  the GPU stages (generate, restore, score) of group k+1 run while group k's host work
+#         (the scorers' text work, rows, FLAC encoding, parquet, fsync, rename) finishes in
+#         its own thread: the GPU never waits on disk or text;
+#   full  as host, and group k+1 generates while group k is restored and scored, on a
+#         separate CUDA stream (needs a generator whose CUDA-graph capture tolerates other
+#         threads' CUDA work: capture_error_mode="thread_local");
+#   auto  host on CUDA, off elsewhere.
+# The results are the same in every mode (the same stages on the same inputs).
+OVERLAP_MODES = ("auto", "off", "host", "full")
+
+
+def resolve_overlap(mode: str | None, device: str) -> str:
+    mode = (mode or "auto").strip().lower()
+    if mode in ("on", "true", "1"):
+        mode = "host"
+    elif mode in ("false", "0", "none"):
+        mode = "off"
+    if mode not in OVERLAP_MODES:
+        raise ValueError(f"runtime.overlap must be one of {', '.join(OVERLAP_MODES)}; got {mode!r}")
+    if mode == "auto":
+        return "host" if str(device).startswith("cuda") else "off"
+    return mode
+
+
+class StageTimer:
+    """Seconds per stage of one group: host wall time (``perf_counter``; every stage ends with
+    its results on the host, so this is synchronized time) and, on CUDA, the span between two
+    CUDA events recorded on the stage's stream (the GPU time the stage occupied, read without
+    a device-wide sync). Stages may be entered several times; their times add up."""
+
+    def __init__(self, device: str = "cpu"):
+        self.cuda = str(device).startswith("cuda")
+        self.wall: dict[str, float] = {}
+        self._events: dict[str, list] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        events = None
+        if self.cuda:
+            import torch
+
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        t0 = time.perf_counter()
+        yield  # an exception propagates without touching the device again
+        self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - t0
+        if events is not None:
+            events[1].record()
+            self._events.setdefault(name, []).append(events)
+
+    def gpu_seconds(self) -> dict[str, float] | None:
+        """CUDA-event seconds per stage (None off CUDA). Waits for each stage's end event only."""
+        if not self.cuda:
+            return None
+        out = {}
+        for name, pairs in self._events.items():
+            total = 0.0
+            for start, end in pairs:
+                end.synchronize()
+                total += start.elapsed_time(end) / 1000.0
+            out[name] = total
+        return out
+
+
+@dataclass
+class GroupWork:
+    """One group between the stages (``generate_stage`` -> ``score_stage`` -> ``write_stage``).
+
+    The worker runs the GPU stages of the next group while this one is written (and, with
+    ``overlap: full``, generates the next while this one is restored and scored)."""
+
+    spec: GroupSpec
+    device: str
+    started: datetime
+    timer: StageTimer
+    takes: list = field(default_factory=list)
+    endings: list = field(default_factory=list)
+    raw: list = field(default_factory=list)
+    gen_rate: int = 0
+    audios: list = field(default_factory=list)
+    sr: int = 0
+    scores: dict = field(default_factory=dict)
+    # scorer name -> a callable that returns the scorer's columns (host work still running in
+    # the scorer's thread: text normalisation, WER); called by write_stage
+    deferred: dict = field(default_factory=dict)
+
+
+def generate_stage(spec: GroupSpec, backends: Backends, device: str = "cpu") -> GroupWork:
+    """Generate the group's takes (the generator's GPU work), checked, empty takes as silence."""
+    work = GroupWork(spec, device, datetime.now(UTC), StageTimer(device))
+    with work.timer("generate"):
+        takes = backends.generator.generate(spec)
+        if len(takes) != spec.n_takes:
+            raise RuntimeError(f"generator returned {len(takes)} takes, expected {spec.n_takes}")
+        endings = [take_ending(tk, backends.generator.name) for tk in takes]
+        gen_rate = backends.generator.sample_rate
+        work.raw = [
+            _silence_like(tk.audio, gen_rate) if end["stop_reason"] == "empty" else tk.audio
+            for tk, end in zip(takes, endings, strict=True)
+        ]
+    work.takes, work.endings, work.gen_rate = takes, endings, gen_rate
+    return work
+
+
+def restore_stage(work: GroupWork, backends: Backends) -> GroupWork:
+    with work.timer("restore"):
+        work.audios, work.sr = backends.restorer.restore(work.raw, work.gen_rate)
+    work.raw = []  # the restored takes replace them
+    return work
+
+
+def score_stage(work: GroupWork, backends: Backends, defer_host: bool = False) -> GroupWork:
+    """Run every scorer. With ``defer_host``, a scorer that can (``score_deferred``) returns
+    after its GPU work and finishes its host work (text normalisation, WER) in its own thread;
+    ``write_stage`` collects it. The columns are the same either way."""
+    with work.timer("score"):
+        # Resample once per rate that scorers ask for; every scorer asking for 16 kHz shares it.
+        at_rate: dict[int, list[np.ndarray]] = {}
+        for scorer in backends.scorers:
+            with work.timer(f"score:{scorer.name}"):
+                want = scorer.input_sample_rate
+                if want is None:
+                    inputs, rate = work.audios, work.sr
+                else:
+                    if want not in at_rate:
+                        at_rate[want] = mono_at(work.audios, work.sr, want)
+                    inputs, rate = at_rate[want], want
+                if defer_host and hasattr(scorer, "score_deferred"):
+                    work.deferred[scorer.name] = scorer.score_deferred(inputs, rate, work.spec)
+                    continue
+                out = scorer.score(inputs, rate, work.spec)
+                _check_scores(scorer, out, len(work.audios))
+                work.scores.update({c: out[c] for c in scorer.columns})
+    return work
+
+
+def _collect_deferred(work: GroupWork, backends: Backends) -> None:
+    for scorer in backends.scorers:
+        finish = work.deferred.pop(scorer.name, None)
+        if finish is None:
+            continue
+        with work.timer(f"score-host:{scorer.name}"):
+            out = finish()
+        _check_scores(scorer, out, len(work.audios))
+        work.scores.update({c: out[c] for c in scorer.columns})
+
+
+def write_stage(
+    work: GroupWork,
+    backends: Backends,
+    group_dir: Path,
+    *,
+    flac_subtype: str = "PCM_16",
+    charged_load_s: float | None = None,
+    worker_idle_s: float = 0.0,
+    worker_slot: int = -1,
+    paths_relative_to: Path | None = None,
+    overlap: str = "off",
+) -> dict:
+    """Collect deferred scores, build the rows and atomically write the group (host work
+    only: no CUDA call except reading the stages' CUDA events). Returns the stage timings."""
+    group_dir = Path(group_dir)
+    spec = work.spec
+    _collect_deferred(work, backends)
+    wall = work.timer.wall
+    gpu = work.timer.gpu_seconds()
+    t = {
+        "generate_s": wall.get("generate", 0.0),
+        "restore_s": wall.get("restore", 0.0),
+        # a scorer's host work finished in its thread counts in score (the waiting, if any)
+        "score_s": wall.get("score", 0.0)
+        + sum(v for k, v in wall.items() if k.startswith("score-host:")),
+    }
+    score_seconds = {
+        s.name: wall.get(f"score:{s.name}", 0.0) + wall.get(f"score-host:{s.name}", 0.0)
+        for s in backends.scorers
+    }
+    for stage in ("generate", "restore", "score"):
+        t[f"{stage}_gpu_s"] = None if gpu is None else gpu.get(stage, 0.0)
+    score_gpu = None if gpu is None else {s.name: gpu.get(f"score:{s.name}", 0.0)
+                                          for s in backends.scorers}  # fmt: skip
+
+    load_s = backends.load_s if charged_load_s is None else charged_load_s
+    rows = _rows(
+        spec, work.takes, work.endings, work.audios, work.sr, work.scores, backends, group_dir,
+        paths_relative_to,
+    )  # fmt: skip
+    fixed = {
+        "group_generate_s": t["generate_s"],
+        "group_restore_s": t["restore_s"],
+        "group_score_s": t["score_s"],
+        "group_load_s": load_s,
+        "worker_idle_s": worker_idle_s,
+        "score_seconds": json.dumps(score_seconds),
+        "device": device_label(work.device),
+        "worker_slot": worker_slot,  # -1: models loaded in the group's own process
+        "worker_pid": os.getpid(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),  # '' outside SLURM
+        "started_at": work.started,
+    }
+    for name, value in fixed.items():
+        rows = rows.append_column(name, pa.array([value] * rows.num_rows))
+    # GPU time per stage (CUDA events; NULL off CUDA) and how the worker overlapped groups
+    for name, value, typ in (
+        ("group_generate_gpu_s", t["generate_gpu_s"], pa.float64()),
+        ("group_restore_gpu_s", t["restore_gpu_s"], pa.float64()),
+        ("group_score_gpu_s", t["score_gpu_s"], pa.float64()),
+        ("score_gpu_seconds", None if score_gpu is None else json.dumps(score_gpu), pa.string()),
+        ("overlap", overlap, pa.string()),
+    ):
+        rows = rows.append_column(name, pa.array([value] * rows.num_rows, typ))
+    write_started = time.perf_counter()
+
+    def add_write_timing(table: pa.Table) -> pa.Table:
+        # Called by write_group after the FLACs are on disk, just before the parquet is written.
+        now = datetime.now(UTC)
+        t["write_s"] = time.perf_counter() - write_started
+        t["wall_s"] = (now - work.started).total_seconds()
+        for name, value in (
+            ("group_write_s", t["write_s"]),
+            ("group_wall_s", t["wall_s"]),
+            ("finished_at", now),
+        ):
+            table = table.append_column(name, pa.array([value] * table.num_rows))
+        return table
+
+    write_group(
+        group_dir, work.audios, work.sr, rows, flac_subtype=flac_subtype, finalize=add_write_timing
+    )
+    t["score_seconds"] = score_seconds
+    return t
+
+
 def run_group(
     spec: GroupSpec,
     backends: Backends,
@@ -185,84 +421,23 @@ def run_group(
 ) -> dict:
     """Generate, restore, score and atomically write one group. Returns its stage timings.
 
-    ``charged_load_s`` is the model-load time attributed to this group (the whole load when the
-    group's own process loaded the models; 0 for later groups on a warm worker).
-    ``flac_path`` is recorded relative to ``paths_relative_to`` (the workflow's working
-    directory; default: this process's)."""
-    group_dir = Path(group_dir)
-    started = datetime.now(UTC)
-    t = {}
-
-    t0 = time.perf_counter()
-    takes = backends.generator.generate(spec)
-    if len(takes) != spec.n_takes:
-        raise RuntimeError(f"generator returned {len(takes)} takes, expected {spec.n_takes}")
-    endings = [take_ending(tk, backends.generator.name) for tk in takes]
-    gen_rate = backends.generator.sample_rate
-    raw = [
-        _silence_like(tk.audio, gen_rate) if end["stop_reason"] == "empty" else tk.audio
-        for tk, end in zip(takes, endings, strict=True)
-    ]
-    t["generate_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    audios, sr = backends.restorer.restore(raw, gen_rate)
-    t["restore_s"] = time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    # Resample once per rate that scorers ask for; every scorer asking for 16 kHz shares it.
-    at_rate: dict[int, list[np.ndarray]] = {}
-    scores: dict[str, list] = {}
-    score_seconds: dict[str, float] = {}
-    for scorer in backends.scorers:
-        ts = time.perf_counter()
-        want = scorer.input_sample_rate
-        if want is None:
-            inputs, rate = audios, sr
-        else:
-            if want not in at_rate:
-                at_rate[want] = mono_at(audios, sr, want)
-            inputs, rate = at_rate[want], want
-        out = scorer.score(inputs, rate, spec)
-        _check_scores(scorer, out, len(audios))
-        scores.update({c: out[c] for c in scorer.columns})
-        score_seconds[scorer.name] = time.perf_counter() - ts
-    t["score_s"] = time.perf_counter() - t0
-
-    load_s = backends.load_s if charged_load_s is None else charged_load_s
-    rows = _rows(spec, takes, endings, audios, sr, scores, backends, group_dir, paths_relative_to)
-    fixed = {
-        "group_generate_s": t["generate_s"],
-        "group_restore_s": t["restore_s"],
-        "group_score_s": t["score_s"],
-        "group_load_s": load_s,
-        "worker_idle_s": worker_idle_s,
-        "score_seconds": json.dumps(score_seconds),
-        "device": device_label(device),
-        "worker_slot": worker_slot,  # -1: models loaded in the group's own process
-        "worker_pid": os.getpid(),
-        "slurm_job_id": os.environ.get("SLURM_JOB_ID", ""),  # '' outside SLURM
-        "started_at": started,
-    }
-    for name, value in fixed.items():
-        rows = rows.append_column(name, pa.array([value] * rows.num_rows))
-    write_started = time.perf_counter()
-
-    def add_write_timing(table: pa.Table) -> pa.Table:
-        # Called by write_group after the FLACs are on disk, just before the parquet is written.
-        now = datetime.now(UTC)
-        t["write_s"] = time.perf_counter() - write_started
-        t["wall_s"] = (now - started).total_seconds()
-        for name, value in (
-            ("group_write_s", t["write_s"]),
-            ("group_wall_s", t["wall_s"]),
-            ("finished_at", now),
-        ):
-            table = table.append_column(name, pa.array([value] * table.num_rows))
-        return table
-
-    write_group(group_dir, audios, sr, rows, flac_subtype=flac_subtype, finalize=add_write_timing)
-    return t
+    The stages one after another (the worker may instead overlap them across groups; the
+    results are the same). ``charged_load_s`` is the model-load time attributed to this group
+    (the whole load when the group's own process loaded the models; 0 for later groups on a
+    warm worker). ``flac_path`` is recorded relative to ``paths_relative_to`` (the workflow's
+    working directory; default: this process's)."""
+    work = generate_stage(spec, backends, device)
+    score_stage(restore_stage(work, backends), backends)
+    return write_stage(
+        work,
+        backends,
+        group_dir,
+        flac_subtype=flac_subtype,
+        charged_load_s=charged_load_s,
+        worker_idle_s=worker_idle_s,
+        worker_slot=worker_slot,
+        paths_relative_to=paths_relative_to,
+    )
 
 
 def _rows(

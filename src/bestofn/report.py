@@ -107,6 +107,50 @@ def score_gain_plot(rows: list[tuple]):
     return fig
 
 
+GPU_STAGES = ["generate", "restore", "score"]
+
+
+def gpu_busy_rows(con) -> list[tuple]:
+    """(worker, overlap, elapsed s, clips, generate/restore/score GPU s, busy fraction) per
+    worker that recorded GPU time (CUDA workers; a database without the columns gives [])."""
+    try:
+        return con.execute(
+            "SELECT worker, overlap, elapsed_s, clips, generate_gpu_s, restore_gpu_s, "
+            "score_gpu_s, gpu_busy_fraction FROM throughput "
+            "WHERE level = 'worker' AND gpu_busy_s IS NOT NULL ORDER BY started_at"
+        ).fetchall()
+    except duckdb.BinderException:
+        return []
+
+
+def gpu_busy_table(rows: list[tuple]) -> list[str]:
+    """Markdown: GPU seconds per clip by stage and the GPU's busy share, per CUDA worker."""
+    if not rows:
+        return []
+    out = [
+        "## GPU time by stage",
+        "",
+        "Per CUDA worker: the GPU time of each stage (CUDA events on the stage's stream), per "
+        "clip, and the GPU's busy share of the worker's elapsed time (first group start to "
+        "last group end). `overlap` says how the worker overlapped groups (runtime.overlap): "
+        "with `host` the next group's GPU stages run while one is written; with `full` the "
+        "next one also generates while one is restored and scored, so stages can add up to "
+        "more than the elapsed time.",
+        "",
+        "| worker | overlap | clips | generate s/clip | restore s/clip | score s/clip "
+        "| GPU busy s/clip | GPU busy % |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for worker, overlap, _elapsed, clips, gen, rest, score, frac in rows:
+        busy = (gen + rest + score) / clips
+        pct = _fmt(None if frac is None else 100 * frac, 1)
+        out.append(
+            f"| {worker} | {overlap or '–'} | {clips} | {gen / clips:.4f} | {rest / clips:.4f} | "
+            f"{score / clips:.4f} | {busy:.4f} | {pct} |"
+        )
+    return [*out, ""]
+
+
 def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     import matplotlib
 
@@ -122,6 +166,7 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
         "SELECT worker, slurm_job_id, groups, loads, load_s, wall_s, idle_s, idle_fraction "
         "FROM throughput WHERE level = 'worker' ORDER BY started_at"
     ).fetchall()
+    gpu_rows = gpu_busy_rows(con)
     clips = int(overall["clips"])
 
     per_clip = {s: float(overall[f"{s}_s"]) / clips for s in STAGES}
@@ -182,6 +227,7 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
             for w, job, n, loads, load, wall, idle, frac in workers
         ],
         "",
+        *gpu_busy_table(gpu_rows),
         "## Best-of-N gain",
         "",
         "Median over groups of (selected − median take score): "

@@ -45,6 +45,13 @@ BASE_COLUMNS = {
     "group_write_s": "DOUBLE",
     "group_wall_s": "DOUBLE",
     "finished_at": "TIMESTAMPTZ",
+    # GPU time per stage (CUDA-event spans on the stage's stream; NULL off CUDA) and how the
+    # worker overlapped groups ('off', 'host', 'full'); older parquets lack them (NULL)
+    "group_generate_gpu_s": "DOUBLE",
+    "group_restore_gpu_s": "DOUBLE",
+    "group_score_gpu_s": "DOUBLE",
+    "score_gpu_seconds": "VARCHAR",
+    "overlap": "VARCHAR",
 }
 
 
@@ -107,7 +114,10 @@ def build_database(
         "CREATE TABLE takes AS SELECT * FROM read_parquet(?, union_by_name = true)", [files]
     )
     have = {r[0] for r in con.execute("DESCRIBE takes").fetchall()}
-    for col in ("host", "worker_pid", "slurm_job_id"):  # older parquets may lack them
+    for col in (  # older parquets may lack them
+        "host", "worker_pid", "slurm_job_id", "group_generate_gpu_s", "group_restore_gpu_s",
+        "group_score_gpu_s", "score_gpu_seconds", "overlap",
+    ):  # fmt: skip
         if col not in have:
             con.execute(f"ALTER TABLE takes ADD COLUMN {col} {BASE_COLUMNS[col]}")
     try:
@@ -151,24 +161,33 @@ def build_database(
                    any_value(worker_idle_s) AS idle_s, any_value(device) AS device,
                    min(started_at) AS started_at, max(finished_at) AS finished_at,
                    any_value(host) || ':' || any_value(worker_pid) AS worker,
-                   coalesce(any_value(slurm_job_id), '') AS slurm_job_id
+                   coalesce(any_value(slurm_job_id), '') AS slurm_job_id,
+                   any_value(group_generate_gpu_s) AS generate_gpu_s,
+                   any_value(group_restore_gpu_s) AS restore_gpu_s,
+                   any_value(group_score_gpu_s) AS score_gpu_s,
+                   any_value(overlap) AS overlap
             FROM takes GROUP BY group_id
         ), levels AS (
             SELECT 'group' AS level, group_id, device, clips, audio_s, wall_s, load_s, generate_s,
                    restore_s, score_s, write_s, idle_s, started_at, finished_at, worker,
-                   slurm_job_id, 1 AS groups, (load_s > 0)::INTEGER AS loads FROM per_group
+                   slurm_job_id, 1 AS groups, (load_s > 0)::INTEGER AS loads, generate_gpu_s,
+                   restore_gpu_s, score_gpu_s, overlap FROM per_group
             UNION ALL
             -- One row per worker process: on SLURM, one per job (its bundle of groups).
             SELECT 'worker', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
                    sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
                    sum(write_s), sum(idle_s), min(started_at), max(finished_at), worker,
-                   any_value(slurm_job_id), count(*), count(*) FILTER (WHERE load_s > 0)
+                   any_value(slurm_job_id), count(*), count(*) FILTER (WHERE load_s > 0),
+                   sum(generate_gpu_s), sum(restore_gpu_s), sum(score_gpu_s),
+                   string_agg(DISTINCT overlap, ',')
             FROM per_group GROUP BY worker
             UNION ALL
             SELECT 'overall', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
                    sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
                    sum(write_s), sum(idle_s), min(started_at), max(finished_at), NULL, NULL,
-                   count(*), count(*) FILTER (WHERE load_s > 0) FROM per_group
+                   count(*), count(*) FILTER (WHERE load_s > 0), sum(generate_gpu_s),
+                   sum(restore_gpu_s), sum(score_gpu_s), string_agg(DISTINCT overlap, ',')
+            FROM per_group
         )
         SELECT level, group_id, device, clips, audio_s,
                wall_s, load_s, generate_s, restore_s, score_s, write_s, idle_s,
@@ -178,7 +197,15 @@ def build_database(
                epoch(finished_at - started_at) AS elapsed_s, started_at, finished_at,
                worker, slurm_job_id, groups, loads,
                -- worker time spent waiting between groups, of (working + waiting)
-               idle_s / nullif(wall_s + idle_s, 0) AS idle_fraction
+               idle_s / nullif(wall_s + idle_s, 0) AS idle_fraction,
+               -- GPU time per stage (CUDA events; NULL off CUDA), and the GPU's busy share of
+               -- the elapsed time (first group start to last group end of the row)
+               generate_gpu_s, restore_gpu_s, score_gpu_s,
+               generate_gpu_s + restore_gpu_s + score_gpu_s AS gpu_busy_s,
+               (generate_gpu_s + restore_gpu_s + score_gpu_s) / clips AS gpu_busy_s_per_clip,
+               (generate_gpu_s + restore_gpu_s + score_gpu_s)
+                   / nullif(epoch(finished_at - started_at), 0) AS gpu_busy_fraction,
+               overlap
         FROM levels ORDER BY level DESC, worker, group_id
         """
     )

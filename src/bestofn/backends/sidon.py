@@ -22,6 +22,14 @@ Batching: takes are resampled to 16 kHz mono, each gets ``tail_pad_s`` of silenc
 decoder's receptive field past a take's end then lies in that silence, so a take restores the
 same alone or in any batch), the batch is padded with an attention mask, and each output is
 trimmed to exactly ``round(len * 48000 / sr_in)`` frames of its input.
+
+Resampling to 16 kHz (``resample``): ``soxr`` on the host (the CPU default), or ``torch``: the
+takes go to the device once, as generated, and are downmixed and resampled there
+(``bestofn.backends.resample.resample_torch``, within 4e-7 of soxr HQ below 0.8 x Nyquist);
+``auto`` is torch on CUDA. ``compile`` runs the encoder and decoder through ``torch.compile``
+(CUDA; dynamic shapes). ``bucket_s`` pads each batch's length up to a multiple of that many
+seconds, so compiled kernels and cuDNN plans see few distinct shapes (the tail padding keeps
+a take's output the same at any padded length).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from torch import nn
 
 from bestofn.audio import mono_at
 from bestofn.backends.base import Restorer
+from bestofn.backends.resample import out_length, resample_torch
 from bestofn.dtypes import resolve_dtype
 from bestofn.hashing import file_sha256
 
@@ -443,15 +452,20 @@ class SidonRestorer(Restorer):
         dtype: str = "auto",  # auto: float16 on CUDA (as Sidon's own inference), float32 on CPU
         tail_pad_s: float = 0.5,
         num_layers: int = N_LAYERS,
+        resample: str = "auto",  # soxr (host) or torch (on the device); auto: torch on CUDA
+        compile: bool | str = False,  # torch.compile encoder + decoder (CUDA; "auto": on CUDA)
+        bucket_s: float = 0.0,  # pad batch lengths up to a multiple of this (0: off)
     ):
-        self._configure(device, batch_size, dtype, tail_pad_s, num_layers)
+        self._configure(
+            device, batch_size, dtype, tail_pad_s, num_layers, resample, compile, bucket_s
+        )
         self._attach(*self._load(w2v_bert_dir, adapter_dir, decoder_path, cache_dir))
 
     @classmethod
     def from_modules(cls, encoder, decoder, device: str = "cpu", **options) -> SidonRestorer:
         """A restorer around modules already in memory (``bestofn.fakes.sidon``, tests): a
         ``Wav2Vec2BertModel`` with the LoRA merged and a ``DACDecoder``. ``options``: the
-        constructor's batch_size, dtype, tail_pad_s, num_layers."""
+        constructor's batch_size, dtype, tail_pad_s, num_layers, resample, compile, bucket_s."""
         self = cls.__new__(cls)
         self._configure(device, **options)
         self._attach(encoder, decoder)
@@ -464,6 +478,9 @@ class SidonRestorer(Restorer):
         dtype: str = "auto",
         tail_pad_s: float = 0.5,
         num_layers: int = N_LAYERS,
+        resample: str = "auto",
+        compile: bool | str = False,
+        bucket_s: float = 0.0,
     ) -> None:
         self.device = device
         self.batch_size = int(batch_size)
@@ -482,6 +499,15 @@ class SidonRestorer(Restorer):
         self.hashes: dict[str, str] = {}
         self.paths: dict[str, str] = {}
         self.merged_from_cache = False
+        if resample not in ("auto", "soxr", "torch"):
+            raise ValueError(f"sidon: resample must be auto, soxr or torch; got {resample!r}")
+        self.resample = ("torch" if is_cuda else "soxr") if resample == "auto" else resample
+        if compile not in (True, False, "auto"):
+            raise ValueError(f"sidon: compile must be true, false or auto; got {compile!r}")
+        self.compile = is_cuda and compile in (True, "auto")
+        if float(bucket_s) < 0:
+            raise ValueError(f"sidon: bucket_s must be >= 0, got {bucket_s}")
+        self.bucket = int(round(float(bucket_s) * INPUT_SAMPLE_RATE))
 
     def _attach(self, encoder, decoder) -> None:
         self.fbank = SeamlessFbank().to(self.device)
@@ -489,6 +515,33 @@ class SidonRestorer(Restorer):
         self.decoder = decoder.eval().to(self.device)
         for p in [*self.encoder.parameters(), *self.decoder.parameters()]:
             p.requires_grad_(False)
+        self.set_speed(compile=self.compile)
+
+    def set_speed(
+        self,
+        batch_size: int | None = None,
+        resample: str | None = None,
+        compile: bool | None = None,
+        bucket_s: float | None = None,
+    ) -> None:
+        """Change the speed-only knobs of a loaded restorer (benchmarks compare them in one
+        process); ``None`` keeps a knob."""
+        if batch_size is not None:
+            if int(batch_size) <= 0:
+                raise ValueError(f"sidon: batch_size must be positive, got {batch_size}")
+            self.batch_size = int(batch_size)
+        if resample is not None:
+            if resample not in ("soxr", "torch"):
+                raise ValueError(f"sidon: resample must be soxr or torch; got {resample!r}")
+            self.resample = resample
+        if bucket_s is not None:
+            self.bucket = int(round(float(bucket_s) * INPUT_SAMPLE_RATE))
+        if compile is not None:
+            self.compile = bool(compile) and str(self.device).startswith("cuda")
+            self._encode, self._decode = self.encoder, self.decoder
+            if self.compile:
+                self._encode = torch.compile(self.encoder, dynamic=True)
+                self._decode = torch.compile(self.decoder, dynamic=True)
 
     # --- loading -------------------------------------------------------------------------------
 
@@ -592,40 +645,76 @@ class SidonRestorer(Restorer):
         return torch.autocast(device_type=kind, dtype=getattr(torch, self.dtype))
 
     @torch.inference_mode()
-    def restore_batch(self, audios16k: list[np.ndarray]) -> list[np.ndarray]:
-        """Restore 16 kHz mono takes; returns 48 kHz takes of exactly 3x their length."""
-        lengths = [len(a) + self.tail_pad for a in audios16k]
+    def _restore_tensor(self, wav_t: torch.Tensor, n16: list[int]) -> np.ndarray:
+        """Restore a (B, N) 16 kHz batch on the device, zero past each take's ``n16`` samples;
+        returns the 48 kHz batch on the host (one device->host copy)."""
+        lengths = [n + self.tail_pad for n in n16]
         # every take needs at least one full fbank frame pair
         n_max = max(max(lengths), 2 * SeamlessFbank.frame_length)
-        wav = np.zeros((len(audios16k), n_max), dtype=np.float32)
-        for i, a in enumerate(audios16k):
-            wav[i, : len(a)] = a
-        wav_t = torch.from_numpy(wav).to(self.device)
+        if self.bucket:
+            n_max = -(-n_max // self.bucket) * self.bucket
+        if wav_t.shape[1] < n_max:
+            wav_t = nn.functional.pad(wav_t, (0, n_max - wav_t.shape[1]))
+        wav_t = wav_t[:, :n_max]
         lengths_t = torch.tensor(lengths, device=self.device)
         feats, mask = self.fbank(wav_t, lengths_t)
         with self._autocast():
-            hidden = self.encoder(input_features=feats, attention_mask=mask).last_hidden_state
+            hidden = self._encode(input_features=feats, attention_mask=mask).last_hidden_state
             hidden = hidden * mask.unsqueeze(-1).to(hidden.dtype)  # padded frames -> 0
-            out = self.decoder(hidden.transpose(1, 2))[:, 0].float()
-        out = out.cpu().numpy()  # one device->host copy for the whole batch
+            out = self._decode(hidden.transpose(1, 2))[:, 0].float()
+        return out.cpu().numpy()
+
+    def _trim(self, out: np.ndarray, n16: list[int]) -> list[np.ndarray]:
         ratio = OUTPUT_SAMPLE_RATE // INPUT_SAMPLE_RATE
         restored = []
-        for i, a in enumerate(audios16k):
-            y = out[i, : len(a) * ratio]
-            if y.shape[0] < len(a) * ratio:  # only without tail padding
-                y = np.pad(y, (0, len(a) * ratio - y.shape[0]))
+        for i, n in enumerate(n16):
+            y = out[i, : n * ratio]
+            if y.shape[0] < n * ratio:  # only without tail padding
+                y = np.pad(y, (0, n * ratio - y.shape[0]))
             restored.append(y)
         return restored
 
+    def restore_batch(self, audios16k: list[np.ndarray]) -> list[np.ndarray]:
+        """Restore 16 kHz mono takes; returns 48 kHz takes of exactly 3x their length."""
+        n16 = [len(a) for a in audios16k]
+        wav = np.zeros((len(audios16k), max(max(n16), 1)), dtype=np.float32)
+        for i, a in enumerate(audios16k):
+            wav[i, : len(a)] = a
+        return self._trim(self._restore_tensor(torch.from_numpy(wav).to(self.device), n16), n16)
+
+    @torch.inference_mode()
+    def _to_16k_on_device(self, audios: list[np.ndarray], sr: int):
+        """The takes as one (B, N) 16 kHz mono batch on the device: copied once as generated,
+        downmixed and resampled there, zero past each take's end. Returns (batch, lengths)."""
+        n = [int(a.shape[0]) for a in audios]
+        x = torch.zeros(len(audios), max(max(n), 1), device=self.device)
+        for b, a in enumerate(audios):
+            t = torch.from_numpy(np.asarray(a, dtype=np.float32)).to(self.device)
+            x[b, : n[b]] = t.mean(-1) if t.ndim == 2 else t
+        y = resample_torch(x, sr, INPUT_SAMPLE_RATE)
+        n16 = [out_length(k, sr, INPUT_SAMPLE_RATE) for k in n]
+        keep = (
+            torch.arange(y.shape[1], device=self.device)[None, :]
+            < torch.tensor(n16, device=self.device)[:, None]
+        )
+        return y * keep, n16
+
     def restore(self, audios: list[np.ndarray], sample_rate: int):
         sr = int(sample_rate)
-        audios16k = mono_at(audios, sr, INPUT_SAMPLE_RATE)
         targets = [int(round(a.shape[0] * OUTPUT_SAMPLE_RATE / sr)) for a in audios]
-        order = sorted(range(len(audios16k)), key=lambda i: len(audios16k[i]))  # little padding
-        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(audios16k)
+        # sort by duration: little padding per batch
+        order = sorted(range(len(audios)), key=lambda i: audios[i].shape[0])
+        on_device = self.resample == "torch"
+        audios16k = None if on_device else mono_at(audios, sr, INPUT_SAMPLE_RATE)
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(audios)
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            for i, y in zip(idx, self.restore_batch([audios16k[i] for i in idx]), strict=True):
+            if on_device:
+                wav_t, n16 = self._to_16k_on_device([audios[i] for i in idx], sr)
+                restored = self._trim(self._restore_tensor(wav_t, n16), n16)
+            else:
+                restored = self.restore_batch([audios16k[i] for i in idx])
+            for i, y in zip(idx, restored, strict=True):
                 # exact length of the input take at 48 kHz (soxr may be off by a sample)
                 t = targets[i]
                 out[i] = (y[:t] if len(y) >= t else np.pad(y, (0, t - len(y)))).astype(np.float32)
@@ -641,6 +730,9 @@ class SidonRestorer(Restorer):
             "merged_from_cache": self.merged_from_cache,
             "dtype": self.dtype,
             "batch_size": self.batch_size,
+            "resample": self.resample,
+            "compiled": self.compile,
+            "bucket_samples_16k": self.bucket,
             "tail_pad_samples_16k": self.tail_pad,
             "sample_rates": [INPUT_SAMPLE_RATE, OUTPUT_SAMPLE_RATE],
         }

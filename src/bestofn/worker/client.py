@@ -83,6 +83,7 @@ class Runtime:
     state_dir: str | None = _DEFAULT["state_dir"]
     log_dir: str | None = _DEFAULT["log_dir"]
     gpu_memory_gb: float | None = _DEFAULT["gpu_memory_gb"]
+    overlap: str = _DEFAULT["overlap"]
 
     @classmethod
     def from_config(cls, runtime: dict | None) -> Runtime:
@@ -286,7 +287,7 @@ def _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype) -> d
         "--models-file", str(models_file), "--models-hash", stable_hash(models),
         "--worker-key", key,
         "--results", str(results_dir), "--idle-timeout", str(rt.idle_timeout_s),
-        "--flac-subtype", flac_subtype,
+        "--flac-subtype", flac_subtype, "--overlap", rt.overlap,
     ]  # fmt: skip
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(

@@ -7,8 +7,12 @@ then serves over a Unix socket that only its owner can reach:
                             ``Worker.speech_job``); requests arriving together are batched
   POST /v1/shutdown         finish the group in flight, then exit
 
-Groups run one at a time (the GPU is the bottleneck); further requests wait in a FIFO queue,
-so with two clients per slot the next group is already waiting when one finishes. The worker
+Groups take the GPU one at a time (the GPU is the bottleneck); further requests wait in a FIFO
+queue, so with two clients per slot the next group is already waiting when one finishes. With
+``runtime.overlap`` (``bestofn.pipeline.OVERLAP_MODES``; ``host`` by default on CUDA) a group
+leaves the gate after its GPU stages and is written (FLACs, parquet, its scorers' deferred text
+work) in its own request thread while the next group runs on the GPU; ``full`` also has the
+next group generate while one is restored and scored (a second gate and CUDA stream). The worker
 exits by itself after ``idle_timeout_s`` with nothing running or queued.
 
 A worker never serves after a fatal device error (``fatal_device_error``): it answers that
@@ -47,7 +51,16 @@ from pathlib import Path
 import numpy as np
 
 from bestofn import speech as speech_io
-from bestofn.pipeline import EMPTY_TAKE_S, Backends, load_backends, run_group
+from bestofn.pipeline import (
+    EMPTY_TAKE_S,
+    Backends,
+    generate_stage,
+    load_backends,
+    resolve_overlap,
+    restore_stage,
+    score_stage,
+    write_stage,
+)
 from bestofn.spec import GroupSpec
 
 log = logging.getLogger("bestofn.worker")
@@ -115,6 +128,11 @@ class BadRequest(Exception):
     def __init__(self, status: int, reason: str):
         super().__init__(reason)
         self.status = status
+
+
+class GroupStageError(RuntimeError):
+    """A stage of a group failed; the message names the group and the stage, the cause is
+    chained (``fatal_device_error`` looks through it)."""
 
 
 class FifoGate:
@@ -320,6 +338,7 @@ class Worker:
         idle_timeout_s: float,
         flac_subtype: str = "PCM_16",
         worker_key: str | None = None,
+        overlap: str | None = None,
     ):
         from bestofn.worker.contract import worker_key as key_of
         from bestofn.worker.contract import worker_spec
@@ -336,11 +355,26 @@ class Worker:
         self.idle_timeout_s = idle_timeout_s
         self.flac_subtype = flac_subtype
         self.started = time.monotonic()
+        # runtime.overlap (bestofn.pipeline.OVERLAP_MODES), else BESTOFN_OVERLAP, else auto
+        self.overlap = resolve_overlap(overlap or os.environ.get("BESTOFN_OVERLAP"), device)
         from bestofn.gpu_memory import cap_from_environment
 
         # runtime.gpu_memory_gb, before any model loads (a cap too large for the device: error)
         self.gpu_memory_cap = cap_from_environment(device)
         self.backends: Backends = load_backends(models, device=device)
+        self._post_stream = None  # overlap 'full': restore + score on their own CUDA stream
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(device)  # the weights are in place before any other stream
+            if self.overlap == "full":
+                self._post_stream = torch.cuda.Stream(device)
+        # 'full': restore + score have their own gate, so the next group generates meanwhile
+        self.post_gate = FifoGate() if self.overlap == "full" else None
+        self.write_gate = FifoGate()  # groups are written in the order they were generated
+        self.groups_started = 0
+        self.gpu_stages = 0  # GPU stages running now (overlap: the worker is idle at 0)
+        self.gpu_free_at = time.monotonic()
         self.load_count = 1
         self.groups_served = 0
         self.speech_served = 0
@@ -372,6 +406,7 @@ class Worker:
             "models_loaded": True,
             "load_count": self.load_count,
             "load_s": self.backends.load_s,
+            "overlap": self.overlap,
             "groups_served": self.groups_served,
             "speech_served": self.speech_served,
             "gpu_memory_cap": self.gpu_memory_cap,
@@ -419,27 +454,82 @@ class Worker:
         out = self._confined(str(body.get("out", "")))
         workdir = body.get("workdir")
         with self._active():
-            with self.gate:
-                self.refuse_if_dying()  # queued behind the group that broke the device
-                idle = time.monotonic() - self.last_active
-                first = self.groups_served == 0
-                try:
-                    with self._device_guard():
-                        timings = run_group(
-                            spec,
-                            self.backends,
-                            out,
-                            flac_subtype=self.flac_subtype,
-                            charged_load_s=self.backends.load_s if first else 0.0,
-                            worker_idle_s=idle,
-                            device=self.device,
-                            worker_slot=self.slot,
-                            paths_relative_to=Path(workdir) if workdir else None,
-                        )
-                finally:
-                    self.last_active = time.monotonic()
-                self.groups_served += 1
+            if self.overlap == "off":  # the whole group in the gate, one group at a time
+                with self.gate:
+                    work, idle, first = self._gpu_stages(spec, gated=True)
+                    timings = self._write_stage(work, out, workdir, idle, first)
+            else:  # the GPU stages in the gate; written while the next group runs on the GPU
+                work, idle, first = self._gpu_stages(spec)
+                with self.write_gate:
+                    timings = self._write_stage(work, out, workdir, idle, first)
         return {"group_id": spec.group_id, "out": str(out), "timings": timings, "idle_s": idle}
+
+    @contextlib.contextmanager
+    def _stage(self, spec: GroupSpec, stage: str, gpu: bool = True):
+        """A stage of a group: fatal device errors end the worker (``_device_guard``); every
+        error names the group and the stage."""
+        if gpu:
+            with self.lock:
+                self.gpu_stages += 1
+        try:
+            with self._device_guard() if gpu else contextlib.nullcontext():
+                try:
+                    yield
+                except Exception as e:
+                    raise GroupStageError(
+                        f"group {spec.group_id}: {stage} failed: {type(e).__name__}: {e}"
+                    ) from e
+        finally:
+            if gpu:
+                with self.lock:
+                    self.gpu_stages -= 1
+                    self.gpu_free_at = time.monotonic()
+            self.last_active = time.monotonic()
+
+    def _gpu_stages(self, spec: GroupSpec, gated: bool = False):
+        """Generate, restore and score (``overlap: full``: generate in the gate, restore and
+        score in ``post_gate`` on their own CUDA stream). Returns (work, idle s, first).
+        ``gated``: the caller holds the gate already (``overlap: off``)."""
+        defer = self.overlap != "off"  # scorers' host work finishes in the write stage
+        with contextlib.nullcontext() if gated else self.gate:
+            self.refuse_if_dying()  # queued behind the group that broke the device
+            now = time.monotonic()
+            if self.overlap == "off":
+                idle = now - self.last_active
+            else:  # the GPU's own idle time: 0 while another group's stage runs
+                with self.lock:
+                    idle = 0.0 if self.gpu_stages else now - self.gpu_free_at
+            first = self.groups_started == 0
+            self.groups_started += 1
+            with self._stage(spec, "generate"):
+                work = generate_stage(spec, self.backends, self.device)
+            if self.post_gate is None:
+                with self._stage(spec, "restore/score"):
+                    score_stage(restore_stage(work, self.backends), self.backends, defer)
+                return work, idle, first
+        with self.post_gate:
+            self.refuse_if_dying()
+            import torch
+
+            with self._stage(spec, "restore/score"), torch.cuda.stream(self._post_stream):
+                score_stage(restore_stage(work, self.backends), self.backends, defer)
+        return work, idle, first
+
+    def _write_stage(self, work, out: Path, workdir, idle: float, first: bool) -> dict:
+        with self._stage(work.spec, "write", gpu=False):
+            timings = write_stage(
+                work,
+                self.backends,
+                out,
+                flac_subtype=self.flac_subtype,
+                charged_load_s=self.backends.load_s if first else 0.0,
+                worker_idle_s=idle,
+                worker_slot=self.slot,
+                paths_relative_to=Path(workdir) if workdir else None,
+                overlap=self.overlap,
+            )
+        self.groups_served += 1
+        return timings
 
     def speech_job(self, body: dict) -> SpeechJob:
         """Check a speech request and make its job. Fields: ``input``, ``response_format``
@@ -802,10 +892,11 @@ def serve(
     idle_timeout_s: float,
     flac_subtype: str = "PCM_16",
     worker_key: str | None = None,
+    overlap: str | None = None,
 ) -> None:
     worker = Worker(
         models, models_hash, Path(results_dir), device, slot, idle_timeout_s, flac_subtype,
-        worker_key,
+        worker_key, overlap,
     )  # fmt: skip
     server = WorkerServer(socket_path, worker)
     server.reap_when_idle()
