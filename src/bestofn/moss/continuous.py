@@ -113,8 +113,11 @@ class RowState:
     def copy_rows_from(self, old: RowState, idx: torch.Tensor) -> None:
         """Rows ``idx`` of ``old`` into the same rows here (a state at least as large)."""
         L0 = old.max_len
-        self.cache.k[:, idx, :, :L0] = old.cache.k[:, idx]
-        self.cache.v[:, idx, :, :L0] = old.cache.v[:, idx]
+        if self.cache.kv is not None and old.cache.kv is not None:  # K and V side by side
+            self.cache.kv[:, idx, :, :L0] = old.cache.kv[:, idx]
+        else:
+            self.cache.k[:, idx, :, :L0] = old.cache.k[:, idx]
+            self.cache.v[:, idx, :, :L0] = old.cache.v[:, idx]
         self.cache.key_mask[idx] = False
         self.cache.key_mask[idx, :L0] = old.cache.key_mask[idx]
         self.cache.pos[idx] = old.cache.pos[idx]
@@ -154,32 +157,86 @@ class ContinuousDecoder:
             ~c.key_mask[:, None, None, :L], float("-inf")
         )
         cos, sin = m._rope(c.pos, x.dtype)
-        for i, layer in enumerate(m.layers):
-            q, k, v = layer._pre(x, cos, sin)  # q [B, h, D], k/v [B, kv, D]
-            D = layer.head_dim
-            idx = s.slot.view(B, 1, 1, 1).expand(B, layer.n_kv, 1, D)
-            c.k[i].scatter_(2, idx, k.unsqueeze(2))
-            c.v[i].scatter_(2, idx, v.unsqueeze(2))
-            q = q.reshape(B, layer.n_kv, layer.n_heads // layer.n_kv, D)
-            out = F.scaled_dot_product_attention(
-                q, c.k[i][:, :, :L], c.v[i][:, :, :L], attn_mask=bias, scale=layer.scale
-            )
-            x = layer._post(x, out.reshape(B, -1))
+        if m.fused_backbone and c.kv is not None:
+            # as MossLocalModel.backbone_step's fused path (K and V side by side, one write;
+            # each residual add fused with the next norm), each row writing at its own slot
+            first, n = m.layers[0], len(m.layers)
+            hn = first.impl["rms_norm_w"](x, first.input_layernorm.weight, first.eps)
+            for i, layer in enumerate(m.layers):
+                nxt = m.layers[i + 1].input_layernorm if i + 1 < n else m.norm
+                D, n_kv = layer.head_dim, layer.n_kv
+                q, kv = layer.impl["backbone_qkv_fused"](
+                    hn, cos, sin, layer.qkv.weight, layer._qk_norm_weight(), layer.n_heads,
+                    n_kv, layer.eps,
+                )  # fmt: skip
+                idx = s.slot.view(B, 1, 1, 1, 1).expand(B, n_kv, 1, 2, D)
+                c.kv[i].scatter_(2, idx, kv.unsqueeze(2))
+                kv_l = c.kv[i][:, :, :L]
+                q = q.reshape(B, n_kv, layer.n_heads // n_kv, D)
+                out = F.scaled_dot_product_attention(
+                    q, kv_l[..., 0, :], kv_l[..., 1, :], attn_mask=bias, scale=layer.scale
+                )
+                x, hn = layer.impl["backbone_post_attn_norm"](
+                    x, out.reshape(B, -1), layer.o_proj.weight,
+                    layer.post_attention_layernorm.weight, layer.gate_up.weight,
+                    layer.down_proj.weight, nxt.weight, layer.eps,
+                )  # fmt: skip
+        else:
+            for i, layer in enumerate(m.layers):
+                q, k, v = layer._pre(x, cos, sin)  # q [B, h, D], k/v [B, kv, D]
+                D = layer.head_dim
+                idx = s.slot.view(B, 1, 1, 1).expand(B, layer.n_kv, 1, D)
+                c.k[i].scatter_(2, idx, k.unsqueeze(2))
+                c.v[i].scatter_(2, idx, v.unsqueeze(2))
+                q = q.reshape(B, layer.n_kv, layer.n_heads // layer.n_kv, D)
+                out = F.scaled_dot_product_attention(
+                    q, c.k[i][:, :, :L], c.v[i][:, :, :L], attn_mask=bias, scale=layer.scale
+                )
+                x = layer._post(x, out.reshape(B, -1))
+            hn = m.norm(x)
         step = s.alive.long()
         c.pos.add_(step)
         s.slot.add_(step)
-        return m.norm(x)
+        return hn
 
     def _heads(self, s: RowState, p: SamplingParams, h: torch.Tensor, act: torch.Tensor) -> None:
         """Local transformer + sampling for one frame of the rows in ``act`` (others untouched)."""
         m, c, e = self.model, self.config, self.engine
         u = e._uniform(s.seeds[:, None], s.frame[:, None] * STEPS_PER_FRAME + s.steps[None, :])
+        penalty = p.repetition_penalty != 1.0
+        if getattr(m, "fused_local", False):  # the local loop as one compiled function
+            seen = s.seen.clone() if penalty and act is not s.every_row else None
+            stop_idx, codes = m.local_frame(
+                h, u, s.local, s.seen, s.temperature, s.top_p, s.penalty, s.text_temperature,
+                s.text_top_p, top_k=p.top_k, text_top_k=p.text_top_k, do_sample=p.do_sample,
+                use_penalty=penalty,
+            )  # fmt: skip
+            if seen is not None:  # a join step: rows not joining keep what they had seen
+                s.seen.copy_(torch.where(act[None, :, None], s.seen, seen))
+        else:
+            stop_idx, codes = self._local_loop(s, p, h, u, act, penalty)
+        cont = (stop_idx == 0) & ~s.finished & act
+        n_after = s.n_frames + cont.long()
+        done = s.finished | (stop_idx == 1) | (n_after >= s.limit)
+        s.finished.copy_(torch.where(act, done, s.finished))
+        frame_codes = torch.where(cont.unsqueeze(-1), codes, c.audio_pad_code)
+        s.out.index_put_((s.rows, s.out_n.clamp(max=s.cap - 1)), frame_codes)
+        s.out_n.add_(cont.long())
+        s.n_frames.copy_(n_after)
+        text = torch.where(cont, c.audio_assistant_slot_token_id, c.pad_token_id)
+        new_row = torch.cat([text.unsqueeze(-1), frame_codes], dim=-1)
+        s.row.copy_(torch.where(act.unsqueeze(-1), new_row, s.row))
+        s.alive.copy_(torch.where(act, cont, s.alive))
+        s.frame.add_(act.long())
+
+    def _local_loop(self, s: RowState, p: SamplingParams, h, u, act, penalty: bool):
+        """The local loop piece by piece (``model.fused_local`` off): (stop [B], codes)."""
+        m, c, e = self.model, self.config, self.engine
         local = m.local_step(h, 0, s.local)
         stop_idx = e._sample(
             m.stop_logits(local), u[:, 0], temperature=s.text_temperature,
             top_k=p.text_top_k, top_p=s.text_top_p, do_sample=p.do_sample,
         )  # fmt: skip
-        penalty = p.repetition_penalty != 1.0
         codes = []
         for k in range(c.n_vq):
             logits = m.audio_logits(local, k)
@@ -195,19 +252,7 @@ class ContinuousDecoder:
             codes.append(code)
             if k + 1 < c.n_vq:
                 local = m.local_step(m.audio_embed[k][code].to(local.dtype), k + 1, s.local)
-        cont = (stop_idx == 0) & ~s.finished & act
-        n_after = s.n_frames + cont.long()
-        done = s.finished | (stop_idx == 1) | (n_after >= s.limit)
-        s.finished.copy_(torch.where(act, done, s.finished))
-        frame_codes = torch.where(cont.unsqueeze(-1), torch.stack(codes, -1), c.audio_pad_code)
-        s.out.index_put_((s.rows, s.out_n.clamp(max=s.cap - 1)), frame_codes)
-        s.out_n.add_(cont.long())
-        s.n_frames.copy_(n_after)
-        text = torch.where(cont, c.audio_assistant_slot_token_id, c.pad_token_id)
-        new_row = torch.cat([text.unsqueeze(-1), frame_codes], dim=-1)
-        s.row.copy_(torch.where(act.unsqueeze(-1), new_row, s.row))
-        s.alive.copy_(torch.where(act, cont, s.alive))
-        s.frame.add_(act.long())
+        return stop_idx, torch.stack(codes, dim=-1)
 
     def _frame_step(self, s: RowState, p: SamplingParams, kv_len: int) -> None:
         m = self.model
@@ -283,8 +328,11 @@ class ContinuousDecoder:
             ids = torch.stack([joins[n].prompt for n in members]).to(dev)
             tmp = m.new_backbone_cache(len(members), T)
             h = m.prefill(ids, torch.ones(ids.shape[:2], dtype=torch.bool, device=dev), tmp)
-            s.cache.k[:, idx, :, :T] = tmp.k
-            s.cache.v[:, idx, :, :T] = tmp.v
+            if s.cache.kv is not None and tmp.kv is not None:  # K and V side by side
+                s.cache.kv[:, idx, :, :T] = tmp.kv
+            else:
+                s.cache.k[:, idx, :, :T] = tmp.k
+                s.cache.v[:, idx, :, :T] = tmp.v
             s.cache.key_mask[idx] = False
             s.cache.key_mask[idx, :T] = True
             s.cache.pos[idx] = T
