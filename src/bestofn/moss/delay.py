@@ -204,8 +204,12 @@ class MossDelayModel(nn.Module):
 
     def compile_steps(self, **kw) -> None:
         """torch.compile'd per-token pieces (the same functions Local compiles)."""
+        import torch._dynamo
+
         from bestofn.moss.model import IMPLS
 
+        # batch sizes differ between groups: a compiled variant per shape
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         compiled = getattr(self, "_compiled_impls", None)
         if compiled is None:
             compiled = {n: torch.compile(fn, dynamic=False, **kw) for n, fn in IMPLS.items()}
