@@ -221,7 +221,9 @@ def test_throughput_table_has_gpu_columns(backends, tmp_path):
 
     from bestofn.selection import build_database
 
-    run_group(_spec(0), backends, tmp_path / "g/calm/p0")
+    timings = run_group(_spec(0), backends, tmp_path / "g/calm/p0")
+    # plain numbers (the group job logs them rounded); no GPU keys off CUDA
+    assert all(isinstance(v, float) for v in timings.values()) and "score_gpu_s" not in timings
     path = tmp_path / "g/calm/p0/scores.parquet"
     # a second group as a CUDA worker would have written it
     t = pq.read_table(path)
@@ -328,3 +330,17 @@ def test_sidon_device_resample_and_buckets_keep_the_takes():
         np.testing.assert_allclose(c, a, atol=1e-4)  # padding to buckets changes nothing
     with pytest.raises(ValueError, match="resample"):
         sidon.build("cpu", "tiny", resample="sinc")
+
+
+def test_bench_variants_parse():
+    from bestofn.bench.pipeline import VARIANTS, parse_variant
+
+    name, knobs = parse_variant("before")
+    assert name == "before" and knobs["overlap"] == "off" and knobs["parakeet_batch"] == 64
+    assert parse_variant("after")[1]["overlap"] == "host" and set(VARIANTS) >= {"before", "after"}
+    name, knobs = parse_variant("x:overlap=full,parakeet_compile=on,sidon_bucket_s=1")
+    assert knobs == {"overlap": "full", "parakeet_compile": True, "sidon_bucket_s": 1.0}
+    with pytest.raises(SystemExit, match="unknown knob"):
+        parse_variant("x:parakeet_beam=4")
+    with pytest.raises(SystemExit, match="one of"):
+        parse_variant("nameless")

@@ -183,6 +183,7 @@ def device_label(device: str) -> str:
 #   auto  host on CUDA, off elsewhere.
 # The results are the same in every mode (the same stages on the same inputs).
 OVERLAP_MODES = ("auto", "off", "host", "full")
+GPU_STAGES = ("generate", "restore", "score")  # the stages with GPU time (CUDA events)
 
 
 def resolve_overlap(mode: str | None, device: str) -> str:
@@ -351,8 +352,9 @@ def write_stage(
         s.name: wall.get(f"score:{s.name}", 0.0) + wall.get(f"score-host:{s.name}", 0.0)
         for s in backends.scorers
     }
-    for stage in ("generate", "restore", "score"):
-        t[f"{stage}_gpu_s"] = None if gpu is None else gpu.get(stage, 0.0)
+    gpu_s = {stage: None if gpu is None else gpu.get(stage, 0.0) for stage in GPU_STAGES}
+    if gpu is not None:  # the returned timings stay plain numbers
+        t.update({f"{stage}_gpu_s": v for stage, v in gpu_s.items()})
     score_gpu = None if gpu is None else {s.name: gpu.get(f"score:{s.name}", 0.0)
                                           for s in backends.scorers}  # fmt: skip
 
@@ -378,9 +380,9 @@ def write_stage(
         rows = rows.append_column(name, pa.array([value] * rows.num_rows))
     # GPU time per stage (CUDA events; NULL off CUDA) and how the worker overlapped groups
     for name, value, typ in (
-        ("group_generate_gpu_s", t["generate_gpu_s"], pa.float64()),
-        ("group_restore_gpu_s", t["restore_gpu_s"], pa.float64()),
-        ("group_score_gpu_s", t["score_gpu_s"], pa.float64()),
+        ("group_generate_gpu_s", gpu_s["generate"], pa.float64()),
+        ("group_restore_gpu_s", gpu_s["restore"], pa.float64()),
+        ("group_score_gpu_s", gpu_s["score"], pa.float64()),
         ("score_gpu_seconds", None if score_gpu is None else json.dumps(score_gpu), pa.string()),
         ("overlap", overlap, pa.string()),
     ):
@@ -403,7 +405,6 @@ def write_stage(
     write_group(
         group_dir, work.audios, work.sr, rows, flac_subtype=flac_subtype, finalize=add_write_timing
     )
-    t["score_seconds"] = score_seconds
     return t
 
 

@@ -171,7 +171,7 @@ def build_database(
             SELECT 'group' AS level, group_id, device, clips, audio_s, wall_s, load_s, generate_s,
                    restore_s, score_s, write_s, idle_s, started_at, finished_at, worker,
                    slurm_job_id, 1 AS groups, (load_s > 0)::INTEGER AS loads, generate_gpu_s,
-                   restore_gpu_s, score_gpu_s, overlap FROM per_group
+                   restore_gpu_s, score_gpu_s, overlap, 1 AS n_workers FROM per_group
             UNION ALL
             -- One row per worker process: on SLURM, one per job (its bundle of groups).
             SELECT 'worker', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
@@ -179,14 +179,15 @@ def build_database(
                    sum(write_s), sum(idle_s), min(started_at), max(finished_at), worker,
                    any_value(slurm_job_id), count(*), count(*) FILTER (WHERE load_s > 0),
                    sum(generate_gpu_s), sum(restore_gpu_s), sum(score_gpu_s),
-                   string_agg(DISTINCT overlap, ',')
+                   string_agg(DISTINCT overlap, ','), 1
             FROM per_group GROUP BY worker
             UNION ALL
             SELECT 'overall', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
                    sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
                    sum(write_s), sum(idle_s), min(started_at), max(finished_at), NULL, NULL,
                    count(*), count(*) FILTER (WHERE load_s > 0), sum(generate_gpu_s),
-                   sum(restore_gpu_s), sum(score_gpu_s), string_agg(DISTINCT overlap, ',')
+                   sum(restore_gpu_s), sum(score_gpu_s), string_agg(DISTINCT overlap, ','),
+                   count(DISTINCT worker)
             FROM per_group
         )
         SELECT level, group_id, device, clips, audio_s,
@@ -198,13 +199,14 @@ def build_database(
                worker, slurm_job_id, groups, loads,
                -- worker time spent waiting between groups, of (working + waiting)
                idle_s / nullif(wall_s + idle_s, 0) AS idle_fraction,
-               -- GPU time per stage (CUDA events; NULL off CUDA), and the GPU's busy share of
-               -- the elapsed time (first group start to last group end of the row)
+               -- GPU time per stage (CUDA events; NULL off CUDA), and the GPUs' busy share of
+               -- the elapsed time (first group start to last group end of the row; overall:
+               -- of the elapsed time x the workers, one GPU each)
                generate_gpu_s, restore_gpu_s, score_gpu_s,
                generate_gpu_s + restore_gpu_s + score_gpu_s AS gpu_busy_s,
                (generate_gpu_s + restore_gpu_s + score_gpu_s) / clips AS gpu_busy_s_per_clip,
                (generate_gpu_s + restore_gpu_s + score_gpu_s)
-                   / nullif(epoch(finished_at - started_at), 0) AS gpu_busy_fraction,
+                   / nullif(epoch(finished_at - started_at) * n_workers, 0) AS gpu_busy_fraction,
                overlap
         FROM levels ORDER BY level DESC, worker, group_id
         """

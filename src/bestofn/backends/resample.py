@@ -81,7 +81,10 @@ def resample_torch(x, sr_in: int, sr_out: int):
     up = kernel.shape[0]
     n = x.shape[-1]
     padded = torch.nn.functional.pad(x[:, None, :], (half, half + down))
-    y = torch.nn.functional.conv1d(padded, kernel, stride=down)  # (B, up, blocks)
+    # full float32: cuDNN would otherwise run the convolution in TF32 (10-bit mantissa), a
+    # noise floor above 16-bit audio's
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        y = torch.nn.functional.conv1d(padded, kernel, stride=down)  # (B, up, blocks)
     y = y.transpose(1, 2).reshape(x.shape[0], -1)
     return y[:, : math.ceil(n * up / down)]
 

@@ -19,6 +19,15 @@ What is not the product's cost, and why:
   emit more tokens than a real model: both make restore/score/write pessimistic, not optimistic.
 
 ``--size tiny`` builds the tiny test variants instead (CPU smoke test of the whole flow).
+
+Old vs new in one run (issue 15): each ``--variant NAME:key=value,...`` sets the speed knobs
+(``overlap`` off/host/full, ``parakeet_batch``, ``parakeet_compile``, ``sidon_batch``,
+``sidon_resample`` soxr/torch, ``sidon_compile``, ``sidon_bucket_s``) on the same loaded
+backends, runs one warm-up group, then ``--stream-groups`` groups the way a warm worker
+serves them (``--depth`` in flight, as runtime.queue_depth; the worker's stage gates), and
+reports the throughput (first start to last end per clip), every stage's wall and GPU time
+(CUDA events) per clip and the GPU's busy share. ``--variant before --variant after`` are
+the defaults named in ``VARIANTS``.
 """
 
 from __future__ import annotations
@@ -47,6 +56,167 @@ TEXT = (
     "as if nothing had ever changed between us."
 )
 STAGES = ("generate", "restore", "score", "write")
+GPU_STAGES = ("generate", "restore", "score")
+# Speed knobs a variant sets, and their types.
+KNOBS = {
+    "overlap": str,
+    "parakeet_batch": int,
+    "parakeet_compile": lambda v: v.lower() in ("1", "on", "true", "yes"),
+    "sidon_batch": int,
+    "sidon_resample": str,
+    "sidon_compile": lambda v: v.lower() in ("1", "on", "true", "yes"),
+    "sidon_bucket_s": float,
+}
+# Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
+# soxr) and after it (the defaults on CUDA now).
+VARIANTS = {
+    "before": "overlap=off,parakeet_batch=64,parakeet_compile=0,sidon_resample=soxr,"
+    "sidon_compile=0,sidon_batch=32",
+    "after": "overlap=host,parakeet_batch=128,parakeet_compile=0,sidon_resample=torch,"
+    "sidon_compile=0,sidon_batch=32",
+}
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """``NAME`` (one of VARIANTS) or ``NAME:key=value,...``; returns (name, knobs)."""
+    name, _, spec = text.partition(":")
+    spec = spec or VARIANTS.get(name)
+    if spec is None:
+        raise SystemExit(f"--variant {text!r}: give NAME:key=value,... or one of {list(VARIANTS)}")
+    knobs = {}
+    for item in filter(None, spec.split(",")):
+        key, eq, value = item.partition("=")
+        if key not in KNOBS or not eq:
+            raise SystemExit(f"--variant {text!r}: unknown knob {key!r}; known: {list(KNOBS)}")
+        knobs[key] = KNOBS[key](value)
+    return name, knobs
+
+
+def apply_variant(backends, knobs: dict) -> None:
+    """Set a variant's knobs on the loaded backends (Parakeet and Sidon ``set_speed``)."""
+    for scorer in backends.scorers:
+        if scorer.name == "parakeet":
+            scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
+    if backends.restorer.name == "sidon":
+        backends.restorer.set_speed(
+            knobs.get("sidon_batch"),
+            knobs.get("sidon_resample"),
+            knobs.get("sidon_compile"),
+            knobs.get("sidon_bucket_s"),
+        )
+
+
+def run_stream(specs, backends, out_dir: Path, device: str, overlap: str, depth: int = 2):
+    """Groups served as a warm worker serves them: ``depth`` in flight, the worker's gates
+    (``bestofn.worker.server.Worker._gpu_stages``: off = the whole group in the gate; host =
+    generate + restore + score in the gate, written outside it; full = generate in the gate,
+    restore + score in a second gate on their own CUDA stream). Returns (timings, elapsed)."""
+    import threading
+
+    import torch
+
+    from bestofn.pipeline import generate_stage, restore_stage, score_stage, write_stage
+    from bestofn.worker.server import FifoGate
+
+    gate, write_gate = FifoGate(), FifoGate()
+    post_gate = FifoGate() if overlap == "full" else None
+    stream = torch.cuda.Stream() if post_gate is not None and device.startswith("cuda") else None
+    slots = threading.Semaphore(depth)
+    timings: list = [None] * len(specs)
+    errors: list = []
+
+    def one(i, spec):
+        group_dir = out_dir / spec.emotion / spec.prompt_id
+        try:
+            if overlap == "off":
+                with gate:
+                    timings[i] = run_group(
+                        spec, backends, group_dir, flac_subtype="PCM_24", device=device
+                    )
+                return
+            with gate:
+                work = generate_stage(spec, backends, device)
+                if post_gate is None:
+                    score_stage(restore_stage(work, backends), backends, defer_host=True)
+            if post_gate is not None:
+                with post_gate, torch.cuda.stream(stream):
+                    score_stage(restore_stage(work, backends), backends, defer_host=True)
+            with write_gate:
+                timings[i] = write_stage(
+                    work, backends, group_dir, flac_subtype="PCM_24", overlap=overlap
+                )
+        except BaseException as e:  # reported after the join
+            errors.append(e)
+        finally:
+            slots.release()
+
+    threads = []
+    t0 = time.perf_counter()
+    for i, spec in enumerate(specs):
+        slots.acquire()
+        threads.append(threading.Thread(target=one, args=(i, spec), name=f"group-{i}"))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    for spec, t in zip(specs, timings, strict=True):  # per scorer, as the rows say
+        table = pq.read_table(out_dir / spec.emotion / spec.prompt_id / SCORES)
+        t["score_seconds"] = json.loads(table.column("score_seconds")[0].as_py())
+    return timings, elapsed
+
+
+def summarize_stream(name, knobs, n_takes, timings, elapsed) -> dict:
+    clips = n_takes * len(timings)
+
+    def per_clip(key):
+        vals = [t.get(key) for t in timings]
+        return None if any(v is None for v in vals) else sum(vals) / clips
+
+    gpu = {s: per_clip(f"{s}_gpu_s") for s in GPU_STAGES}  # None off CUDA
+    busy = None if any(v is None for v in gpu.values()) else sum(gpu.values())
+    scorers = {}
+    for t in timings:
+        for k, v in t["score_seconds"].items():
+            scorers[k] = scorers.get(k, 0.0) + v / clips
+    return {
+        "variant": name,
+        "knobs": knobs,
+        "takes": n_takes,
+        "groups": len(timings),
+        "elapsed_s": elapsed,
+        "s_per_clip": elapsed / clips,  # the throughput: first start to last end
+        "wall_s_per_clip": {s: per_clip(f"{s}_s") for s in STAGES},
+        "gpu_s_per_clip": gpu,
+        "gpu_busy_s_per_clip": busy,
+        "gpu_busy_fraction": None if busy is None else busy * clips / elapsed,
+        "score_s_per_clip": scorers,
+    }
+
+
+def _print_variants(rows: list[dict]) -> None:
+    def f(v):
+        return "–" if v is None else f"{v:.4f}"
+
+    print("\n## variants: throughput and time per stage (s/clip)")
+    print("| variant | s/clip (throughput) | generate wall/GPU | restore wall/GPU "
+          "| score wall/GPU | write | GPU busy s/clip | GPU busy % |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        w, g = r["wall_s_per_clip"], r["gpu_s_per_clip"]
+        frac = r["gpu_busy_fraction"]
+        print(f"| {r['variant']} | **{r['s_per_clip']:.4f}** | "
+              + " | ".join(f"{f(w[s])} / {f(g[s])}" for s in GPU_STAGES)
+              + f" | {f(w['write'])} | {f(r['gpu_busy_s_per_clip'])} | "
+              f"{'–' if frac is None else f'{100 * frac:.1f}'} |")  # fmt: skip
+    print("\nper scorer (s/clip, wall incl. deferred text work):")
+    for r in rows:
+        per = ", ".join(f"{k} {v:.4f}" for k, v in r["score_s_per_clip"].items())
+        print(f"- {r['variant']}: {per}")
+    for r in rows:
+        print(f"- {r['variant']} knobs: {json.dumps(r['knobs'])}")
+    sys.stdout.flush()
 
 
 class TimedCodec:
@@ -245,7 +415,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codec-dir", default=None, help="a real MOSS-Audio-Tokenizer-v2 directory")
     ap.add_argument("--workdir", default=None, help="where groups are written (default: temp)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        help="NAME or NAME:key=value,... (speed knobs, see the module doc); repeatable: the "
+        "variants run one after another on the same backends, groups streamed as a worker does",
+    )
+    ap.add_argument("--stream-groups", type=int, default=4, help="timed groups per variant")
+    ap.add_argument("--depth", type=int, default=2, help="groups in flight (queue depth)")
     args = ap.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variant or []]
+    if variants and (args.stream_groups < 1 or args.depth < 1):
+        raise SystemExit("--stream-groups and --depth must be at least 1")
 
     t_start = time.perf_counter()
     dev = args.device
@@ -287,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     save()
 
     sizes = [int(n) for n in args.takes.split(",") if n]
+    if variants:
+        return _run_variants(args, variants, sizes[0], backends, codec, workdir, result, save)
     for k, n in enumerate(sizes):
         if k and args.budget_s and time.perf_counter() - t_start > args.budget_s:
             print(f"# skipping {n} takes/group: past --budget-s {args.budget_s:.0f} s")
@@ -332,6 +516,52 @@ def main(argv: list[str] | None = None) -> int:
     result["elapsed_s"] = time.perf_counter() - t_start
     save()
     print(f"# done in {result['elapsed_s']:.0f} s; groups under {workdir}")
+    return 0
+
+
+def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> int:
+    import torch
+
+    from bestofn.pipeline import resolve_overlap
+
+    dev = args.device
+    cuda = dev.startswith("cuda")
+    t_start = time.perf_counter()
+
+    def spec(tag, i):
+        return GroupSpec(
+            "happy", f"{tag}-{n}-{i}", TEXT, n, base_seed=i,
+            emotion_description="A warm, relieved voice, close to tears.",
+            negative_description="A flat, bored voice.",
+        )  # fmt: skip
+
+    rows = []
+    result["variants"] = rows
+    for name, knobs in variants:
+        apply_variant(backends, knobs)
+        mode = resolve_overlap(knobs.get("overlap"), dev)
+        knobs = {**knobs, "overlap": mode}
+        for i in range(args.warmup):
+            t0 = time.perf_counter()
+            run_one(spec(f"{name}-warmup", i), backends, codec, workdir, dev)
+            print(f"# {name}: warm-up group {time.perf_counter() - t0:.1f} s", flush=True)
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        specs = [spec(name, i) for i in range(args.stream_groups)]
+        timings, elapsed = run_stream(specs, backends, workdir, dev, mode, args.depth)
+        row = summarize_stream(name, knobs, n, timings, elapsed)
+        if cuda:
+            row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        rows.append(row)
+        print(f"# {name}: {row['s_per_clip']:.4f} s/clip over {len(specs)} groups "
+              f"({elapsed:.1f} s)", flush=True)  # fmt: skip
+        save()
+        for s in specs:  # keep the disk small
+            shutil.rmtree(workdir / s.emotion / s.prompt_id, ignore_errors=True)
+    _print_variants(rows)
+    result["elapsed_s"] = time.perf_counter() - t_start
+    save()
     return 0
 
 

@@ -3,7 +3,14 @@ restorer, at real model size with random weights, batch 32 and 64, from numpy au
 Python values out (so host<->device copies and any resampling inside the backend count).
 
 The pipeline resamples the takes to 16 kHz mono once per group for all scorers; that shared
-step is timed separately ("resample48k->16k")."""
+step is timed separately ("resample48k->16k").
+
+Old vs new in one run (issue 15): ``--parakeet-batch-sizes 64,128`` and ``--parakeet-compile
+off,on`` add Parakeet rows per combination on ``--parakeet-clips`` clips (``score``, and
+``deferred``: the time until the GPU work is done, the text work left running in the scorer's
+thread, which is what the worker's critical path sees); ``--sidon-resample soxr,torch``,
+``--sidon-compile off,on`` and ``--sidon-bucket-s`` add Sidon rows per combination, fed
+48 kHz stereo takes as the generator makes them (so the 48->16 kHz resample is inside)."""
 
 from __future__ import annotations
 
@@ -61,10 +68,10 @@ def time_call(fn, device: str, repeats: int) -> float:
     return float(np.median(times))
 
 
-def bench_backend(name, args, batches, audio16, spec, meta) -> list[dict]:
+def bench_backend(name, args, batches, audio16, spec, meta, audio48s=None) -> list[dict]:
     module = importlib.import_module(BACKENDS[name])
     t0 = time.perf_counter()
-    backend = module.build(args.device, "real")
+    backend = module.build(args.device, args.size)
     build_s = time.perf_counter() - t0
     cuda = args.device.startswith("cuda")
     if cuda:
@@ -83,11 +90,77 @@ def bench_backend(name, args, batches, audio16, spec, meta) -> list[dict]:
                "batch_s": t, "peak_gib": peak, "build_s": build_s}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if name == "parakeet":
+    if name == "parakeet" and not args.no_split:
         rows += parakeet_split(backend, args, batches, audio16, meta)
+    rows += speed_rows(name, backend, args, batches, audio16, audio48s, spec, meta)
     backend.close()
     if cuda:
         torch.cuda.empty_cache()
+    return rows
+
+
+def _peak() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_initialized() else None
+
+
+def _flags(text: str) -> list[bool]:
+    return [v.strip().lower() in ("1", "on", "true", "yes") for v in text.split(",") if v]
+
+
+def speed_rows(name, backend, args, batches, audio16, audio48s, spec, meta) -> list[dict]:
+    """Rows per speed-knob combination of Parakeet or Sidon, on the same loaded backend."""
+    import itertools
+
+    cuda = args.device.startswith("cuda")
+    if cuda:
+        import torch
+    rows = []
+    if name == "parakeet" and args.parakeet_batch_sizes:
+        sizes = [int(b) for b in args.parakeet_batch_sizes.split(",")]
+        n = args.parakeet_clips or max(sizes)
+        clips = (audio16 * (n // len(audio16) + 1))[:n]
+        for bs, comp in itertools.product(sizes, _flags(args.parakeet_compile)):
+            backend.set_speed(batch_size=bs, compile=comp)
+            label = f"parakeet[batch_size={bs},compile={'on' if comp else 'off'}]"
+            pending = []
+
+            def deferred(clips=clips, pending=pending):
+                pending.append(backend.score_deferred(clips, 16000, spec))
+
+            for kind, call in (
+                ("score", lambda clips=clips: backend.score(clips, 16000, spec)),
+                ("deferred", deferred),
+            ):
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                t = time_call(call, args.device, args.repeats)
+                for finish in pending:  # the text work of the timed calls, not timed
+                    finish()
+                pending.clear()
+                row = {**meta, "backend": f"{label}[{kind}]", "batch": n, "s_per_clip": t / n,
+                       "batch_s": t, "batch_size": bs, "compile": comp,
+                       "peak_gib": _peak()}  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        backend.set_speed(batch_size=128, compile=False)
+    if name == "sidon" and (args.sidon_resample or args.sidon_compile != "off"):
+        modes = (args.sidon_resample or "soxr").split(",")
+        buckets = [float(b) for b in str(args.sidon_bucket_s).split(",")]
+        for mode, comp, bucket in itertools.product(modes, _flags(args.sidon_compile), buckets):
+            backend.set_speed(resample=mode, compile=comp, bucket_s=bucket)
+            label = f"sidon[48k stereo in,resample={mode},compile={'on' if comp else 'off'}"
+            label += f",bucket_s={bucket:g}]"
+            for b in batches:
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                t = time_call(lambda b=b: backend.restore(audio48s[:b], 48000), args.device,
+                              args.repeats)  # fmt: skip
+                row = {**meta, "backend": label, "batch": b, "s_per_clip": t / b, "batch_s": t,
+                       "peak_gib": _peak()}  # fmt: skip
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     return rows
 
 
@@ -124,6 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default=",".join(BACKENDS), help="comma-separated backend names")
     ap.add_argument("--out", help="write JSON lines here too")
+    ap.add_argument("--size", choices=("real", "tiny"), default="real", help="tiny: CPU smoke")
+    ap.add_argument("--parakeet-batch-sizes", default="", help="e.g. 64,128 (rows per size)")
+    ap.add_argument("--parakeet-compile", default="off", help="off, on or off,on")
+    ap.add_argument("--parakeet-clips", type=int, default=0, help="clips per Parakeet call")
+    ap.add_argument("--no-split", action="store_true", help="skip the mel+encoder-only rows")
+    ap.add_argument("--sidon-resample", default="", help="soxr, torch or soxr,torch")
+    ap.add_argument("--sidon-compile", default="off", help="off, on or off,on")
+    ap.add_argument("--sidon-bucket-s", default="0", help="e.g. 0,1 (seconds; 0: off)")
     args = ap.parse_args(argv)
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -149,10 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         t = time_call(lambda b=b: [resample(a, 48000, 16000) for a in audio48[:b]], "cpu", 1)
         results.append({**meta, "backend": "resample48k->16k", "batch": b, "s_per_clip": t / b})
     audio16 = [resample(a, 48000, 16000) for a in audio48]
+    audio48s = [np.stack([a, 0.9 * a], axis=1) for a in audio48]  # stereo, as generated
 
     for name in args.only.split(","):
         try:
-            results += bench_backend(name, args, batches, audio16, spec, meta)
+            results += bench_backend(name, args, batches, audio16, spec, meta, audio48s)
         except Exception as e:  # one backend failing must not hide the others' figures
             row = {**meta, "backend": name, "error": f"{type(e).__name__}: {e}"}
             results.append(row)
