@@ -211,9 +211,11 @@ class StageTimer:
         self._events: dict[str, list] = {}
 
     @contextlib.contextmanager
-    def __call__(self, name: str):
+    def __call__(self, name: str, gpu: bool = True):
+        """Time a stage; ``gpu=False``: host wall time only (no CUDA call at all, for work off
+        the GPU thread: a CUDA call there could meet another thread's CUDA-graph capture)."""
         events = None
-        if self.cuda:
+        if self.cuda and gpu:
             import torch
 
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -260,11 +262,14 @@ class GroupWork:
     # scorer name -> a callable that returns the scorer's columns (host work still running in
     # the scorer's thread: text normalisation, WER); called by write_stage
     deferred: dict = field(default_factory=dict)
+    # the GPU stages' CUDA-event seconds, read on the GPU thread at the end of score_stage
+    gpu: dict | None = None
 
 
 def generate_stage(spec: GroupSpec, backends: Backends, device: str = "cpu") -> GroupWork:
     """Generate the group's takes (the generator's GPU work), checked, empty takes as silence."""
     work = GroupWork(spec, device, datetime.now(UTC), StageTimer(device))
+    device_label(device)  # cached now, on the GPU thread: write_stage makes no CUDA call
     with work.timer("generate"):
         takes = backends.generator.generate(spec)
         if len(takes) != spec.n_takes:
@@ -308,6 +313,7 @@ def score_stage(work: GroupWork, backends: Backends, defer_host: bool = False) -
                 out = scorer.score(inputs, rate, work.spec)
                 _check_scores(scorer, out, len(work.audios))
                 work.scores.update({c: out[c] for c in scorer.columns})
+    work.gpu = work.timer.gpu_seconds()  # waits for this group's own end events only
     return work
 
 
@@ -316,7 +322,7 @@ def _collect_deferred(work: GroupWork, backends: Backends) -> None:
         finish = work.deferred.pop(scorer.name, None)
         if finish is None:
             continue
-        with work.timer(f"score-host:{scorer.name}"):
+        with work.timer(f"score-host:{scorer.name}", gpu=False):
             out = finish()
         _check_scores(scorer, out, len(work.audios))
         work.scores.update({c: out[c] for c in scorer.columns})
@@ -335,12 +341,13 @@ def write_stage(
     overlap: str = "off",
 ) -> dict:
     """Collect deferred scores, build the rows and atomically write the group (host work
-    only: no CUDA call except reading the stages' CUDA events). Returns the stage timings."""
+    only: no CUDA call, so it may run beside the next group's GPU stages, CUDA-graph
+    captures included). Returns the stage timings."""
     group_dir = Path(group_dir)
     spec = work.spec
     _collect_deferred(work, backends)
     wall = work.timer.wall
-    gpu = work.timer.gpu_seconds()
+    gpu = work.gpu
     t = {
         "generate_s": wall.get("generate", 0.0),
         "restore_s": wall.get("restore", 0.0),
