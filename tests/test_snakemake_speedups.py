@@ -269,6 +269,95 @@ def test_compiled_eval_answers_as_eval():
             assert got == want, source
 
 
+def cli_outcome(evaluator, *args, **kwargs):
+    try:
+        value = evaluator(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - compared by type and message
+        return "error", type(e).__name__, str(e)
+    return "ok", type(value).__name__, value
+
+
+def test_job_free_resource_cache_answers_as_stock(monkeypatch):
+    import snakemake.api  # noqa: F401
+    from snakemake.iocontainers import InputFiles, Wildcards
+    from snakemake.resources import Resource
+
+    original = stock(Resource.cli_evaluator)
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return original(*args, **kwargs)
+
+    fast = sp.job_free_resource_cache(counting)
+    monkeypatch.setenv("BESTOFN_TEST_MB", "700")
+    empty, some = InputFiles(), InputFiles(["Snakefile-does-not-exist"])
+    exprs = [
+        "min(max(2*input.size_mb, 1000), 8000)",  # Snakemake's default mem_mb
+        "max(2*input.size_mb, 1000) if input else 50000",  # its default disk_mb
+        "system_tmpdir",
+        "1000 * attempt + threads",
+        "$BESTOFN_TEST_MB",
+        "n1-standard-4",  # not Python: the text itself
+        "int(wildcards.i) * 10",  # differs per job: never cached
+        "shutil.disk_usage('.').total > 0",  # not a name of the cache: never cached
+        "1 // 0",  # an error, every time
+        "[x for x in range(attempt)]",  # a list: not a plain value, not cached
+    ]
+    for expr in exprs:
+        for i in ["1", "2", "1"]:
+            for inp in [empty, some]:
+                kw = dict(wildcards=Wildcards(fromdict={"i": i}), input=inp, attempt=2,
+                          async_run=lambda c: c)  # fmt: skip
+                want = cli_outcome(original, "r", expr, threads=3, **kw)
+                got = cli_outcome(fast, "r", expr, threads=3, **kw)
+                assert got == want, (expr, i, inp)
+                if want[0] == "ok" and want[1] == "list":
+                    assert got[2] is not want[2]
+    # Per (expression, attempt, threads): Snakemake's own once for the empty input, then the
+    # cache; every time for a job with input, for a name outside the cache's and for errors.
+    assert calls.count(exprs[0]) == 1 + 3  # once for the three empty-input jobs, 3 with input
+    assert calls.count("system_tmpdir") == 1 + 3
+    assert calls.count("int(wildcards.i) * 10") == 6
+    assert calls.count("shutil.disk_usage('.').total > 0") == 6
+    assert calls.count("1 // 0") == 6
+    assert calls.count("[x for x in range(attempt)]") == 6
+    # attempt and threads are part of the key
+    kw = dict(wildcards=Wildcards(fromdict={}), input=empty, async_run=lambda c: c)
+    for attempt, threads in [(1, None), (2, None), (2, 4), (1, None)]:
+        want = cli_outcome(original, "r", "1000 * attempt", attempt=attempt, threads=threads, **kw)
+        got = cli_outcome(fast, "r", "1000 * attempt", attempt=attempt, threads=threads, **kw)
+        assert got == want
+
+
+def test_plain_str_not_flagged_answers_as_stock():
+    from pathlib import PurePosixPath
+
+    import snakemake.api  # noqa: F401
+    import snakemake.io as io
+
+    original = stock(io.is_flagged)
+    fast = sp.plain_str_not_flagged(original)
+
+    class Sub(str):
+        pass
+
+    class Virtual:  # registered as an AnnotatedStringInterface without subclassing it
+        flags = {"temp": True}
+
+        def is_flagged(self, flag):
+            return flag in self.flags
+
+    io.AnnotatedStringInterface.register(Virtual)
+    values = ["out/a.txt", Sub("out/a.txt"), io.temp("out/a.txt"), io.directory("d"),
+              io.AnnotatedString("plain"), io.IOFile("out/b.txt"), io.IOFile(io.temp("t")),
+              io.protected("p"), Virtual(), None, 3, PurePosixPath("x"), lambda w: "x"]  # fmt: skip
+    for value in values:
+        for flag in ["temp", "directory", "protected", "storage_object", "pipe", "nope"]:
+            assert fast(value, flag) == original(value, flag), (value, flag)
+    assert fast(io.temp("out/a.txt"), "temp") is True and fast(Virtual(), "temp") is True
+
+
 # --- end to end: a small workflow with and without the patches --------------------------------
 
 SNAKEFILE = """
@@ -346,12 +435,16 @@ def sort_list(line: str) -> str:
 
 def test_same_jobs_printed_and_same_errors_with_and_without_patches(tmp_path):
     printed = {}
-    for args in [("-p",), ("--quiet", "rules")]:
+    # A resource expression per job (wildcards) next to Snakemake's job-free defaults.
+    per_job = ("--set-resources", "make:runtime=int(wildcards.i)*10+attempt")
+    for args in [("-p", *per_job), ("--quiet", "rules")]:
         stock_rc, stock_out = dry_run(tmp_path, False, *args)
         rc, printed[args] = dry_run(tmp_path, True, *args)
         assert (rc, printed[args]) == (stock_rc, stock_out) and rc == 0, args
-    assert printed[("-p",)].count("rule make:") == 4
-    assert any(line.endswith("echo p3 > out/3.txt") for line in printed[("-p",)])
+    loud = printed[("-p", *per_job)]
+    assert loud.count("rule make:") == 4
+    assert any(line.endswith("echo p3 > out/3.txt") for line in loud)
+    assert sum("runtime=31" in line for line in loud) == 1, loud
     assert "rule make:" not in printed[("--quiet", "rules")]
 
     # A resource that fails for one job fails the dry run, also where nothing prints it.

@@ -19,7 +19,8 @@ three times per call: about ten signatures per group job, the same few functions
 
 ``install()`` is called from workflow/rules/common.smk. It does nothing when Snakemake's
 function is not the one this was written against, or when BESTOFN_NO_SNAKEMAKE_SPEEDUPS is set
-(the before/after benchmark sets it); BESTOFN_NO_SNAKEMAKE_JOB_PATCHES leaves out only part 3.
+(the before/after benchmark sets it); BESTOFN_NO_SNAKEMAKE_JOB_PATCHES leaves out only part 3,
+and BESTOFN_SNAKEMAKE_PATCHES_SKIP=name,name leaves out the named patches of part 3.
 
 3. Per-job work of the dry run that gives the same answer for every job of a rule, or that no
    one reads: see install_job_patches. Each patch checks the shape of the Snakemake function
@@ -246,6 +247,118 @@ def compiled_eval():
     return eval_
 
 
+# Names a resource expression may use and still give the same value for every job whose input
+# is empty: the job-independent arguments Snakemake passes (attempt, threads, the system temp
+# dir), the empty input and its sizes, and a few pure builtins. Anything else (wildcards, shutil,
+# the ioutils helpers, any other name or attribute) sends the expression to Snakemake each time.
+_JOB_FREE_NAMES = frozenset(
+    {
+        "input",
+        "size_mb",
+        "size_gb",
+        "size_kb",
+        "size",
+        "attempt",
+        "threads",
+        "system_tmpdir",
+        "max",
+        "min",
+        "int",
+        "float",
+        "round",
+        "abs",
+        "len",
+        "str",
+        "bool",
+    }
+)
+_PLAIN_VALUE_TYPES = (int, float, str, bool, type(None))
+
+
+def _code_names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _code_names(const)
+    return names
+
+
+def job_free_resource_cache(original):
+    """``Resource.cli_evaluator`` (a resource expression such as Snakemake's default
+    ``mem_mb=min(max(2*input.size_mb, 1000), 8000)``, evaluated per job) answered from a cache
+    for a job with no input files when the expression names only what is the same for every
+    such job (_JOB_FREE_NAMES): the value is then a function of the expression text after
+    ``$VAR``/``~`` expansion, ``attempt``, ``threads`` and the temp dir, which form the key. Only
+    plain values (int, float, str, bool, None; not Snakemake's TBDString) are kept; an
+    expression that raises is evaluated, and raises, every time. Every other call goes to
+    Snakemake's own."""
+    import functools
+    import tempfile
+
+    @functools.lru_cache(maxsize=256)
+    def job_free(source: str) -> bool:
+        try:
+            code = compile(source.lstrip(" \t"), "<string>", "eval")
+        except SyntaxError:
+            return False
+        return _code_names(code) <= _JOB_FREE_NAMES
+
+    values: dict = {}
+
+    def cli_evaluator(name, val, *, wildcards, input, attempt, threads=None, async_run):  # noqa: A002
+        key = None
+        if type(val) is str and isinstance(input, list) and not input:
+            expanded = os.path.expanduser(os.path.expandvars(val))
+            if job_free(expanded):
+                key = (name, expanded, attempt, threads, tempfile.gettempdir())
+                hit = values.get(key, _MISSING)
+                if hit is not _MISSING:
+                    return hit
+        kwargs = {"wildcards": wildcards, "input": input, "attempt": attempt}
+        if threads is not None:
+            kwargs["threads"] = threads
+        value = original(name, val, async_run=async_run, **kwargs)
+        if key is not None and type(value) in _PLAIN_VALUE_TYPES:
+            values[key] = value
+        return value
+
+    cli_evaluator.bestofn_original = original
+    cli_evaluator.values = values
+    return cli_evaluator
+
+
+_MISSING = object()
+
+
+def plain_str_not_flagged(original):
+    """``snakemake.io.is_flagged`` that answers False for a plain ``str`` at once. Snakemake's
+    asks ``isinstance(value, AnnotatedStringInterface)`` first, an ABC check run through
+    ``ABCMeta.__instancecheck__``, a few times per job file (``_IOFile.is_storage`` alone asks
+    for every file, again and again: 3 % of a dry run at 100,000 groups); most job files are
+    plain strings after wildcards are applied, and a ``str`` is no AnnotatedStringInterface
+    (checked at install). Every other value goes to Snakemake's own."""
+
+    def is_flagged(value, flag):
+        if type(value) is str:
+            return False
+        return original(value, flag)
+
+    is_flagged.bestofn_original = original
+    return is_flagged
+
+
+def _replace_global(name: str, old, new) -> list[str]:
+    """Set ``name`` to ``new`` in every loaded snakemake module that holds ``old`` under it."""
+    import sys
+
+    done = []
+    for mod_name, module in list(sys.modules.items()):
+        if mod_name.split(".")[0] == "snakemake" and getattr(module, name, None) is old:
+            setattr(module, name, new)
+            done.append(mod_name)
+    return done
+
+
 def output_parts(path: str, cwd: tuple[str, ...]):
     """The parts of ``Path(path).absolute()``, from the string where it is plain (no empty
     or '.' component, not starting with '//'); None where only pathlib can say."""
@@ -302,6 +415,7 @@ def install_job_patches() -> dict[str, bool]:
     try:
         importlib.import_module("snakemake.api")  # first: snakemake.dag alone is a circular import
         import snakemake.dag as dag
+        import snakemake.io as io
         import snakemake.jobs as jobs
         import snakemake.resources as resources
         import snakemake.rules as rules
@@ -311,8 +425,14 @@ def install_job_patches() -> dict[str, bool]:
         return APPLIED
     Job, Rule, DAG = jobs.Job, rules.Rule, dag.DAG
 
+    skip = set(filter(None, os.environ.get("BESTOFN_SNAKEMAKE_PATCHES_SKIP", "").split(",")))
+
     def patch(name, ok, apply):
         if APPLIED.get(name):
+            return
+        if name in skip:
+            APPLIED[name] = False
+            _debug(f"{name}: skipped (BESTOFN_SNAKEMAKE_PATCHES_SKIP)")
             return
         try:
             good = ok()
@@ -374,6 +494,34 @@ def install_job_patches() -> dict[str, bool]:
             and "eval" not in vars(resources)
         ),
         lambda: setattr(resources, "eval", compiled_eval()),
+    )
+    patch(
+        "job_free_resource_cache",
+        lambda: (
+            isinstance(vars(resources.Resource).get("cli_evaluator"), staticmethod)
+            and _params(resources.Resource.cli_evaluator)
+            == ["name", "val", "wildcards", "input", "attempt", "threads", "async_run"]
+            and "cls.cli_evaluator(" in _source(resources.Resource.from_cli_expression)
+            and "os.path.expandvars(val)" in _source(resources.Resource.cli_evaluator)
+            and '"system_tmpdir": tempfile.gettempdir()'
+            in _source(resources.Resource.cli_evaluator)
+        ),
+        lambda: setattr(
+            resources.Resource,
+            "cli_evaluator",
+            staticmethod(job_free_resource_cache(resources.Resource.cli_evaluator)),
+        ),
+    )
+    patch(
+        "plain_str_not_flagged",
+        lambda: (
+            _params(io.is_flagged) == ["value", "flag"]
+            and "if not isinstance(value, AnnotatedStringInterface):\n        return False\n"
+            "    return value.is_flagged(flag)"
+            in _source(io.is_flagged)
+            and not issubclass(str, io.AnnotatedStringInterface)
+        ),
+        lambda: _replace_global("is_flagged", io.is_flagged, plain_str_not_flagged(io.is_flagged)),
     )
     patch(
         "directory_output_check",
