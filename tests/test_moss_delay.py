@@ -274,3 +274,57 @@ def test_moss_hf_runs_the_published_delay_code_and_agrees_with_moss_fast(tmp_pat
     assert both, (stopped, cut)
     for i in both:
         assert torch.equal(hf_codes[i], fast_codes[i]), i
+
+
+# ops that, inside a captured CUDA-graph step, mean a tensor built from host data (lift_fresh:
+# torch.tensor(...) or an index assignment with a Python scalar, which on CUDA copies the scalar
+# from the host), a host sync (_local_scalar_dense: .item(), bool(), int()) or an output whose
+# shape depends on the data
+_NOT_CAPTURABLE = {
+    "aten::lift_fresh", "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select",
+    "aten::unique", "aten::_unique2", "aten::unique_consecutive", "aten::repeat_interleave",
+}  # fmt: skip
+
+
+class _HostWork(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every op of the step that could not live in a CUDA graph (see _NOT_CAPTURABLE),
+    and every copy or new tensor whose device differs from the state's."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.device, self.found = torch.device(device), []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name
+        tensors = [
+            t
+            for t in torch.utils._pytree.tree_flatten((args, kwargs, out))[0]
+            if isinstance(t, torch.Tensor)
+        ]
+        if name in _NOT_CAPTURABLE or any(t.device != self.device for t in tensors):
+            self.found.append(name)
+        return out
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+@pytest.mark.parametrize(
+    "budget",
+    [DelayBudget.exact(20), DelayBudget(max_frames=6, min_frames=3), DelayBudget(max_frames=6)],
+    ids=["exact", "min-frames", "plain"],
+)
+def test_step_does_no_host_work(model, budget, penalty):
+    """The captured step (backbone, both text-head paths, codebooks, sampling, counters) makes
+    no tensor from host data, no host sync and no data-dependent shape: on an H200 the
+    whole-vocabulary path's ``col[dly] = True`` failed CUDA-graph capture. Checked here on CPU
+    by recording aten ops (it catches that pattern: it records an aten::lift_fresh)."""
+    from bestofn.moss.delay_engine import DelayState
+
+    engine = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+    s = DelayState(model, 2, 64, 32)
+    p = SamplingParams(repetition_penalty=penalty)
+    engine._reset(s, p, budget, [1, 2], _prompts(model.config, B=2))
+    engine._step(s, p, budget, 64)  # a first step outside the recorder (lazy set-up, if any)
+    with _HostWork(s.row.device) as rec:
+        engine._step(s, p, budget, 64)
+    assert rec.found == []

@@ -201,6 +201,10 @@ class MossDelayModel(nn.Module):
         c = self.config
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
         self.register_buffer("inv_freq", inv.to(device) if device else inv, persistent=False)
+        # built here, not in a decode step (a tensor made from Python numbers there is a copy
+        # from the host, which a CUDA graph cannot capture)
+        pad = torch.tensor([c.audio_pad_code], device=device)
+        self.register_buffer("pad_idx", pad, persistent=False)
 
     def compile_steps(self, **kw) -> None:
         """torch.compile'd per-token pieces (the same functions Local compiles)."""
@@ -282,13 +286,7 @@ class MossDelayModel(nn.Module):
     def audio_logits(self, h: torch.Tensor) -> torch.Tensor:
         """[B, H] -> [B, n_vq, audio_vocab + 1] (the last entry, the pad code, at -inf)."""
         logits = torch.einsum("bh,kvh->bkv", h, self.audio_heads)
-        return logits.index_fill(-1, self._pad_index(logits.device), float("-inf"))
-
-    def _pad_index(self, device):
-        t = getattr(self, "_pad_idx", None)
-        if t is None or t.device != device:
-            t = self._pad_idx = torch.tensor([self.config.audio_pad_code], device=device)
-        return t
+        return logits.index_fill(-1, self.pad_idx, float("-inf"))
 
     def new_backbone_cache(self, batch: int, max_len: int) -> BackboneCache:
         c, p = self.config, self.text_head

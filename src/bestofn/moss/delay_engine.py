@@ -110,6 +110,12 @@ class DelayState:
         self.ban_audio = torch.ones(V, **boolean)
         self.ban_audio[[c.audio_assistant_gen_slot_token_id,
                         c.audio_assistant_delay_slot_token_id]] = False  # fmt: skip
+        # one-column masks (built here, on the device: an index assignment with a Python
+        # scalar inside the captured step copies the scalar from the host)
+        self.col_delay = torch.zeros(V, **boolean)
+        self.col_delay[c.audio_assistant_delay_slot_token_id] = True
+        self.col_im_end = torch.zeros(V, **boolean)
+        self.col_im_end[c.im_end_token_id] = True
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
 
@@ -181,14 +187,10 @@ class MossDelayEngine:
             sampled = s.slot_ids[pick]
         else:  # the published rules over the whole vocabulary
             ban = torch.where(is_audio[:, None], s.ban_audio, s.ban_text)
-            col = torch.zeros_like(s.ban_text)
-            col[dly] = True
-            ban = ban | (col & (t == 0))
+            ban = ban | (s.col_delay & (t == 0))
             if short is not None:
-                ban = ban | (col & short[:, None])
-            col = torch.zeros_like(s.ban_text)
-            col[c.im_end_token_id] = True
-            ban = ban | (col & (t <= n))
+                ban = ban | (s.col_delay & short[:, None])
+            ban = ban | (s.col_im_end & (t <= n))
             logits = m.text_logits(h).float().masked_fill(ban, float("-inf"))
             sampled = self._sample(logits, u[:, 0], temperature=s.text_temperature,
                                    top_k=p.text_top_k, top_p=s.text_top_p,
