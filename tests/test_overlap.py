@@ -330,6 +330,11 @@ def test_sidon_device_resample_and_buckets_keep_the_takes():
         np.testing.assert_allclose(c, a, atol=1e-4)  # padding to buckets changes nothing
     with pytest.raises(ValueError, match="resample"):
         sidon.build("cpu", "tiny", resample="sinc")
+    dev.set_speed(batch_size=1, resample="soxr", dtype="float32")  # back to the old path
+    for a, b in zip(ref, dev.restore(takes, 48000)[0], strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-4)
+    with pytest.raises(ValueError, match="dtype"):
+        dev.set_speed(dtype="int8")
 
 
 def test_bench_variants_parse():

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15, old vs new side by side in one call (random weights at the real sizes):
 #   1. scorers: Parakeet batch 64 vs 128, encoder compiled off/on, score vs deferred text work;
-#      Sidon resampling on the host (soxr) vs on the device (torch), compiled off/on, buckets;
+#      Sidon resampling on the host (soxr) vs on the device (torch), compiled off/on, buckets,
+#      fp16 vs bf16 autocast;
 #   2. the fused pipeline, groups streamed as a warm worker serves them: overlap off (before)
 #      vs host and full (after), with every stage's wall and GPU time (CUDA events) per clip
 #      and the GPU's busy share; nvidia-smi sampled once a second meanwhile.
@@ -49,7 +50,7 @@ t0=$(date +%s)
 $py -m bestofn.bench scorers --device "$device" --size "$size" --only parakeet,sidon \
     --batches "$takes" --seconds "$seconds" --no-split --repeats "$repeats" \
     --parakeet-batch-sizes 64,128 --parakeet-compile off,on --parakeet-clips $((2 * takes)) \
-    --sidon-resample soxr,torch --sidon-compile off,on --sidon-bucket-s 0,1 \
+    --sidon-resample soxr,torch --sidon-compile off,on --sidon-bucket-s 0,1 --sidon-dtype float16,bfloat16 \
     --out "$out/scorers.jsonl" >"$out/scorers.log" 2>&1 || { tail -n 40 "$out/scorers.log"; exit 1; }
 echo "scorers: $(($(date +%s) - t0)) s"
 tail -n 30 "$out/scorers.log"

@@ -523,9 +523,17 @@ class SidonRestorer(Restorer):
         resample: str | None = None,
         compile: bool | None = None,
         bucket_s: float | None = None,
+        dtype: str | None = None,
     ) -> None:
         """Change the speed-only knobs of a loaded restorer (benchmarks compare them in one
-        process); ``None`` keeps a knob."""
+        process); ``None`` keeps a knob. ``dtype`` is the autocast dtype (float16, bfloat16
+        or float32; the weights stay as loaded)."""
+        if dtype is not None:
+            if dtype not in ("float16", "bfloat16", "float32"):
+                raise ValueError(
+                    f"sidon: dtype must be float16, bfloat16 or float32; got {dtype!r}"
+                )
+            self.dtype = resolve_dtype("sidon", self.device, dtype, AUTOCAST_OPS)
         if batch_size is not None:
             if int(batch_size) <= 0:
                 raise ValueError(f"sidon: batch_size must be positive, got {batch_size}")

@@ -148,10 +148,15 @@ def speed_rows(name, backend, args, batches, audio16, audio48s, spec, meta) -> l
     if name == "sidon" and (args.sidon_resample or args.sidon_compile != "off"):
         modes = (args.sidon_resample or "soxr").split(",")
         buckets = [float(b) for b in str(args.sidon_bucket_s).split(",")]
-        for mode, comp, bucket in itertools.product(modes, _flags(args.sidon_compile), buckets):
-            backend.set_speed(resample=mode, compile=comp, bucket_s=bucket)
+        dtypes = args.sidon_dtype.split(",") if args.sidon_dtype else [backend.dtype]
+        sizes = [int(b) for b in args.sidon_batch_sizes.split(",")] if args.sidon_batch_sizes else [
+            backend.batch_size
+        ]  # fmt: skip
+        combos = itertools.product(modes, _flags(args.sidon_compile), buckets, dtypes, sizes)
+        for mode, comp, bucket, dtype, bs in combos:
+            backend.set_speed(bs, mode, comp, bucket, dtype)
             label = f"sidon[48k stereo in,resample={mode},compile={'on' if comp else 'off'}"
-            label += f",bucket_s={bucket:g}]"
+            label += f",bucket_s={bucket:g},dtype={backend.dtype},batch_size={bs}]"
             for b in batches:
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
@@ -205,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sidon-resample", default="", help="soxr, torch or soxr,torch")
     ap.add_argument("--sidon-compile", default="off", help="off, on or off,on")
     ap.add_argument("--sidon-bucket-s", default="0", help="e.g. 0,1 (seconds; 0: off)")
+    ap.add_argument("--sidon-dtype", default="", help="e.g. float16,bfloat16 (autocast dtype)")
+    ap.add_argument("--sidon-batch-sizes", default="", help="e.g. 32,64 (takes per forward)")
     args = ap.parse_args(argv)
 
     batches = [int(b) for b in args.batches.split(",")]
