@@ -323,8 +323,9 @@ def test_step_does_no_host_work(model, budget, penalty):
     engine = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
     s = DelayState(model, 2, 64, 32)
     p = SamplingParams(repetition_penalty=penalty)
-    engine._reset(s, p, budget, [1, 2], _prompts(model.config, B=2))
-    engine._step(s, p, budget, 64)  # a first step outside the recorder (lazy set-up, if any)
-    with _HostWork(s.row.device) as rec:
-        engine._step(s, p, budget, 64)
+    with torch.inference_mode():  # as in the engine's loop
+        engine._reset(s, p, budget, [1, 2], _prompts(model.config, B=2))
+        engine._step(s, p, budget, 64)  # a first step outside the recorder (lazy set-up)
+        with _HostWork(s.row.device) as rec:
+            engine._step(s, p, budget, 64)
     assert rec.found == []
