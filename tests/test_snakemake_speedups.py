@@ -358,6 +358,39 @@ def test_plain_str_not_flagged_answers_as_stock():
     assert fast(io.temp("out/a.txt"), "temp") is True and fast(Virtual(), "temp") is True
 
 
+def test_no_log_directive_gives_a_new_empty_log():
+    """Snakemake's own with a real rule, with and without ``log:``, is compared end to end
+    (rule tree has a log, the printed jobs are the same); here: which calls reach it."""
+    import snakemake.api  # noqa: F401
+    from snakemake.iocontainers import Log
+
+    calls = []
+
+    def counting(self, wildcards):
+        calls.append(self)
+        return "stock"
+
+    fast = sp.no_log_directive(counting, Log)
+
+    class FakeRule:
+        def __init__(self, log):
+            self.log = log
+
+    empty = FakeRule(Log())
+    first, second = fast(empty, {"i": "1"}), fast(empty, {"i": "1"})
+    assert type(first) is Log and len(first) == 0 and first._names == {}
+    assert first is not second and first is not empty.log and calls == []
+    one = Log(["logs/{i}.txt"])
+    named = Log()
+    named.append("logs/x.txt")
+    named._add_name("x")
+    empty_named = Log()
+    empty_named._names["y"] = (0, 0)  # a named empty item: Snakemake's own decides
+    for log in [one, named, empty_named, ["plain list"]]:
+        assert fast(FakeRule(log), {"i": "1"}) == "stock"
+    assert len(calls) == 4
+
+
 # --- end to end: a small workflow with and without the patches --------------------------------
 
 SNAKEFILE = """
@@ -389,6 +422,8 @@ rule make:
 rule tree:
     output:
         directory("tree"),
+    log:
+        "logs/tree.log",
     shell:
         "mkdir -p {output}"
 
@@ -445,6 +480,7 @@ def test_same_jobs_printed_and_same_errors_with_and_without_patches(tmp_path):
     assert loud.count("rule make:") == 4
     assert any(line.endswith("echo p3 > out/3.txt") for line in loud)
     assert sum("runtime=31" in line for line in loud) == 1, loud
+    assert "log: logs/tree.log" in loud, loud
     assert "rule make:" not in printed[("--quiet", "rules")]
 
     # A resource that fails for one job fails the dry run, also where nothing prints it.

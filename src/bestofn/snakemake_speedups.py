@@ -359,6 +359,22 @@ def _replace_global(name: str, old, new) -> list[str]:
     return done
 
 
+def no_log_directive(original, log_class):
+    """``Rule.expand_log`` for a rule without ``log:``: a new empty ``Log``, which is what
+    Snakemake's returns after walking the empty list through ``_apply_wildcards`` (about 1 % of
+    a dry run at 100,000 groups: every job's ``log`` is read for its products). A rule with any
+    log item, named or not, goes to Snakemake's own."""
+
+    def expand_log(self, wildcards):
+        rule_log = self.log
+        if type(rule_log) is log_class and not rule_log and not rule_log._names:
+            return log_class()
+        return original(self, wildcards)
+
+    expand_log.bestofn_original = original
+    return expand_log
+
+
 def output_parts(path: str, cwd: tuple[str, ...]):
     """The parts of ``Path(path).absolute()``, from the string where it is plain (no empty
     or '.' component, not starting with '//'); None where only pathlib can say."""
@@ -416,6 +432,7 @@ def install_job_patches() -> dict[str, bool]:
         importlib.import_module("snakemake.api")  # first: snakemake.dag alone is a circular import
         import snakemake.dag as dag
         import snakemake.io as io
+        import snakemake.iocontainers as iocontainers
         import snakemake.jobs as jobs
         import snakemake.resources as resources
         import snakemake.rules as rules
@@ -522,6 +539,17 @@ def install_job_patches() -> dict[str, bool]:
             and not issubclass(str, io.AnnotatedStringInterface)
         ),
         lambda: _replace_global("is_flagged", io.is_flagged, plain_str_not_flagged(io.is_flagged)),
+    )
+    patch(
+        "no_log_directive",
+        lambda: (
+            _params(Rule.expand_log) == ["self", "wildcards"]
+            and "log = Log()" in _source(Rule.expand_log)
+            and "self._apply_wildcards(" in _source(Rule.expand_log)
+            and "for f in log:" in _source(Rule.expand_log)
+            and rules.Log is iocontainers.Log
+        ),
+        lambda: setattr(Rule, "expand_log", no_log_directive(Rule.expand_log, rules.Log)),
     )
     patch(
         "directory_output_check",
