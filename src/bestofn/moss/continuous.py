@@ -276,7 +276,8 @@ class ContinuousDecoder:
             self._frame_step(s, p, kv_len)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=s.graph_pool):
+        # thread_local: as in engine.py (other worker threads may make CUDA calls meanwhile).
+        with torch.cuda.graph(graph, pool=s.graph_pool, capture_error_mode="thread_local"):
             self._frame_step(s, p, kv_len)
         s.graph_pool = s.graph_pool or graph.pool()
         s.graphs[key] = graph

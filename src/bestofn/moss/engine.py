@@ -313,7 +313,9 @@ class MossLocalEngine:
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             # Graphs of one state replay one after another, so they can share a memory pool.
-            with torch.cuda.graph(graph, pool=s.graph_pool):
+            # thread_local: the worker's overlap threads (event records, FLAC writes) may make CUDA
+            # calls while this thread captures; under "global" those calls abort the capture.
+            with torch.cuda.graph(graph, pool=s.graph_pool, capture_error_mode="thread_local"):
                 self._frame_step(s, p, kv_len)
             s.graph_pool = s.graph_pool or graph.pool()
             s.graphs[key] = graph
