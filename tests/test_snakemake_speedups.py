@@ -411,7 +411,7 @@ rule make:
     output:
         "out/{i}.txt",
     params:
-        p=lambda w: f"p{w.i}",
+        p=lambda w: f"p{w.i}" + ("x" if w.i == str(config.get("changed")) else ""),
     resources:
         gpu=1,
         mem_mb=lambda w: 1 // 0 if w.i == str(config.get("bad")) else 100,
@@ -438,14 +438,14 @@ if config.get("nested"):
 """
 
 
-def dry_run(tmp_path: Path, patched: bool, *args: str):
+def dry_run(tmp_path: Path, patched: bool, *args: str, dry: bool = True):
     (tmp_path / "Snakefile").write_text(SNAKEFILE)
     env = {k: v for k, v in os.environ.items() if not k.startswith("BESTOFN_NO_SNAKEMAKE")}
     if not patched:
         env["BESTOFN_NO_SNAKEMAKE_JOB_PATCHES"] = "1"
     proc = subprocess.run(
         [str(BIN / "snakemake"), "-s", str(tmp_path / "Snakefile"), "-d", str(tmp_path),
-         "-n", "-c1", *args],
+         *(["-n"] if dry else []), "-c1", *args],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     out = proc.stdout + proc.stderr
@@ -497,3 +497,30 @@ def test_same_jobs_printed_and_same_errors_with_and_without_patches(tmp_path):
     assert rc == stock_rc == 1
     assert any("File/directory is a child to another output" in line for line in out), out
     assert out == stock_out
+
+
+def test_same_needrun_decisions_after_a_run(tmp_path):
+    """After a real run: an existing output, a deleted one, changed params and an incomplete
+    marker give the same jobs, reasons and errors with and without the patches."""
+    import base64
+
+    rc, out = dry_run(tmp_path, True, dry=False)
+    assert rc == 0 and (tmp_path / "out/2.txt").read_text() == "p2\n", out
+    (tmp_path / "out/0.txt").unlink()
+    args = ("--config", "changed=1", "-p")
+    stock_rc, stock_out = dry_run(tmp_path, False, *args)
+    rc, out = dry_run(tmp_path, True, *args)
+    assert (rc, out) == (stock_rc, stock_out) and rc == 0
+    text = "\n".join(out)
+    assert "Missing output files: out/0.txt" in text and "Params have changed" in text, text
+    assert "echo p1x > out/1.txt" in text and out.count("rule make:") == 2  # 0 and 1 only
+    assert "wildcards: i=2" not in out and "wildcards: i=3" not in out
+
+    key = base64.urlsafe_b64encode(b"out/2.txt").decode()
+    (tmp_path / ".snakemake/incomplete").mkdir(parents=True, exist_ok=True)
+    (tmp_path / ".snakemake/incomplete" / key).write_text("")
+    args = ("--quiet", "rules")
+    stock_rc, stock_out = dry_run(tmp_path, False, *args)
+    rc, out = dry_run(tmp_path, True, *args)
+    assert (rc, out) == (stock_rc, stock_out) and rc == 1
+    assert any("Incomplete files" in line for line in out), out
