@@ -329,3 +329,44 @@ def test_step_does_no_host_work(model, budget, penalty):
         with _HostWork(s.row.device) as rec:
             engine._step(s, p, budget, 64)
     assert rec.found == []
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_shared_prompts_prefill_once_with_the_same_takes(model, monkeypatch, fused):
+    """Rows with the same prompt are prefilled once and their K/V copied: the same hidden, the
+    same caches and the same takes as prefilling every row (left padding included)."""
+    import bestofn.moss.delay as delay
+
+    cfg = model.config
+    ids = _prompts(cfg, B=2, T=8, end=cfg.audio_start_token_id)
+    ids = ids[[0, 1, 0, 0, 1]]
+    mask = torch.ones(ids.shape[:2], dtype=torch.bool)
+    mask[1, :2] = mask[4, :2] = False  # prompt 1 left-padded
+    first, inv = delay.distinct_prompts(ids, mask)
+    assert sorted(first.tolist()) == [0, 1] and torch.equal(
+        first[inv], torch.tensor([0, 1, 0, 0, 1])
+    )
+    seeds = [1, 2, 3, 4, 5]
+    outs, caches = [], []
+    model.fused_backbone = fused
+    try:
+        for share in (True, False):
+            if not share:
+                monkeypatch.setattr(
+                    delay,
+                    "distinct_prompts",
+                    lambda i, m: (torch.arange(len(i)), torch.arange(len(i))),
+                )
+            eng = MossDelayEngine(model, use_cuda_graphs=False, compile=False)
+            with torch.inference_mode():
+                cache = model.new_backbone_cache(5, 16)
+                h = model.prefill(ids, mask, cache)
+                caches.append((h, cache.k.clone(), cache.v.clone(), cache.key_mask.clone()))
+            outs.append(eng.generate(ids, mask, seeds, DelayBudget(max_frames=12)))
+    finally:
+        model.fused_backbone = True
+    for a, b in zip(*caches, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(outs[0].codes, outs[1].codes, strict=True))
+    # and not trivially: different seeds give different takes for the same prompt
+    assert not torch.equal(outs[0].codes[0], outs[0].codes[2])

@@ -176,6 +176,17 @@ def undo_delay(rows: torch.Tensor) -> torch.Tensor:
     return rows.gather(0, idx) if T else rows.new_zeros((0, n))
 
 
+def distinct_prompts(ids: torch.Tensor, mask: torch.Tensor):
+    """Rows of (ids [B, T, C], mask [B, T]) -> (first [U]: the first row of each distinct
+    prompt, inv [B]: each row's prompt, an index into ``first``). Runs on the host."""
+    B = ids.shape[0]
+    key = torch.cat([ids.reshape(B, -1), mask.reshape(B, -1).long()], dim=1).cpu()
+    _, inv = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((int(inv.max()) + 1,), B, dtype=torch.long)
+    first.scatter_reduce_(0, inv, torch.arange(B), reduce="amin")
+    return first, inv
+
+
 # ---- network -------------------------------------------------------------------------------
 
 
@@ -237,11 +248,26 @@ class MossDelayModel(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, cache: BackboneCache):
-        """ids [B, T, 1+n_vq] left-padded -> final-norm hidden [B, T, H]; fills cache [0, T)."""
+    def prefill(
+        self,
+        ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        cache: BackboneCache,
+        last_only: bool = False,
+    ):
+        """ids [B, T, 1+n_vq] left-padded -> final-norm hidden [B, T, H] ([B, H] of the last
+        position with ``last_only``); fills cache [0, T).
+
+        Rows with the same prompt (the N takes of one text in best-of-N) are run once: the
+        distinct prompts go through the backbone in cache rows [0, U), then every row's K/V
+        and hidden are gathered from its prompt's row."""
         B, T, _ = ids.shape
         mask = attention_mask.bool()
-        pos = torch.arange(T, device=ids.device).expand(B, T)
+        first, inv = distinct_prompts(ids, mask)
+        U = len(first)
+        if U < B:
+            ids, mask = ids[first.to(ids.device)], mask[first.to(mask.device)]
+        pos = torch.arange(T, device=ids.device).expand(U, T)
         x = self.embed_rows(ids).to(self.text_head.dtype)
         cos, sin = self._rope(pos, x.dtype)
         attn_mask = None
@@ -250,7 +276,18 @@ class MossDelayModel(nn.Module):
             keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=ids.device)
             attn_mask = causal & keys
         for i, layer in enumerate(self.layers):
-            x = layer.prefill(x, cos, sin, attn_mask, cache.k[i], cache.v[i])
+            x = layer.prefill(x, cos, sin, attn_mask, cache.k[i][:U], cache.v[i][:U])
+        if last_only:
+            x = x[:, -1]
+        if U < B:  # row b takes prompt inv[b]'s K/V (a gather copies before it writes)
+            inv = inv.to(x.device)
+            for i in range(len(self.layers)):
+                if cache.kv is not None:
+                    cache.kv[i][:, :, :T] = cache.kv[i][inv, :, :T]
+                else:
+                    cache.k[i][:, :, :T] = cache.k[i][inv, :, :T]
+                    cache.v[i][:, :, :T] = cache.v[i][inv, :, :T]
+            x, mask = x[inv], mask[inv]
         cache.key_mask[:, :T].copy_(mask)
         cache.pos.fill_(T)
         cache.write_idx.fill_(T)

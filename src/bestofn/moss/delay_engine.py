@@ -37,7 +37,7 @@ from bestofn.moss.sampling import (
     STEPS_PER_FRAME,
     SamplingParams,
     apply_repetition_penalty,
-    sample_tokens,
+    sample_tokens_fused,
     take_uniform,
 )
 
@@ -141,10 +141,11 @@ class MossDelayEngine:
         on_gpu = self.device.type == "cuda"
         self.use_cuda_graphs = on_gpu if use_cuda_graphs is None else use_cuda_graphs
         self.compiled = on_gpu if compile is None else compile
-        self._sample, self._uniform = sample_tokens, take_uniform
+        # the fused sampler: the same draws as sample_tokens, bit for bit, in fewer kernels
+        self._sample, self._uniform = sample_tokens_fused, take_uniform
         if self.compiled:
             model.compile_steps()
-            self._sample = torch.compile(sample_tokens, dynamic=False)
+            self._sample = torch.compile(sample_tokens_fused, dynamic=False)
             self._uniform = torch.compile(take_uniform, dynamic=False)
         self.sync_every = sync_every
         self.max_states = max_states
@@ -296,8 +297,8 @@ class MossDelayEngine:
         s = self._state_for(B, T, max_steps)
         self._reset(s, p, b, seeds, input_ids)
         dev = self.device
-        h = self.model.prefill(input_ids.to(dev), attention_mask.to(dev), s.cache)
-        self._heads_and_sampling(s, p, b, h[:, -1])
+        h = self.model.prefill(input_ids.to(dev), attention_mask.to(dev), s.cache, last_only=True)
+        self._heads_and_sampling(s, p, b, h)
         steps = 1
         while steps < max_steps:
             if steps % self.sync_every == 0 and bool(s.finished.all()):
