@@ -10,7 +10,9 @@
 #
 # Env: SIZE (real|tiny), DEVICE (cuda|cpu), BATCH (64), SECONDS_PER_CLIP (15), REPEATS (2),
 # WORK (checkpoint dir, default /tmp/bestofn-delay; reused when present), PYTHON (python3),
-# PARITY_FRAMES (24), PARITY_REAL=1 also runs parity on the real-size checkpoint (fp32, ~70 GB).
+# PARITY_FRAMES (24), PARITY_REAL=1 also runs parity on the real-size checkpoint (fp32, ~70 GB),
+# PROFILE (1 on cuda, 0 on cpu): docs/bench/delay_profile.py after the bench (per-step ms of
+# the captured step, the backbone, heads+sampling; prefill; top 15 kernels) -> OUT/delay_profile.txt.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: delay_gpu.sh OUT}")
 py=${PYTHON:-python3}
@@ -43,6 +45,17 @@ echo "parity exit: $parity" | tee -a "$out/parity.txt"
 $py docs/bench/delay_bench.py --out "$out" --work "$work" --size "$size" --device "$device" \
     --batch "${BATCH:-64}" --seconds "${SECONDS_PER_CLIP:-15}" --repeats "${REPEATS:-2}" \
     --reference-code "$ref" 2>&1 | tee "$out/bench.log"
+
+default_profile=0
+[ "$device" = cpu ] || default_profile=1
+if [ "${PROFILE:-$default_profile}" = 1 ]; then
+    set +e
+    $py docs/bench/delay_profile.py --out "$out" --work "$work" --size "$size" \
+        --device "$device" --batch "${BATCH:-64}" --seconds "${SECONDS_PER_CLIP:-15}" \
+        --reference-code "$ref" 2>&1 | tee "$out/profile.log"
+    echo "profile exit: ${PIPESTATUS[0]}" | tee -a "$out/profile.log"
+    set -e
+fi
 
 if [ "${PARITY_REAL:-0}" = 1 ]; then
     set +e
