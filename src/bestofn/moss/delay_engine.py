@@ -357,7 +357,8 @@ class MossDelayEngine:
                 self._step(s, p, b, kv_len)  # warm-up: a real step
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=s.graph_pool):
+            # thread_local: the worker's overlap threads may make CUDA calls meanwhile
+            with torch.cuda.graph(graph, pool=s.graph_pool, capture_error_mode="thread_local"):
                 self._step(s, p, b, kv_len)  # captured, not run: the next replay is step + 1
             s.graph_pool = s.graph_pool or graph.pool()
             s.graphs[key] = graph
