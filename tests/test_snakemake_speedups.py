@@ -337,7 +337,7 @@ def test_plain_str_not_flagged_answers_as_stock():
     import snakemake.io as io
 
     original = stock(io.is_flagged)
-    fast = sp.plain_str_not_flagged(original)
+    fast = sp.plain_str_not_flagged(original, io.AnnotatedString, io._IOFile)
 
     class Sub(str):
         pass
@@ -349,13 +349,26 @@ def test_plain_str_not_flagged_answers_as_stock():
             return flag in self.flags
 
     io.AnnotatedStringInterface.register(Virtual)
-    values = ["out/a.txt", Sub("out/a.txt"), io.temp("out/a.txt"), io.directory("d"),
+    falsy = io.AnnotatedString("f")
+    falsy.flags["temp"] = 0  # present but falsy: not flagged
+    falsy.flags["pipe"] = "yes"
+    values = [falsy, "out/a.txt", Sub("out/a.txt"), io.temp("out/a.txt"), io.directory("d"),
               io.AnnotatedString("plain"), io.IOFile("out/b.txt"), io.IOFile(io.temp("t")),
               io.protected("p"), Virtual(), None, 3, PurePosixPath("x"), lambda w: "x"]  # fmt: skip
     for value in values:
         for flag in ["temp", "directory", "protected", "storage_object", "pipe", "nope"]:
             assert fast(value, flag) == original(value, flag), (value, flag)
     assert fast(io.temp("out/a.txt"), "temp") is True and fast(Virtual(), "temp") is True
+    calls = []
+    counted = sp.plain_str_not_flagged(
+        lambda v, f: calls.append(v) or original(v, f), io.AnnotatedString, io._IOFile
+    )
+    for value in ["a", io.temp("a"), io.IOFile("b"), falsy]:
+        counted(value, "temp")
+    assert calls == []  # answered without the ABC check
+    for value in [Sub("a"), Virtual(), None]:
+        counted(value, "temp")
+    assert len(calls) == 3
 
 
 def test_no_log_directive_gives_a_new_empty_log():
