@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from bestofn.moss.model import decode_attention
 from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams, apply_repetition_penalty
 
 
@@ -173,9 +173,7 @@ class ContinuousDecoder:
                 c.kv[i].scatter_(2, idx, kv.unsqueeze(2))
                 kv_l = c.kv[i][:, :, :L]
                 q = q.reshape(B, n_kv, layer.n_heads // n_kv, D)
-                out = F.scaled_dot_product_attention(
-                    q, kv_l[..., 0, :], kv_l[..., 1, :], attn_mask=bias, scale=layer.scale
-                )
+                out = decode_attention(q, kv_l[..., 0, :], kv_l[..., 1, :], bias, layer.scale)
                 x, hn = layer.impl["backbone_post_attn_norm"](
                     x, out.reshape(B, -1), layer.o_proj.weight,
                     layer.post_attention_layernorm.weight, layer.gate_up.weight,
@@ -189,9 +187,7 @@ class ContinuousDecoder:
                 c.k[i].scatter_(2, idx, k.unsqueeze(2))
                 c.v[i].scatter_(2, idx, v.unsqueeze(2))
                 q = q.reshape(B, layer.n_kv, layer.n_heads // layer.n_kv, D)
-                out = F.scaled_dot_product_attention(
-                    q, c.k[i][:, :, :L], c.v[i][:, :, :L], attn_mask=bias, scale=layer.scale
-                )
+                out = decode_attention(q, c.k[i][:, :, :L], c.v[i][:, :, :L], bias, layer.scale)
                 x = layer._post(x, out.reshape(B, -1))
             hn = m.norm(x)
         step = s.alive.long()

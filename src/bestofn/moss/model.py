@@ -11,6 +11,8 @@ decision is a 2-row head over [assistant_slot, audio_end].
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,6 +20,24 @@ import torch.nn.functional as F
 from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.kv_cache import BackboneCache, LocalCache
 from bestofn.moss.local_loop import fused_default, local_frame, rope_tables
+
+# Attention of one new token per row over the KV cache. "matmul" (the default): two batched
+# matmuls around a float32 softmax, which read K and V once each, as a decode step should; on
+# an H200 the SDPA call with a key mask went to cuDNN's flash *prefill* kernel, 73 us per layer
+# at batch 64 x 704 slots, a third of a Delay 8B step. "sdpa" keeps that path
+# (BESTOFN_MOSS_DECODE_ATTN=sdpa), so the bench can put both side by side.
+DECODE_ATTENTION = os.environ.get("BESTOFN_MOSS_DECODE_ATTN", "matmul")
+if DECODE_ATTENTION not in ("matmul", "sdpa"):
+    raise ValueError(f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use matmul or sdpa")
+
+
+def decode_attention(q, k, v, key_bias, scale):
+    """q [B, kv, group, D] (a kv head's query heads as its 'rows'); k, v [B, kv, L, D];
+    key_bias [B, 1, 1, L], 0 for slots to attend and -inf elsewhere -> [B, kv, group, D]."""
+    if DECODE_ATTENTION == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias, scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + key_bias
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
 
 class RMSNorm(nn.Module):
@@ -211,9 +231,7 @@ class BackboneLayer(nn.Module):
         # Grouped-query attention without expanding K/V: each kv head attends with its group of
         # query heads as a 'sequence' of `group` queries -> one fused attention kernel.
         q = q.reshape(B, self.n_kv, self.n_heads // self.n_kv, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            q, k_cache, v_cache, attn_mask=key_bias, scale=self.scale
-        )
+        out = decode_attention(q, k_cache, v_cache, key_bias, self.scale)
         return self._post(x, out.reshape(B, -1))
 
     def decode_fused(self, x, hn, cos, sin, key_bias, write_idx, kv_cache, w_next):
@@ -227,9 +245,7 @@ class BackboneLayer(nn.Module):
         )  # fmt: skip
         kv_cache.index_copy_(2, write_idx, kv.unsqueeze(2))
         q = q.reshape(B, self.n_kv, self.n_heads // self.n_kv, self.head_dim)
-        out = F.scaled_dot_product_attention(
-            q, kv_cache[..., 0, :], kv_cache[..., 1, :], attn_mask=key_bias, scale=self.scale
-        )
+        out = decode_attention(q, kv_cache[..., 0, :], kv_cache[..., 1, :], key_bias, self.scale)
         return self.impl["backbone_post_attn_norm"](
             x, out.reshape(B, -1), self.o_proj.weight, self.post_attention_layernorm.weight,
             self.gate_up.weight, self.down_proj.weight, w_next, self.eps,
