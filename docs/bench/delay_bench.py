@@ -60,10 +60,16 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--reference-code", type=Path, default=ROOT / ".ref" / "moss_tts_delay")
     ap.add_argument("--compile", default="auto", help="torch.compile our pieces: auto|on|off")
+    ap.add_argument(
+        "--attention",
+        default="matmul,sdpa",
+        help="decode attention variants of ours, timed one after another (the first is 'ours')",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
     from bestofn.fakes import moss_delay
+    from bestofn.moss import model as moss_model
     from bestofn.moss.delay import load_delay_model
     from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
     from bestofn.moss.delay_prompt import DelayPromptBuilder
@@ -110,37 +116,46 @@ def main() -> int:
     rows = torch.cat([rows, start])
     ids = rows.unsqueeze(0).expand(args.batch, -1, -1).contiguous()
     compile_ = {"auto": None, "on": True, "off": False}[args.compile]
-    engine = MossDelayEngine(model, compile=compile_)
     budget = DelayBudget(max_frames=frames, min_frames=frames)
-    t0 = time.perf_counter()
-    out = engine.generate(ids, None, seeds, budget, p)
-    _sync(dev)
-    warm_s = time.perf_counter() - t0
-    times = []
-    for _ in range(args.repeats):
-        _sync(dev)
+    by_attention = {}
+    for attention in args.attention.split(","):
+        # the decode attention variants side by side on the same loaded weights
+        moss_model.DECODE_ATTENTION = attention
+        engine = MossDelayEngine(model, compile=compile_)
         t0 = time.perf_counter()
         out = engine.generate(ids, None, seeds, budget, p)
         _sync(dev)
-        times.append(time.perf_counter() - t0)
-    lengths = sorted({int(c.shape[0]) for c in out.codes})
-    steps = out.frames
-    ours = {
-        "engine": "moss-fast Delay (bestofn.moss.delay_engine)",
-        "cuda_graphs": engine.use_cuda_graphs,
-        "compiled": engine.compiled,
-        "load_s": load_s,
-        "warmup_s": warm_s,
-        "batch_s": times,
-        "s_per_clip": min(times) / args.batch,
-        "steps": steps,
-        "frames_per_clip": lengths,
-        "peak_gib": _peak(dev),
-        "prompt_rows": int(ids.shape[1]),
-    }
+        warm_s = time.perf_counter() - t0
+        times = []
+        for _ in range(args.repeats):
+            _sync(dev)
+            t0 = time.perf_counter()
+            out = engine.generate(ids, None, seeds, budget, p)
+            _sync(dev)
+            times.append(time.perf_counter() - t0)
+        lengths = sorted({int(c.shape[0]) for c in out.codes})
+        steps = out.frames
+        by_attention[attention] = {
+            "engine": "moss-fast Delay (bestofn.moss.delay_engine)",
+            "decode_attention": attention,
+            "cuda_graphs": engine.use_cuda_graphs,
+            "compiled": engine.compiled,
+            "load_s": load_s,
+            "warmup_s": warm_s,
+            "batch_s": times,
+            "s_per_clip": min(times) / args.batch,
+            "steps": steps,
+            "frames_per_clip": lengths,
+            "peak_gib": _peak(dev),
+            "prompt_rows": int(ids.shape[1]),
+        }
+        print(f"ours[{attention}]: {by_attention[attention]}", flush=True)
+        del engine
+        gc.collect()
+    ours = next(iter(by_attention.values()))
+    results["ours_by_attention"] = by_attention
     results["ours"] = ours
-    print(f"ours: {ours}", flush=True)
-    del engine, model, out
+    del model, out
     gc.collect()
 
     # ---- the published generate (trust_remote_code from the model dir) -------------------
@@ -200,6 +215,11 @@ def main() -> int:
         f"{min(reference['batch_s']):.2f} s), codebook-0 codes/clip {ref_frames}, "
         f"peak {reference['peak_gib']} GiB",
         f"speedup   : {results['speedup']:.1f}x",
+        *(
+            f"ours[{a}]: {r['s_per_clip']:.4f} s/clip, "
+            f"{reference['s_per_clip'] / r['s_per_clip']:.1f}x vs reference"
+            for a, r in by_attention.items()
+        ),
         f"command   : {results['command']}",
     ]
     (args.out / "delay_bench.txt").write_text("\n".join(lines) + "\n")
