@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes.moss import always_continue_, random_state_dict, tiny_config
+from bestofn.moss import model as moss_model
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.config import MossLocalConfig, local_v15_config
 from bestofn.moss.engine import MossLocalEngine
@@ -225,6 +226,7 @@ def main(argv=None) -> int:
         "--variants",
         default="compiled,compiled-unfused,eager",
         help="moss-fast variants: compiled (torch.compile + CUDA graph), eager (CUDA graph only); "
+        "a '-sdpa' suffix the decode attention through SDPA; "
         "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "
         "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
         "later variants run at the first batch size only",
@@ -266,8 +268,10 @@ def main(argv=None) -> int:
     plan = [(variants[0], b) for b in batches] + [(v, batches[0]) for v in variants[1:]]
     engines = {}
     for variant, batch in plan:
-        compiled = variant.removesuffix("-unfused") == "compiled"
-        fast.set_fused(not variant.endswith("-unfused"))
+        compiled = variant.split("-")[0] == "compiled"
+        fast.set_fused("-unfused" not in variant)
+        # '-sdpa': the decode attention through SDPA (the path before the matmul one)
+        moss_model.DECODE_ATTENTION = "sdpa" if "-sdpa" in variant else "matmul"
         if variant not in engines:
             fast.eager_steps()
             engines[variant] = MossLocalEngine(fast, compile=compiled)
@@ -296,8 +300,9 @@ def main(argv=None) -> int:
             _print(row)
             print(f"  speed-up at batch {batch}: {dt / best:.1f}x")
     engine = engines[variants[0]]
-    first_compiled = variants[0].removesuffix("-unfused") == "compiled"
-    fast.set_fused(not variants[0].endswith("-unfused"))
+    first_compiled = variants[0].split("-")[0] == "compiled"
+    fast.set_fused("-unfused" not in variants[0])
+    moss_model.DECODE_ATTENTION = "sdpa" if "-sdpa" in variants[0] else "matmul"
     if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:
