@@ -1,6 +1,6 @@
 """The decode attention of one new token per row (bestofn.moss.model.decode_attention): the
-matmul path that runs by default equals SDPA with the same key mask, grouped-query shape
-included, and a masked slot has no weight."""
+matmul option equals SDPA (the default) with the same key mask, grouped-query shape included,
+and a masked slot has no weight."""
 
 import pytest
 import torch

@@ -226,7 +226,7 @@ def main(argv=None) -> int:
         "--variants",
         default="compiled,compiled-unfused,eager",
         help="moss-fast variants: compiled (torch.compile + CUDA graph), eager (CUDA graph only); "
-        "a '-sdpa' suffix the decode attention through SDPA; "
+        "a '-matmul' suffix the decode attention as two matmuls instead of SDPA; "
         "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "
         "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
         "later variants run at the first batch size only",
@@ -270,8 +270,8 @@ def main(argv=None) -> int:
     for variant, batch in plan:
         compiled = variant.split("-")[0] == "compiled"
         fast.set_fused("-unfused" not in variant)
-        # '-sdpa': the decode attention through SDPA (the path before the matmul one)
-        moss_model.DECODE_ATTENTION = "sdpa" if "-sdpa" in variant else "matmul"
+        # '-matmul': the decode attention as two matmuls instead of SDPA (model.py says why)
+        moss_model.DECODE_ATTENTION = "matmul" if "-matmul" in variant else "sdpa"
         if variant not in engines:
             fast.eager_steps()
             engines[variant] = MossLocalEngine(fast, compile=compiled)
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     engine = engines[variants[0]]
     first_compiled = variants[0].split("-")[0] == "compiled"
     fast.set_fused("-unfused" not in variants[0])
-    moss_model.DECODE_ATTENTION = "sdpa" if "-sdpa" in variants[0] else "matmul"
+    moss_model.DECODE_ATTENTION = "matmul" if "-matmul" in variants[0] else "sdpa"
     if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:

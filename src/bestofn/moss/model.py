@@ -21,14 +21,15 @@ from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.kv_cache import BackboneCache, LocalCache
 from bestofn.moss.local_loop import fused_default, local_frame, rope_tables
 
-# Attention of one new token per row over the KV cache. "matmul" (the default): two batched
-# matmuls around a float32 softmax, which read K and V once each, as a decode step should; on
-# an H200 the SDPA call with a key mask went to cuDNN's flash *prefill* kernel, 73 us per layer
-# at batch 64 x 704 slots, a third of a Delay 8B step. "sdpa" keeps that path
-# (BESTOFN_MOSS_DECODE_ATTN=sdpa), so the bench can put both side by side.
-DECODE_ATTENTION = os.environ.get("BESTOFN_MOSS_DECODE_ATTN", "matmul")
+# Attention of one new token per row over the KV cache. "sdpa" (the default): one SDPA call
+# with the key mask. "matmul" (BESTOFN_MOSS_DECODE_ATTN=matmul): two batched matmuls around a
+# float32 softmax. The profile of a Delay 8B step on an H200 showed the SDPA call in cuDNN's
+# flash kernel at 73 us per layer, so matmul was tried; measured side by side on the H200 it
+# was slower (Delay 0.0287 vs 0.0266 s/clip, Local 0.0215 vs 0.0210; docs/PERFORMANCE.md), so
+# it stays an option for the bench only.
+DECODE_ATTENTION = os.environ.get("BESTOFN_MOSS_DECODE_ATTN", "sdpa")
 if DECODE_ATTENTION not in ("matmul", "sdpa"):
-    raise ValueError(f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use matmul or sdpa")
+    raise ValueError(f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use sdpa or matmul")
 
 
 def decode_attention(q, k, v, key_bias, scale):
