@@ -159,3 +159,17 @@ def test_threshold_rules():
     assert up.passes(0.005) and not up.passes(0.0051) and up.passes(-1.0)
     assert down.passes(-0.01) and not down.passes(-0.0101) and down.passes(1.0)
     assert not up.passes(float("nan"))
+
+
+def test_decode_row_only_when_both_sides_time_their_decode():
+    from bestofn.ab import speed_rows
+
+    side = {
+        "generate_s_per_clip": 0.5, "restore_s_per_clip": 0.1, "score_s_per_clip": 0.2,
+        "wall_s_per_clip": 0.9, "load_s": 3.0, "peak_rss_gib": 1.0, "mem_note": "",
+    }  # fmt: skip
+    untimed = speed_rows({**side, "decode_s_per_clip": None}, {**side, "decode_s_per_clip": 0.1})
+    assert "decode_s_per_clip" not in [r["metric"] for r in untimed]
+    rows = speed_rows({**side, "decode_s_per_clip": 0.2}, {**side, "decode_s_per_clip": 0.05})
+    (row,) = [r for r in rows if r["metric"] == "decode_s_per_clip"]
+    assert (row["a"], row["b"]) == (0.2, 0.05) and row["delta"] == pytest.approx(-0.15)

@@ -233,7 +233,9 @@ def test_backend_generates_reproducible_takes(tmp_path, model_dir):
         hash_weights=True,
     )
     spec = GroupSpec(emotion="calm", prompt_id="p1", text="Hello world again.", n_takes=3)
+    assert gen.decode_s == 0.0
     takes = gen.generate(spec)
+    assert gen.decode_s > 0.0  # the codec decode is timed (bestofn ab's decode row)
     assert [t.seed for t in takes] == spec.seeds()
     for t in takes:
         assert t.audio.dtype == np.float32 and t.audio.ndim == 2 and t.audio.shape[1] == 2

@@ -252,6 +252,7 @@ def run_side(
             warm = workdir / "warmup" / str(i) / spec.emotion / spec.prompt_id
             t = run_group(spec, backends, warm, device=device, paths_relative_to=workdir)
             log(f"ab {label}: warm-up {spec.group_id} {t['wall_s']:.2f} s (not timed)")
+        decode_before = getattr(backends.generator, "decode_s", None)
         for spec in specs:
             group_dir = workdir / "groups" / spec.emotion / spec.prompt_id
             t = run_group(spec, backends, group_dir, device=device, paths_relative_to=workdir)
@@ -260,6 +261,9 @@ def run_side(
             tables.append(pq.read_table(group_dir / "scores.parquet"))
             log(f"ab {label}: {spec.group_id} {t['wall_s']:.2f} s")
         total_s = time.perf_counter() - t0
+        decode_s = None
+        if decode_before is not None:
+            decode_s = backends.generator.decode_s - decode_before
         peak = mem.peak_gib()
         provenance = backends.provenance
         load_s = backends.load_s
@@ -273,6 +277,7 @@ def run_side(
             torch.cuda.empty_cache()
     clips = sum(t.num_rows for t in tables)
     out = {f"{k}_per_clip": v / clips for k, v in stages.items()}
+    out["decode_s_per_clip"] = None if decode_s is None else decode_s / clips
     out.update(
         {
             "load_s": load_s,
@@ -357,6 +362,9 @@ SPEED_METRICS = (
 
 def speed_rows(a: dict, b: dict) -> list[dict]:
     metrics = [*SPEED_METRICS]
+    if a.get("decode_s_per_clip") is not None and b.get("decode_s_per_clip") is not None:
+        # generators that time their codec decode (moss-fast): the codec dtype dials' own row
+        metrics.insert(1, ("decode_s_per_clip", "speed", "codec decode alone, per clip"))
     mem_key = "peak_cuda_allocated_gib" if "peak_cuda_allocated_gib" in a else "peak_rss_gib"
     metrics.append((mem_key, "memory", a.get("mem_note") or "load + run of the side"))
     return [

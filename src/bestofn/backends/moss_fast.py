@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,7 @@ class MossFastGenerator(Generator):
                 f"moss-fast: unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}"
             )
         self.options = o = {**DEFAULTS, **options}
+        self.decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)
         self._given = set(options)
         if o["instruction"] not in ("none", "emotion", "emotion_description"):
             raise ValueError(f"moss-fast: bad instruction mode {o['instruction']!r}")
@@ -273,7 +275,9 @@ class MossFastGenerator(Generator):
     def generate(self, spec: GroupSpec) -> list[Take]:
         seeds = spec.seeds()
         codes, stopped, budget = self.generate_codes(spec, seeds)
-        audios = self._codec().decode(codes)
+        t0 = time.perf_counter()
+        audios = self._codec().decode(codes)  # numpy out: the device work is done when it returns
+        self.decode_s += time.perf_counter() - t0
         if self.options["mono"]:
             audios = [a.mean(axis=1) if a.ndim == 2 else a for a in audios]
         rate = self.config.frame_rate
