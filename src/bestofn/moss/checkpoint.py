@@ -57,11 +57,12 @@ class _Tensors:
         return key in self.where
 
 
-def load_config(ckpt_dir: str | Path) -> MossLocalConfig:
+def load_config(ckpt_dir: str | Path, config_cls=MossLocalConfig):
+    """``ckpt_dir/config.json`` read by ``config_cls.from_json`` (Local's by default)."""
     path = Path(ckpt_dir) / "config.json"
     if not path.exists():
         raise CheckpointError(f"missing {path}")
-    return MossLocalConfig.from_json(path)
+    return config_cls.from_json(path)
 
 
 class _DictTensors:
@@ -91,39 +92,75 @@ def model_from_state_dict(cfg, sd: dict, device="cpu", dtype=torch.float32) -> M
     return model_from_tensors(cfg, _DictTensors(sd), device, dtype, "state dict")
 
 
-@torch.no_grad()
-def model_from_tensors(cfg, t, device, dtype, ckpt_dir: str) -> MossLocalModel:
+def empty_model(model_cls, cfg, device, dtype):
+    """``model_cls(cfg)`` with uninitialised weights on ``device`` (built on the meta device, so
+    nothing is initialised twice) and its buffers built; the loaders copy every weight in."""
     with torch.device("meta"):
-        model = MossLocalModel(cfg)
+        model = model_cls(cfg)
     model = model.to_empty(device=device).to(dtype)
     model.build_buffers(device)
-    used: set[str] = set()
+    return model
 
-    def take(key: str) -> torch.Tensor:
-        if key not in t:
-            raise CheckpointError(f"{ckpt_dir}: missing tensor {key!r}")
-        used.add(key)
-        return t.get(key)
 
-    def put(param: torch.Tensor, *keys: str):
+class TensorCopier:
+    """Copies published tensors into a model's parameters, remembering which keys it used, so
+    that ``check_all_used`` can reject a checkpoint with tensors this layout does not know.
+    Every error names ``where`` (the checkpoint directory, or "state dict") and the key."""
+
+    def __init__(self, t, where: str):
+        self.t, self.where = t, where
+        self.used: set[str] = set()
+
+    def take(self, key: str) -> torch.Tensor:
+        if key not in self.t:
+            raise CheckpointError(f"{self.where}: missing tensor {key!r}")
+        self.used.add(key)
+        return self.t.get(key)
+
+    def put(self, param: torch.Tensor, *keys: str) -> None:
+        """Copy the tensor ``keys[0]`` (several keys: concatenated along dim 0) into param."""
+        take = self.take
         src = torch.cat([take(k) for k in keys], dim=0) if len(keys) > 1 else take(keys[0])
         if tuple(src.shape) != tuple(param.shape):
-            raise CheckpointError(f"{keys}: shape {tuple(src.shape)} != {tuple(param.shape)}")
+            raise CheckpointError(
+                f"{self.where}: {keys} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
+            )
         param.copy_(src)
 
-    put(model.embed_tokens.weight, "transformer.embed_tokens.weight")
-    for i, layer in enumerate(model.layers):
-        p = f"transformer.layers.{i}."
-        a = p + "self_attn."
-        put(layer.qkv.weight, a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
-        put(layer.o_proj.weight, a + "o_proj.weight")
-        put(layer.q_norm.weight, a + "q_norm.weight")
-        put(layer.k_norm.weight, a + "k_norm.weight")
-        put(layer.input_layernorm.weight, p + "input_layernorm.weight")
-        put(layer.post_attention_layernorm.weight, p + "post_attention_layernorm.weight")
-        put(layer.gate_up.weight, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-        put(layer.down_proj.weight, p + "mlp.down_proj.weight")
-    put(model.norm.weight, "transformer.norm.weight")
+    def put_qwen3_backbone(self, model, prefix: str) -> None:
+        """A published Qwen3Model under ``prefix`` (embed_tokens, layers.{i}.*, norm) into
+        ``model.embed_tokens`` / ``model.layers`` (``BackboneLayer``: q/k/v and gate/up fused
+        while copying) / ``model.norm``."""
+        put = self.put
+        put(model.embed_tokens.weight, prefix + "embed_tokens.weight")
+        for i, layer in enumerate(model.layers):
+            p = f"{prefix}layers.{i}."
+            a = p + "self_attn."
+            put(layer.qkv.weight, a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+            put(layer.o_proj.weight, a + "o_proj.weight")
+            put(layer.q_norm.weight, a + "q_norm.weight")
+            put(layer.k_norm.weight, a + "k_norm.weight")
+            put(layer.input_layernorm.weight, p + "input_layernorm.weight")
+            put(layer.post_attention_layernorm.weight, p + "post_attention_layernorm.weight")
+            put(layer.gate_up.weight, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+            put(layer.down_proj.weight, p + "mlp.down_proj.weight")
+        put(model.norm.weight, prefix + "norm.weight")
+
+    def check_all_used(self, may_skip) -> None:
+        """Raise if a tensor was neither copied nor one that ``may_skip(key)`` allows."""
+        extra = [k for k in self.t.where if k not in self.used and not may_skip(k)]
+        if extra:
+            raise CheckpointError(
+                f"{self.where}: unexpected tensors (layout mismatch?): {extra[:8]}"
+            )
+
+
+@torch.no_grad()
+def model_from_tensors(cfg, t, device, dtype, ckpt_dir: str) -> MossLocalModel:
+    model = empty_model(MossLocalModel, cfg, device, dtype)
+    copier = TensorCopier(t, ckpt_dir)
+    take, put = copier.take, copier.put
+    copier.put_qwen3_backbone(model, "transformer.")
     for i, block in enumerate(model.local_blocks):
         p = f"local_transformer.h.{i}."
         for mine, theirs in [
@@ -153,7 +190,5 @@ def model_from_tensors(cfg, t, device, dtype, ckpt_dir: str) -> MossLocalModel:
         key = "text_lm_head.weight" if "text_lm_head.weight" in t else None
         full = take(key) if key else model.embed_tokens.weight
         model.stop_head.copy_(full[[slot, end]])
-    extra = [k for k in t.where if k not in used and not TIED_OR_UNUSED.match(k)]
-    if extra:
-        raise CheckpointError(f"{ckpt_dir}: unexpected tensors (layout mismatch?): {extra[:8]}")
+    copier.check_all_used(TIED_OR_UNUSED.match)
     return model.eval()

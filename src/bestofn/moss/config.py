@@ -10,10 +10,71 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Self
+
+
+class HfJsonConfig:
+    """``from_json`` for a config dataclass that reads a published config.json with
+    ``from_hf_dict``."""
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Self:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_hf_dict(json.load(f))
+
+
+def qwen3_fields(
+    q: dict,
+    *,
+    num_layers: int,
+    intermediate_size: int,
+    rope_keys: tuple[str, ...] = ("rope_scaling", "rope_parameters"),
+) -> dict:
+    """The backbone fields (hidden_size .. rms_norm_eps) of a published nested Qwen3 config
+    ``q``; ``num_layers`` and ``intermediate_size`` are the defaults where ``q`` has none, and
+    ``rope_theta`` falls back to the first of ``rope_keys`` (sub-dicts) that holds it."""
+    hidden = int(q.get("hidden_size", 4096))
+    heads = int(q.get("num_attention_heads", 32))
+    rope_theta = q.get("rope_theta")
+    for key in rope_keys:
+        if rope_theta is None and isinstance(q.get(key), dict):
+            rope_theta = q[key].get("rope_theta")
+    return {
+        "hidden_size": hidden,
+        "num_layers": int(q.get("num_hidden_layers", num_layers)),
+        "num_heads": heads,
+        "num_kv_heads": int(q.get("num_key_value_heads", heads)),
+        "head_dim": int(q.get("head_dim") or hidden // heads),
+        "intermediate_size": int(q.get("intermediate_size", intermediate_size)),
+        "vocab_size": int(q.get("vocab_size", 151936)),
+        "rope_theta": float(rope_theta if rope_theta is not None else 1_000_000.0),
+        "rms_norm_eps": float(q.get("rms_norm_eps", 1e-6)),
+    }
+
+
+def qwen3_hf_dict(c, *, tie_word_embeddings: bool) -> dict:
+    """The nested Qwen3 (backbone) config in the published layout, from a config with the
+    backbone fields of ``qwen3_fields``."""
+    return {
+        "model_type": "qwen3",
+        "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "intermediate_size": c.intermediate_size,
+        "vocab_size": c.vocab_size,
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": tie_word_embeddings,
+        "max_position_embeddings": 40960,
+    }
 
 
 @dataclass
-class MossLocalConfig:
+class MossLocalConfig(HfJsonConfig):
     # backbone (Qwen3)
     hidden_size: int = 2560
     num_layers: int = 36
@@ -74,15 +135,10 @@ class MossLocalConfig:
     def from_hf_dict(cls, cfg: dict) -> MossLocalConfig:
         q = cfg.get("qwen3_config") or cfg.get("language_config") or {}
         g = cfg.get("gpt2_config") or {}
-        hidden = int(q.get("hidden_size", 4096))
-        heads = int(q.get("num_attention_heads", 32))
+        backbone = qwen3_fields(q, num_layers=32, intermediate_size=22016)
+        hidden = backbone["hidden_size"]
         n_vq = int(cfg.get("n_vq", 12))
         sizes = cfg.get("audio_codebook_sizes") or [int(cfg.get("audio_vocab_size", 1024))] * n_vq
-        rope_theta = q.get("rope_theta")
-        if rope_theta is None and isinstance(q.get("rope_scaling"), dict):
-            rope_theta = q["rope_scaling"].get("rope_theta")
-        if rope_theta is None and isinstance(q.get("rope_parameters"), dict):
-            rope_theta = q["rope_parameters"].get("rope_theta")
         local_hidden = int(g.get("n_embd", g.get("hidden_size", hidden)))
         if local_hidden != hidden:
             raise ValueError("local transformer width must equal backbone width (tied embeddings)")
@@ -90,15 +146,7 @@ class MossLocalConfig:
         if slot is None:
             slot = cfg.get("audio_assistant_slot_token_id", 151656)
         return cls(
-            hidden_size=hidden,
-            num_layers=int(q.get("num_hidden_layers", 32)),
-            num_heads=heads,
-            num_kv_heads=int(q.get("num_key_value_heads", heads)),
-            head_dim=int(q.get("head_dim") or hidden // heads),
-            intermediate_size=int(q.get("intermediate_size", 22016)),
-            vocab_size=int(q.get("vocab_size", 151936)),
-            rope_theta=float(rope_theta if rope_theta is not None else 1_000_000.0),
-            rms_norm_eps=float(q.get("rms_norm_eps", 1e-6)),
+            **backbone,
             local_layers=int(cfg.get("local_transformer_layers", g.get("n_layer", 1))),
             local_heads=int(g.get("n_head", g.get("num_attention_heads", max(1, hidden // 80)))),
             local_inner=int(g.get("n_inner") or 4 * hidden),
@@ -120,29 +168,9 @@ class MossLocalConfig:
             audio_assistant_slot_token_id=int(slot),
         )
 
-    @classmethod
-    def from_json(cls, path: str | Path) -> MossLocalConfig:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_hf_dict(json.load(f))
-
     def to_hf_dict(self) -> dict:
         """A config.json in the published layout (what the reference remote code reads)."""
-        qwen3 = {
-            "model_type": "qwen3",
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size,
-            "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_norm_eps,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "tie_word_embeddings": True,
-            "max_position_embeddings": 40960,
-        }
+        qwen3 = qwen3_hf_dict(self, tie_word_embeddings=True)
         gpt2 = {
             "model_type": "gpt2",
             "vocab_size": self.vocab_size,

@@ -27,7 +27,15 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from bestofn.moss.checkpoint import CheckpointError, _DictTensors, _Tensors, weight_files
+from bestofn.moss.checkpoint import (
+    TensorCopier,
+    _DictTensors,
+    _Tensors,
+    empty_model,
+    load_config,
+    weight_files,
+)
+from bestofn.moss.config import HfJsonConfig, qwen3_fields, qwen3_hf_dict
 from bestofn.moss.kv_cache import BackboneCache
 from bestofn.moss.model import BackboneLayer, RMSNorm
 
@@ -35,7 +43,7 @@ MODEL_TYPE = "moss_tts_delay"
 
 
 @dataclass
-class MossDelayConfig:
+class MossDelayConfig(HfJsonConfig):
     # backbone (Qwen3-8B in the published model)
     hidden_size: int = 4096
     num_layers: int = 36
@@ -84,57 +92,27 @@ class MossDelayConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict) -> MossDelayConfig:
         q = cfg.get("language_config") or {}
-        hidden = int(q.get("hidden_size", 4096))
-        heads = int(q.get("num_attention_heads", 32))
-        rope_theta = q.get("rope_theta")
-        for key in ("rope_parameters", "rope_scaling"):
-            if rope_theta is None and isinstance(q.get(key), dict):
-                rope_theta = q[key].get("rope_theta")
         d = cls.__dataclass_fields__
         ints = {k: int(cfg[k]) for k in d if k in cfg and k.endswith(("_id", "_code"))}
         return cls(
-            hidden_size=hidden,
-            num_layers=int(q.get("num_hidden_layers", 36)),
-            num_heads=heads,
-            num_kv_heads=int(q.get("num_key_value_heads", heads)),
-            head_dim=int(q.get("head_dim") or hidden // heads),
-            intermediate_size=int(q.get("intermediate_size", 12288)),
-            vocab_size=int(q.get("vocab_size", 151936)),
-            rope_theta=float(rope_theta if rope_theta is not None else 1_000_000.0),
-            rms_norm_eps=float(q.get("rms_norm_eps", 1e-6)),
+            **qwen3_fields(
+                q,
+                num_layers=36,
+                intermediate_size=12288,
+                rope_keys=("rope_parameters", "rope_scaling"),
+            ),
             n_vq=int(cfg.get("n_vq", 32)),
             audio_vocab_size=int(cfg.get("audio_vocab_size", 1024)),
             sampling_rate=int(cfg.get("sampling_rate", 24000)),
             **ints,
         )
 
-    @classmethod
-    def from_json(cls, path: str | Path) -> MossDelayConfig:
-        with open(path, encoding="utf-8") as f:
-            return cls.from_hf_dict(json.load(f))
-
     def to_hf_dict(self) -> dict:
         """config.json in the published layout (what ``MossTTSDelayConfig`` reads)."""
-        qwen3 = {
-            "model_type": "qwen3",
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads,
-            "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate_size,
-            "vocab_size": self.vocab_size,
-            "rope_theta": self.rope_theta,
-            "rms_norm_eps": self.rms_norm_eps,
-            "hidden_act": "silu",
-            "attention_bias": False,
-            "tie_word_embeddings": False,
-            "max_position_embeddings": 40960,
-        }
         out = {
             "architectures": ["MossTTSDelayModel"],
             "model_type": MODEL_TYPE,
-            "language_config": qwen3,
+            "language_config": qwen3_hf_dict(self, tie_word_embeddings=False),
             "tie_word_embeddings": False,
         }
         for k, v in asdict(self).items():
@@ -337,10 +315,7 @@ class MossDelayModel(nn.Module):
 
 
 def load_delay_config(ckpt_dir: str | Path) -> MossDelayConfig:
-    path = Path(ckpt_dir) / "config.json"
-    if not path.exists():
-        raise CheckpointError(f"missing {path}")
-    return MossDelayConfig.from_json(path)
+    return load_config(ckpt_dir, MossDelayConfig)
 
 
 def load_delay_model(
@@ -359,44 +334,12 @@ def delay_model_from_state_dict(cfg, sd: dict, device="cpu", dtype=torch.float32
 
 @torch.no_grad()
 def delay_model_from_tensors(cfg: MossDelayConfig, t, device, dtype, where: str):
-    with torch.device("meta"):
-        model = MossDelayModel(cfg)
-    model = model.to_empty(device=device).to(dtype)
-    model.build_buffers(device)
-    used: set[str] = set()
-
-    def take(key: str) -> torch.Tensor:
-        if key not in t:
-            raise CheckpointError(f"{where}: missing tensor {key!r}")
-        used.add(key)
-        return t.get(key)
-
-    def put(param: torch.Tensor, *keys: str):
-        src = torch.cat([take(k) for k in keys], dim=0) if len(keys) > 1 else take(keys[0])
-        if tuple(src.shape) != tuple(param.shape):
-            raise CheckpointError(
-                f"{where}: {keys} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
-            )
-        param.copy_(src)
-
-    put(model.embed_tokens.weight, "language_model.embed_tokens.weight")
-    for i, layer in enumerate(model.layers):
-        p = f"language_model.layers.{i}."
-        a = p + "self_attn."
-        put(layer.qkv.weight, a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
-        put(layer.o_proj.weight, a + "o_proj.weight")
-        put(layer.q_norm.weight, a + "q_norm.weight")
-        put(layer.k_norm.weight, a + "k_norm.weight")
-        put(layer.input_layernorm.weight, p + "input_layernorm.weight")
-        put(layer.post_attention_layernorm.weight, p + "post_attention_layernorm.weight")
-        put(layer.gate_up.weight, p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
-        put(layer.down_proj.weight, p + "mlp.down_proj.weight")
-    put(model.norm.weight, "language_model.norm.weight")
-    put(model.text_head, "lm_heads.0.weight")
+    model = empty_model(MossDelayModel, cfg, device, dtype)
+    copier = TensorCopier(t, where)
+    copier.put_qwen3_backbone(model, "language_model.")
+    copier.put(model.text_head, "lm_heads.0.weight")
     for k in range(cfg.n_vq):
-        put(model.audio_embed[k], f"emb_ext.{k}.weight")
-        put(model.audio_heads[k], f"lm_heads.{k + 1}.weight")
-    extra = [k for k in t.where if k not in used and not k.endswith("inv_freq")]
-    if extra:
-        raise CheckpointError(f"{where}: unexpected tensors (layout mismatch?): {extra[:8]}")
+        copier.put(model.audio_embed[k], f"emb_ext.{k}.weight")
+        copier.put(model.audio_heads[k], f"lm_heads.{k + 1}.weight")
+    copier.check_all_used(lambda k: k.endswith("inv_freq"))
     return model.eval()
