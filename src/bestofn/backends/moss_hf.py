@@ -371,8 +371,6 @@ class MossHFGenerator(Generator):
 
     def reference_codes(self, path):
         """Codec codes [T, n_vq] of a reference voice file, encoded once per worker."""
-        import torch
-
         from bestofn.audio import load_audio
 
         path = Path(path)
@@ -381,11 +379,17 @@ class MossHFGenerator(Generator):
         if key not in self._ref_codes:
             audio, sr = load_audio(path, sample_rate=self.sample_rate, mono=False)
             audio = audio[: int(self.options["max_reference_s"] * sr)]
-            wav = torch.from_numpy(np.ascontiguousarray(audio.T if audio.ndim == 2 else audio))
-            with torch.inference_mode():
-                codes = self.processor.encode_audios_from_wav([wav], sr, n_vq=self.n_vq)[0]
-            self._ref_codes[key] = codes.to(torch.long).cpu()
+            self._ref_codes[key] = self._encode_reference(audio, sr)
         return self._ref_codes[key]
+
+    def _encode_reference(self, audio: np.ndarray, sr: int):
+        """Codes [T, n_vq] of a reference clip (frames[, channels]) via the processor's codec."""
+        import torch
+
+        wav = torch.from_numpy(np.ascontiguousarray(audio.T if audio.ndim == 2 else audio))
+        with torch.inference_mode():
+            codes = self.processor.encode_audios_from_wav([wav], sr, n_vq=self.n_vq)[0]
+        return codes.to(torch.long).cpu()
 
     def _instruction(self, spec: GroupSpec):
         mode = self.options["instruction"]

@@ -35,7 +35,6 @@ from bestofn.backends.moss_hf import (
     check_checkpoint,
 )
 from bestofn.moss.budget import FrameBudget
-from bestofn.moss.prompt import LANGUAGE_TAGS
 from bestofn.spec import GroupSpec
 
 DELAY_TEXT_TEMPERATURE = 1.5  # the published Delay generate's default
@@ -113,27 +112,10 @@ class MossHFDelayGenerator(MossHFGenerator):
         self.sample_rate = int(self.codec.sample_rate)
         self.dtype, self.attn = dtype, attn
 
-    def reference_codes(self, path):
-        from bestofn.audio import load_audio
+    # reference_codes (cached per file) and prompt (the processor's user message): inherited
 
-        path = Path(path)
-        st = path.stat()
-        key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-        if key not in self._ref_codes:
-            audio, sr = load_audio(path, sample_rate=self.sample_rate, mono=False)
-            audio = audio[: int(self.options["max_reference_s"] * sr)]
-            self._ref_codes[key] = self.codec.encode(audio, sr)
-        return self._ref_codes[key]
-
-    def prompt(self, spec: GroupSpec):
-        language = self.options["language"] or LANGUAGE_TAGS.get(spec.language, spec.language)
-        reference = [self.reference_codes(spec.reference_audio)] if spec.reference_audio else None
-        message = self.processor.build_user_message(
-            text=spec.text, reference=reference, instruction=self._instruction(spec),
-            language=language or None,
-        )  # fmt: skip
-        batch = self.processor([[message]], mode="generation", n_vq=self.n_vq)
-        return batch["input_ids"], batch["attention_mask"]
+    def _encode_reference(self, audio, sr: int):
+        return self.codec.encode(audio, sr)  # our codec: the processor is built without one
 
     @contextlib.contextmanager
     def _draws(self, seeds):

@@ -19,10 +19,7 @@ which per-take seeds cannot reproduce; ours is per take and per codebook.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 import sys
-import types
 from pathlib import Path
 
 import torch
@@ -36,12 +33,9 @@ RTOL = 1e-4
 
 def load_reference_module(ref_dir: Path):
     """The reference modeling module, imported as a package from the folder copy."""
-    name = "_moss_delay_reference_" + hashlib.sha1(str(ref_dir.resolve()).encode()).hexdigest()[:8]
-    if name not in sys.modules:
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(ref_dir)]
-        sys.modules[name] = pkg
-    return importlib.import_module(f"{name}.modeling_moss_tts")
+    from bestofn.moss.parity import import_reference_module
+
+    return import_reference_module(ref_dir, "_moss_delay_reference_")
 
 
 def make_prompts(cfg: MossDelayConfig, lengths: list[int], text_rows=(), seed: int = 0):
@@ -208,6 +202,7 @@ def delay_parity_main(args, tmp: Path) -> int:
     """Called by ``bestofn.moss.parity.parity_main`` with its parsed arguments."""
     from bestofn.fakes.moss import write_safetensors
     from bestofn.fakes.moss_delay import published_config, random_state_dict, tiny_config
+    from bestofn.moss.parity import report
 
     if args.checkpoint is None:
         import json
@@ -221,11 +216,9 @@ def delay_parity_main(args, tmp: Path) -> int:
     else:
         ckpt, what = args.checkpoint, str(args.checkpoint)
     ok, lines = run_parity(ckpt, args.reference_code, args.frames, args.device)
-    for line in lines:
-        print("  " + line)
-    verdict = "PASS" if ok else "FAIL"
-    print(
-        f"parity: {verdict} (moss-fast Delay vs reference on {what}, {args.device}; prefill "
-        f"rtol {RTOL:g}, greedy and seeded sampled rows must be identical)"
+    return report(
+        ok,
+        lines,
+        f"moss-fast Delay vs reference on {what}, {args.device}; prefill "
+        f"rtol {RTOL:g}, greedy and seeded sampled rows must be identical",
     )
-    return 0 if ok else 1

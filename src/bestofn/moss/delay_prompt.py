@@ -20,13 +20,7 @@ from pathlib import Path
 import torch
 
 from bestofn.moss.delay import MossDelayConfig, apply_delay
-from bestofn.moss.prompt import _field
-
-TEMPLATE = (
-    "<user_inst>\n- Reference(s):\n{reference}\n- Instruction:\n{instruction}\n- Tokens:\n"
-    "{tokens}\n- Quality:\n{quality}\n- Sound Event:\n{sound_event}\n- Ambient Sound:\n"
-    "{ambient_sound}\n- Language:\n{language}\n- Text:\n{text}\n</user_inst>"
-)
+from bestofn.moss.prompt import USER_INST_CLOSE, USER_INST_OPEN, load_tokenizer, user_inst_fields
 
 
 class DelayPromptBuilder:
@@ -36,12 +30,7 @@ class DelayPromptBuilder:
 
     @classmethod
     def from_tokenizer_json(cls, path: str | Path, cfg: MossDelayConfig) -> DelayPromptBuilder:
-        from tokenizers import Tokenizer
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer not found: {path}")
-        tok = Tokenizer.from_file(str(path))
+        tok = load_tokenizer(path)
         return cls(cfg, lambda text: tok.encode(text, add_special_tokens=False).ids,
                    tok.id_to_token)  # fmt: skip
 
@@ -65,11 +54,11 @@ class DelayPromptBuilder:
         blocks = [f"{start}{slot * (len(r) + c.n_vq - 1)}{end}" if len(r) else f"{start}{end}"
                   for r in refs]  # fmt: skip
         reference = "\n".join(f"[S{i + 1}]:\n{b}" for i, b in enumerate(blocks)) or "None"
-        content = TEMPLATE.format(
-            reference=reference, instruction=_field(instruction), tokens=_field(tokens),
-            quality=_field(quality), sound_event=_field(sound_event),
-            ambient_sound=_field(ambient_sound), language=_field(language), text=text,
+        fields = user_inst_fields(
+            instruction=instruction, tokens=tokens, quality=quality, sound_event=sound_event,
+            ambient_sound=ambient_sound, language=language,
         )  # fmt: skip
+        content = f"{USER_INST_OPEN}{reference}{fields}{text}{USER_INST_CLOSE}"
         im_start, im_end = self.token(c.im_start_token_id), self.token(c.im_end_token_id)
         chat = f"{im_start}user\n{content}{im_end}\n{im_start}assistant\n"
         ids = torch.tensor(self.encode(chat), dtype=torch.long)

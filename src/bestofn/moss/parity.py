@@ -31,15 +31,29 @@ from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams, sample_tokens
 RTOL = 1e-4
 
 
-def load_reference_class(ref_dir: Path):
-    """Import the reference modeling module from a copy of moss_tts_local_v1.5/ without running
-    its __init__ (which imports the processor and torchaudio, not needed here)."""
-    name = "_moss_local_reference_" + hashlib.sha1(str(ref_dir.resolve()).encode()).hexdigest()[:8]
+def import_reference_module(ref_dir: Path, prefix: str):
+    """``modeling_moss_tts`` of a reference code folder copy, imported as a package named
+    ``prefix`` + a hash of the folder, without running its __init__ (which imports the
+    processor and torchaudio, not needed here)."""
+    name = prefix + hashlib.sha1(str(ref_dir.resolve()).encode()).hexdigest()[:8]
     if name not in sys.modules:
         pkg = types.ModuleType(name)
         pkg.__path__ = [str(ref_dir)]
         sys.modules[name] = pkg
-    return importlib.import_module(f"{name}.modeling_moss_tts").MossTTSLocalModel
+    return importlib.import_module(f"{name}.modeling_moss_tts")
+
+
+def load_reference_class(ref_dir: Path):
+    """The reference model class of a copy of moss_tts_local_v1.5/."""
+    return import_reference_module(ref_dir, "_moss_local_reference_").MossTTSLocalModel
+
+
+def report(ok: bool, lines: list, what: str) -> int:
+    """Print the check lines and the verdict line ``parity: PASS|FAIL (what)``; exit code."""
+    for line in lines:
+        print("  " + line)
+    print(f"parity: {'PASS' if ok else 'FAIL'} ({what})")
+    return 0 if ok else 1
 
 
 def make_prompts(cfg: MossLocalConfig, lengths: list[int], seed: int = 0):
@@ -245,14 +259,12 @@ def parity_main(argv=None) -> int:
         else:
             ckpt, what = args.checkpoint, str(args.checkpoint)
         ok, lines = run_parity(ckpt, args.reference_code, args.frames, args.device)
-    for line in lines:
-        print("  " + line)
-    verdict = "PASS" if ok else "FAIL"
-    print(
-        f"parity: {verdict} (moss-fast vs reference on {what}; prefill rtol {RTOL:g}, "
-        f"greedy and seeded sampled codes must be identical)"
+    return report(
+        ok,
+        lines,
+        f"moss-fast vs reference on {what}; prefill rtol {RTOL:g}, "
+        f"greedy and seeded sampled codes must be identical",
     )
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -39,6 +39,35 @@ def _field(value) -> str:
     return text or "None"
 
 
+# the v1.5 user message (Local and Delay): USER_INST_OPEN, the references ("None" if none),
+# user_inst_fields(...), the text, USER_INST_CLOSE
+USER_INST_OPEN = "<user_inst>\n- Reference(s):\n"
+USER_INST_CLOSE = "\n</user_inst>"
+
+
+def user_inst_fields(
+    *, instruction=None, tokens=None, quality=None, sound_event=None, ambient_sound=None,
+    language=None,
+) -> str:  # fmt: skip
+    """The fields between the references and the text ("None" for a field not given)."""
+    return (
+        f"\n- Instruction:\n{_field(instruction)}\n- Tokens:\n{_field(tokens)}"
+        f"\n- Quality:\n{_field(quality)}\n- Sound Event:\n{_field(sound_event)}"
+        f"\n- Ambient Sound:\n{_field(ambient_sound)}\n- Language:\n{_field(language)}"
+        "\n- Text:\n"
+    )
+
+
+def load_tokenizer(path: str | Path):
+    """A ``tokenizers.Tokenizer`` from a tokenizer.json (FileNotFoundError naming the path)."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer not found: {path}")
+    return Tokenizer.from_file(str(path))
+
+
 class PromptBuilder:
     def __init__(self, cfg: MossLocalConfig, encode):
         """encode: text -> token ids, without special tokens."""
@@ -46,12 +75,7 @@ class PromptBuilder:
 
     @classmethod
     def from_tokenizer_json(cls, path: str | Path, cfg: MossLocalConfig) -> PromptBuilder:
-        from tokenizers import Tokenizer
-
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer not found: {path}")
-        tok = Tokenizer.from_file(str(path))
+        tok = load_tokenizer(path)
         return cls(cfg, lambda text: tok.encode(text, add_special_tokens=False).ids)
 
     def _text_rows(self, ids: list[int]) -> torch.Tensor:
@@ -80,15 +104,13 @@ class PromptBuilder:
         """The prompt as [T, 1 + n_vq] rows; references are codec codes [T_ref, n_vq]."""
         c = self.cfg
         head = [c.im_start_token_id] + self.encode("user\n")
-        head += self.encode("<user_inst>\n- Reference(s):\n")
-        after = (
-            f"\n- Instruction:\n{_field(instruction)}\n- Tokens:\n{_field(tokens)}"
-            f"\n- Quality:\n{_field(quality)}\n- Sound Event:\n{_field(sound_event)}"
-            f"\n- Ambient Sound:\n{_field(ambient_sound)}\n- Language:\n{_field(language)}"
-            "\n- Text:\n"
-        )
+        head += self.encode(USER_INST_OPEN)
+        after = user_inst_fields(
+            instruction=instruction, tokens=tokens, quality=quality, sound_event=sound_event,
+            ambient_sound=ambient_sound, language=language,
+        )  # fmt: skip
         tail = self.encode(after) + self.encode(text)
-        tail += self.encode("\n</user_inst>") + [c.im_end_token_id] + self.encode("\n")
+        tail += self.encode(USER_INST_CLOSE) + [c.im_end_token_id] + self.encode("\n")
         tail += [c.im_start_token_id] + self.encode("assistant\n") + [c.audio_start_token_id]
         if not references:
             return self._text_rows(head + self.encode("None") + tail)
