@@ -56,6 +56,7 @@ def _auto(value, on_gpu: bool) -> bool:
 
 class MossFastGenerator(Generator):
     name = "moss-fast"
+    decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
@@ -126,7 +127,7 @@ class MossFastGenerator(Generator):
                 f"moss-fast: unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}"
             )
         self.options = o = {**DEFAULTS, **options}
-        self.decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)
+        self.decode_s = 0.0
         self._given = set(options)
         if o["instruction"] not in ("none", "emotion", "emotion_description"):
             raise ValueError(f"moss-fast: bad instruction mode {o['instruction']!r}")
