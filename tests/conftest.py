@@ -49,3 +49,16 @@ def project(tmp_path):
     )
     (tmp_path / "config/config.yaml").write_text(yaml.safe_dump(tiny_config()))
     return tmp_path
+
+
+# The longest files first: with `pytest -n 2 --dist loadfile` (make test) a file runs whole on one
+# worker, in collection order, so a long file collected last would run alone at the end.
+_LONGEST_FIRST = ("test_slurm.py", "test_snakemake_speedups.py", "test_moss_delay.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        name = item.path.name
+        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file keeps its own order
