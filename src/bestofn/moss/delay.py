@@ -37,7 +37,7 @@ from bestofn.moss.checkpoint import (
 )
 from bestofn.moss.config import HfJsonConfig, qwen3_fields, qwen3_hf_dict
 from bestofn.moss.kv_cache import BackboneCache
-from bestofn.moss.model import BackboneLayer, RMSNorm
+from bestofn.moss.model import BackboneLayer, RMSNorm, decode_backbone
 
 MODEL_TYPE = "moss_tts_delay"
 
@@ -273,24 +273,7 @@ class MossDelayModel(nn.Module):
 
     def backbone_step(self, x, alive, cache: BackboneCache, kv_len: int | None = None):
         """x [B, H]: embeddings of each row's newest input; alive [B]: its attention-mask bit."""
-        L = kv_len or cache.max_len
-        cache.key_mask.index_copy_(1, cache.write_idx, alive.unsqueeze(1))
-        bias = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(
-            ~cache.key_mask[:, None, None, :L], float("-inf")
-        )
-        cos, sin = self._rope(cache.pos, x.dtype)
-        if self.fused_backbone and cache.kv is not None:
-            first = self.layers[0]
-            hn = first.impl["rms_norm_w"](x, first.input_layernorm.weight, first.eps)
-            for i, layer in enumerate(self.layers):
-                nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-                kv = cache.kv[i][:, :, :L]
-                x, hn = layer.decode_fused(x, hn, cos, sin, bias, cache.write_idx, kv, nxt.weight)
-        else:
-            for i, layer in enumerate(self.layers):
-                x = layer.decode(x, cos, sin, bias, cache.write_idx, cache.k[i][:, :, :L],
-                                 cache.v[i][:, :, :L])  # fmt: skip
-            hn = self.norm(x)
+        hn = decode_backbone(self, x, alive, cache, kv_len)
         cache.pos.add_(1)
         cache.write_idx.add_(1)
         return hn

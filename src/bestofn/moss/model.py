@@ -409,24 +409,7 @@ class MossLocalModel(nn.Module):
         """x [B, H] embeddings of each row's newest input; alive [B] bool = its attention mask.
         kv_len (static, > write slot) bounds the slots attention reads: the engine captures one
         graph per 64-slot bucket so early frames do not read the whole preallocated cache."""
-        L = kv_len or cache.max_len
-        cache.key_mask.index_copy_(1, cache.write_idx, alive.unsqueeze(1))
-        bias = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(
-            ~cache.key_mask[:, None, None, :L], float("-inf")
-        )
-        cos, sin = self._rope(cache.pos, x.dtype)
-        if self.fused_backbone and cache.kv is not None:
-            first = self.layers[0]
-            hn = first.impl["rms_norm_w"](x, first.input_layernorm.weight, first.eps)
-            for i, layer in enumerate(self.layers):
-                nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-                kv = cache.kv[i][:, :, :L]
-                x, hn = layer.decode_fused(x, hn, cos, sin, bias, cache.write_idx, kv, nxt.weight)
-        else:
-            for i, layer in enumerate(self.layers):
-                k, v = cache.k[i][:, :, :L], cache.v[i][:, :, :L]
-                x = layer.decode(x, cos, sin, bias, cache.write_idx, k, v)
-            hn = self.norm(x)
+        hn = decode_backbone(self, x, alive, cache, kv_len)
         cache.pos.add_(alive.long())
         cache.write_idx.add_(1)
         return hn
@@ -493,3 +476,29 @@ class MossLocalModel(nn.Module):
         return LocalCache(
             c.local_layers, batch, c.local_heads, c.n_vq + 1, c.local_head_dim, p.dtype, p.device
         )
+
+
+def decode_backbone(m, x, alive, cache: BackboneCache, kv_len: int | None = None):
+    """One decode step through the Qwen3 backbone of ``m`` (MossLocalModel or MossDelayModel:
+    ``layers``, ``norm``, ``_rope``, ``fused_backbone``), each row writing its K/V at
+    ``cache.write_idx``. Returns the final-normed hidden [B, H]; the caller advances
+    ``cache.pos`` and ``cache.write_idx`` (by its own rules)."""
+    L = kv_len or cache.max_len
+    cache.key_mask.index_copy_(1, cache.write_idx, alive.unsqueeze(1))
+    bias = torch.zeros((), dtype=x.dtype, device=x.device).masked_fill(
+        ~cache.key_mask[:, None, None, :L], float("-inf")
+    )
+    cos, sin = m._rope(cache.pos, x.dtype)
+    if m.fused_backbone and cache.kv is not None:
+        first = m.layers[0]
+        hn = first.impl["rms_norm_w"](x, first.input_layernorm.weight, first.eps)
+        for i, layer in enumerate(m.layers):
+            nxt = m.layers[i + 1].input_layernorm if i + 1 < len(m.layers) else m.norm
+            kv = cache.kv[i][:, :, :L]
+            x, hn = layer.decode_fused(x, hn, cos, sin, bias, cache.write_idx, kv, nxt.weight)
+    else:
+        for i, layer in enumerate(m.layers):
+            k, v = cache.k[i][:, :, :L], cache.v[i][:, :, :L]
+            x = layer.decode(x, cos, sin, bias, cache.write_idx, k, v)
+        hn = m.norm(x)
+    return hn
