@@ -25,6 +25,7 @@ from bestofn.backends import registry
 from bestofn.backends.base import Generator, Restorer, Scorer, Take
 from bestofn.groupio import TAKES, take_name, write_group
 from bestofn.spec import GroupSpec
+from bestofn.torch_threads import default_cpu_threads, torch_threads
 
 ARROW_TYPES = {
     "DOUBLE": pa.float64(),
@@ -106,6 +107,13 @@ class Backends:
     models: dict  # the model section of the config these were built from (identity)
     load_s: float = 0.0
     provenance: dict = field(default_factory=dict)
+    # torch's intra-op threads while a group's stages run, in whichever thread runs them
+    # (bestofn.torch_threads: some CPU kernels give other bits with another count); 0: the
+    # default, fixed now from the environment
+    cpu_threads: int = 0
+
+    def __post_init__(self):
+        self.cpu_threads = int(self.cpu_threads) or default_cpu_threads()
 
     @property
     def models_hash(self) -> str:
@@ -270,7 +278,7 @@ def generate_stage(spec: GroupSpec, backends: Backends, device: str = "cpu") -> 
     """Generate the group's takes (the generator's GPU work), checked, empty takes as silence."""
     work = GroupWork(spec, device, datetime.now(UTC), StageTimer(device))
     device_label(device)  # cached now, on the GPU thread: write_stage makes no CUDA call
-    with work.timer("generate"):
+    with work.timer("generate"), torch_threads(backends.cpu_threads):
         takes = backends.generator.generate(spec)
         if len(takes) != spec.n_takes:
             raise RuntimeError(f"generator returned {len(takes)} takes, expected {spec.n_takes}")
@@ -285,7 +293,7 @@ def generate_stage(spec: GroupSpec, backends: Backends, device: str = "cpu") -> 
 
 
 def restore_stage(work: GroupWork, backends: Backends) -> GroupWork:
-    with work.timer("restore"):
+    with work.timer("restore"), torch_threads(backends.cpu_threads):
         work.audios, work.sr = backends.restorer.restore(work.raw, work.gen_rate)
     work.raw = []  # the restored takes replace them
     return work
@@ -295,7 +303,7 @@ def score_stage(work: GroupWork, backends: Backends, defer_host: bool = False) -
     """Run every scorer. With ``defer_host``, a scorer that can (``score_deferred``) returns
     after its GPU work and finishes its host work (text normalisation, WER) in its own thread;
     ``write_stage`` collects it. The columns are the same either way."""
-    with work.timer("score"):
+    with work.timer("score"), torch_threads(backends.cpu_threads):
         # Resample once per rate that scorers ask for; every scorer asking for 16 kHz shares it.
         at_rate: dict[int, list[np.ndarray]] = {}
         for scorer in backends.scorers:
