@@ -407,10 +407,13 @@ def test_no_log_directive_gives_a_new_empty_log():
 # --- end to end: a small workflow with and without the patches --------------------------------
 
 SNAKEFILE = """
+import atexit
+
 from bestofn import snakemake_speedups
 
-snakemake_speedups.install()
+snakemake_speedups.install(workflow)
 print("patches:", sorted(k for k, v in snakemake_speedups.APPLIED.items() if v))
+atexit.register(print, "an atexit function ran")  # also after the fast exit of a dry run
 
 
 rule all:
@@ -456,6 +459,7 @@ def dry_run(tmp_path: Path, patched: bool, *args: str, dry: bool = True):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BESTOFN_NO_SNAKEMAKE")}
     if not patched:
         env["BESTOFN_NO_SNAKEMAKE_JOB_PATCHES"] = "1"
+        env["BESTOFN_SNAKEMAKE_PATCHES_SKIP"] = "fast_exit"
     proc = subprocess.run(
         [str(BIN / "snakemake"), "-s", str(tmp_path / "Snakefile"), "-d", str(tmp_path),
          *(["-n"] if dry else []), "-c1", *args],
@@ -465,6 +469,8 @@ def dry_run(tmp_path: Path, patched: bool, *args: str, dry: bool = True):
     applied = re.search(r"patches: (\[.*\])", out)
     assert applied, out
     assert (applied.group(1) != "[]") == patched, applied.group(1)
+    assert ("'fast_exit'" in applied.group(1)) == patched, applied.group(1)
+    assert proc.stdout.rstrip().endswith("an atexit function ran"), proc.stdout
     kept = [
         line.strip()
         for line in out.splitlines()
@@ -537,3 +543,72 @@ def test_same_needrun_decisions_after_a_run(tmp_path):
     rc, out = dry_run(tmp_path, True, *args)
     assert (rc, out) == (stock_rc, stock_out) and rc == 1
     assert any("Incomplete files" in line for line in out), out
+
+
+# --- resources read once per key, and the fast exit -----------------------------------------
+
+
+def test_resources_key_only_for_rules_whose_resources_are_the_same_for_every_job():
+    import snakemake.api  # noqa: F401
+    from snakemake.resources import Resource
+
+    assert sp._resources_once_shape()
+
+    class Rule:
+        def __init__(self, **resources):
+            self.resources = resources
+
+    class Job:
+        def __init__(self, rule, inputs=(), aux=None, attempt=1):
+            self.rule, self.input, self._aux_resources = rule, list(inputs), aux or {}
+            self.attempt, self.is_local = attempt, False
+            self.dag = type("D", (), {"workflow": type("W", (), {"local_exec": True})})()
+
+    def expr(name, text):
+        return Resource.from_cli_expression(name, text)
+
+    free = Rule(
+        _cores=Resource("_cores", 1),
+        gpu=Resource("gpu", 1),
+        mem_mb=expr("mem_mb", "min(max(2*input.size_mb, 1000), 8000)"),
+        tmpdir=expr("tmpdir", "system_tmpdir"),
+        runtime=expr("runtime", "10 * attempt"),
+    )
+    a, b = sp.resources_key(Job(free)), sp.resources_key(Job(free))
+    assert a is not None and a == b
+    assert sp.resources_key(Job(free, attempt=2)) != a  # the attempt is part of the key
+    assert sp.resources_key(Job(free, inputs=["in.txt"])) is None  # input sizes differ
+    assert sp.resources_key(Job(free, aux={"x": 1})) is None
+    for job_dependent in [
+        Resource("mem_mb", lambda wildcards: 100),  # a function of the rule
+        expr("runtime", "int(wildcards.i) * 10"),  # an expression naming the wildcards
+        expr("disk_mb", "shutil.disk_usage('.').free"),  # or anything else
+    ]:
+        rule = Rule(_cores=Resource("_cores", 1), **{job_dependent.name: job_dependent})
+        assert sp.resources_key(Job(rule)) is None, job_dependent
+
+
+def test_fast_exit_only_after_a_dry_run_of_the_snakemake_command(monkeypatch):
+    import types
+
+    import snakemake.cli as cli
+
+    class Workflow:
+        dryrun = True
+
+    real = types.SimpleNamespace(modules={"__main__": types.SimpleNamespace(main=cli.main)})
+    fast = sp.FastExitSys(real, Workflow())
+    assert fast._may_skip_teardown(0) and fast._may_skip_teardown(1)
+    assert fast._may_skip_teardown(None)
+    assert not fast._may_skip_teardown("a message")  # printed by the interpreter: its exit
+    Workflow.dryrun = False
+    assert not fast._may_skip_teardown(0)  # a real run ends as it always did
+    Workflow.dryrun = True
+    real.modules["__main__"] = types.SimpleNamespace(main=lambda: None)  # e.g. pytest
+    assert not fast._may_skip_teardown(0)
+    real.modules["__main__"] = types.SimpleNamespace(
+        __spec__=types.SimpleNamespace(name="snakemake.__main__")
+    )
+    assert fast._may_skip_teardown(0)
+    # anything else of sys is the real one's
+    assert sp.FastExitSys(sys, Workflow()).argv is sys.argv

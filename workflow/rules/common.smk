@@ -7,7 +7,7 @@ from bestofn.selection import SelectionError
 from bestofn.workflow_glue import check_selection_for, run_group_rule
 from bestofn import snakemake_speedups
 
-snakemake_speedups.install()  # signatures asked ~10x per job, computed once (see the module)
+snakemake_speedups.install(workflow)  # per-job costs of planning cut (see the module)
 
 # Validated once, by the library (its schemas ship in the package; errors name the field).
 try:
