@@ -66,6 +66,7 @@ KNOBS = {
     "sidon_resample": str,
     "sidon_compile": lambda v: v.lower() in ("1", "on", "true", "yes"),
     "sidon_bucket_s": float,
+    "sidon_snake": str,  # auto, fused or eager (bestofn.backends.sidon.set_snake)
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -98,6 +99,9 @@ def apply_variant(backends, knobs: dict) -> None:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
     if backends.restorer.name == "sidon":
+        from bestofn.backends.sidon import set_snake
+
+        set_snake(knobs.get("sidon_snake", "auto"))
         backends.restorer.set_speed(
             knobs.get("sidon_batch"),
             knobs.get("sidon_resample"),
