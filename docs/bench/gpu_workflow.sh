@@ -17,6 +17,7 @@ repo=$(pwd)
 work=${WORK:-/tmp/bestofn-gpu}
 py=${PYTHON:-python3}
 # A CPU smoke test of this script: SIZE=tiny PROFILE=local TAKES=4 FRAMES=16 BENCH=0
+# OVERLAP=off|host|full sets runtime.overlap in the run's config (default: the config's, auto).
 size=${SIZE:-real}
 profile=${PROFILE:-h200x8}
 takes=${TAKES:-64}
@@ -45,6 +46,7 @@ echo "fake-weights (and bench): $(($(date +%s) - t0)) s"
 
 # The project: sheets with no reference voice (bench pipeline has none), takes = 64.
 $py - "$work" "$n_emotions" "$n_prompts" "$takes" "$frames" <<'EOF'
+import os
 import sys
 from pathlib import Path
 
@@ -64,6 +66,8 @@ config = yaml.safe_load((work / "weights/config.yaml").read_text())
 config.update(emotions=str(project / "emotions.tsv"), prompts=str(project / "prompts.tsv"),
               takes=takes)
 config["models"]["generator"]["options"].update(min_frames=frames, max_frames=frames)
+if os.environ.get("OVERLAP"):  # runtime.overlap for this run (off, host, full; default auto)
+    config.setdefault("runtime", {})["overlap"] = os.environ["OVERLAP"]
 (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 EOF
 

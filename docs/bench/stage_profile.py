@@ -128,7 +128,8 @@ def parakeet_rows(n: int, batch: int) -> list[dict]:
     same = sum(a == b for a, b in zip(out, first, strict=True)) / n
     rows.append({"stage": "parakeet", "variant": "decoder + joint bf16 weights",
                  "s_per_clip": seconds / n, "batch": batch, "clips": n,
-                 "same_transcripts_as_fp32": same})  # fmt: skip
+                 "same_transcripts_as_fp32": same,
+                 "mean_chars": statistics.mean(len(t) for t in out)})  # fmt: skip
     print(json.dumps(rows[-1]), flush=True)
     rows.append({"stage": "parakeet", "variant": "bf16 decoder", "top": top_kernels(
         lambda: scorer.transcribe(audios[:batch], SR16))})  # fmt: skip

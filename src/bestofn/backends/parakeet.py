@@ -244,6 +244,11 @@ class ParakeetScorer(Scorer):
             feats, feat_lens = self.model.preprocessor(input_signal=signal_t, length=lengths_t)
             with self._autocast():
                 encoded, encoded_lens = self._encoder(audio_signal=feats, length=feat_lens)
+                # NeMo's graph decoder runs the joint on the encoder output as it comes (no
+                # autocast there): give it the joint's weight dtype
+                joint_dtype = self.model.joint.joint_net[-1].weight.dtype
+                if encoded.dtype != joint_dtype:
+                    encoded = encoded.to(joint_dtype)
                 hyps = self.model.decoding.rnnt_decoder_predictions_tensor(
                     encoder_output=encoded, encoded_lengths=encoded_lens, return_hypotheses=False
                 )
