@@ -227,8 +227,8 @@ def test_fatal_device_error_with_overlap_exits_70(tmp_path):
 
 def test_overlap_modes_resolve():
     assert resolve_overlap("auto", "cpu") == "off"
-    assert resolve_overlap("auto", "cuda:0") == "host"
-    assert resolve_overlap(None, "cuda") == "host"
+    assert resolve_overlap("auto", "cuda:0") == "full"
+    assert resolve_overlap(None, "cuda") == "full"
     assert resolve_overlap("full", "cpu") == "full"
     with pytest.raises(ValueError, match="runtime.overlap"):
         resolve_overlap("sometimes", "cpu")

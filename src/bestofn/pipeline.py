@@ -202,8 +202,8 @@ def resolve_overlap(mode: str | None, device: str) -> str:
         mode = "off"
     if mode not in OVERLAP_MODES:
         raise ValueError(f"runtime.overlap must be one of {', '.join(OVERLAP_MODES)}; got {mode!r}")
-    if mode == "auto":
-        return "host" if str(device).startswith("cuda") else "off"
+    if mode == "auto":  # full ran through snakemake on two H200s (docs/PERFORMANCE.md)
+        return "full" if str(device).startswith("cuda") else "off"
     return mode
 
 
