@@ -75,19 +75,16 @@ def sidon_rows(n: int, batch: int) -> list[dict]:
     audios = clips(n, 15.0)
     restorer = sidon.build("cuda", "real", batch_size=batch)
     rows, first = [], None
-    from bestofn.backends import sidon_attention
-
-    variants = [  # label, cudnn.benchmark, snake, bucket_s, attention
-        ("eager", False, "eager", 0.0, "transformers"),
-        ("fused snake", False, "fused", 0.0, "transformers"),
-        ("fused snake + our attention", False, "fused", 0.0, "ours"),
-        ("fused snake + our attention, cudnn.benchmark", True, "fused", 0.0, "ours"),
-        ("eager again", False, "eager", 0.0, "transformers"),
+    variants = [  # label, cudnn.benchmark, snake, bucket_s
+        ("eager", False, "eager", 0.0),
+        ("fused snake", False, "fused", 0.0),
+        ("fused snake, lengths x 0.16 s", False, "fused", 0.16),
+        ("fused snake, lengths x 0.16 s, cudnn.benchmark", True, "fused", 0.16),
+        ("eager again", False, "eager", 0.0),
     ]
-    for label, bench, snake, bucket, attention in variants:
+    for label, bench, snake, bucket in variants:
         torch.backends.cudnn.benchmark = bench
         sidon_backend.set_snake(snake)
-        sidon_attention.set_attention(attention)
         restorer.set_speed(bucket_s=bucket)
         seconds, out = timed(lambda: restorer.restore_batch(audios))
         if first is None:
@@ -99,15 +96,13 @@ def sidon_rows(n: int, batch: int) -> list[dict]:
     torch.backends.cudnn.benchmark = False
     restorer.set_speed(bucket_s=0.0)
     sidon_backend.set_snake("eager")
-    sidon_attention.set_attention("transformers")
     rows.append({"stage": "sidon", "variant": "eager", "top": top_kernels(
         lambda: restorer.restore_batch(audios[:batch]))})  # fmt: skip
     sidon_backend.set_snake("fused")
-    sidon_attention.set_attention("ours")
-    rows.append({"stage": "sidon", "variant": "fused snake + our attention", "top": top_kernels(
+    restorer.set_speed(bucket_s=0.16)
+    rows.append({"stage": "sidon", "variant": "fused snake, x 0.16 s", "top": top_kernels(
         lambda: restorer.restore_batch(audios[:batch]))})  # fmt: skip
     sidon_backend.set_snake("auto")
-    sidon_attention.set_attention("auto")
     return rows
 
 

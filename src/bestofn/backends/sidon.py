@@ -47,7 +47,6 @@ import torch
 from torch import nn
 
 from bestofn.audio import mono_at
-from bestofn.backends import sidon_attention
 from bestofn.backends.base import Restorer
 from bestofn.backends.resample import out_length, resample_torch
 from bestofn.dtypes import resolve_dtype
@@ -579,7 +578,6 @@ class SidonRestorer(Restorer):
     def _attach(self, encoder, decoder) -> None:
         self.fbank = SeamlessFbank().to(self.device)
         self.encoder = encoder.eval().to(self.device)
-        sidon_attention.install(self.encoder)  # the relative-key bias built once, on CUDA
         self.decoder = decoder.eval().to(self.device)
         for p in [*self.encoder.parameters(), *self.decoder.parameters()]:
             p.requires_grad_(False)

@@ -67,7 +67,6 @@ KNOBS = {
     "sidon_compile": lambda v: v.lower() in ("1", "on", "true", "yes"),
     "sidon_bucket_s": float,
     "sidon_snake": str,  # auto, fused or eager (bestofn.backends.sidon.set_snake)
-    "sidon_attention": str,  # auto, ours or transformers (bestofn.backends.sidon_attention)
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -101,10 +100,8 @@ def apply_variant(backends, knobs: dict) -> None:
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
     if backends.restorer.name == "sidon":
         from bestofn.backends.sidon import set_snake
-        from bestofn.backends.sidon_attention import set_attention
 
         set_snake(knobs.get("sidon_snake", "auto"))
-        set_attention(knobs.get("sidon_attention", "auto"))
         backends.restorer.set_speed(
             knobs.get("sidon_batch"),
             knobs.get("sidon_resample"),
