@@ -220,6 +220,7 @@ def _job_free_expression(evaluator) -> bool:
 
 
 def _names_job_free(source: str) -> bool:
+    """True if the expression ``source`` names only _JOB_FREE_NAMES (False if it is none)."""
     try:
         code = compile(source.lstrip(" \t"), "<string>", "eval")
     except SyntaxError:
@@ -362,14 +363,7 @@ def job_free_resource_cache(original):
     import functools
     import tempfile
 
-    @functools.lru_cache(maxsize=256)
-    def job_free(source: str) -> bool:
-        try:
-            code = compile(source.lstrip(" \t"), "<string>", "eval")
-        except SyntaxError:
-            return False
-        return _code_names(code) <= _JOB_FREE_NAMES
-
+    job_free = functools.lru_cache(maxsize=256)(_names_job_free)
     values: dict = {}
 
     def cli_evaluator(name, val, *, wildcards, input, attempt, threads=None, async_run):  # noqa: A002
