@@ -258,3 +258,34 @@ def test_corrupt_base_weights_are_a_clear_error(release, tmp_path):
     (base / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(sidon.SidonLoadError, match=r"base.*w2v_bert_dir"):
         sidon.SidonRestorer(**{**release["options"], "w2v_bert_dir": str(base)})
+
+
+def test_fused_snake_failure_falls_back_to_eager(monkeypatch, caplog):
+    """On a GPU where the Triton Snake cannot run, auto falls back to the eager ops (with a
+    warning) and stays there; snake=fused raises instead."""
+    from bestofn.backends import sidon as backend
+
+    class CudaLike(torch.Tensor):  # the CUDA branch, taken on the CPU
+        @property
+        def is_cuda(self):
+            return True
+
+    def broken(x, alpha):
+        raise RuntimeError("no kernel for this GPU")
+
+    snake = backend.Snake1d(3)
+    with torch.no_grad():
+        snake.alpha.uniform_(0.5, 2.0)
+    x = torch.randn(2, 3, 7)
+    want = x + (snake.alpha + 1e-9).reciprocal() * torch.sin(snake.alpha * x).pow(2)
+    monkeypatch.setattr(backend, "fused_snake", broken)
+    monkeypatch.setitem(backend._SNAKE, "mode", "auto")
+    monkeypatch.setitem(backend._SNAKE, "kernel", broken)  # "Triton imported"
+    with torch.no_grad():
+        got = snake(x.as_subclass(CudaLike)).as_subclass(torch.Tensor)
+    assert torch.equal(got, want)
+    assert backend._SNAKE["kernel"] is False and "fused Snake failed" in caplog.text
+    monkeypatch.setitem(backend._SNAKE, "mode", "fused")
+    monkeypatch.setitem(backend._SNAKE, "kernel", broken)
+    with pytest.raises(RuntimeError, match="no kernel"), torch.no_grad():
+        snake(x.as_subclass(CudaLike))

@@ -150,7 +150,13 @@ class Snake1d(nn.Module):
 
     def forward(self, x):
         if x.is_cuda and snake_fused():
-            return fused_snake(x, self.alpha)
+            try:
+                return fused_snake(x, self.alpha)
+            except Exception as e:  # e.g. a GPU Triton cannot compile for
+                if _SNAKE["mode"] == "fused":
+                    raise
+                log.warning("sidon: fused Snake failed here (%s); eager Snake from now on", e)
+                _SNAKE["kernel"] = False
         # x + sin^2(alpha x) / alpha, with DAC's 1e-9 guard
         return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
 
