@@ -49,6 +49,19 @@ def _peak(device):
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
 
 
+def delay_checkpoint(work: Path, size: str, reference_code: Path | None) -> Path:
+    """The always-continue Delay checkpoint the Delay benches time, written once under
+    ``work``; with ``reference_code``, the published remote code copied in."""
+    from bestofn.fakes import moss_delay
+
+    ckpt = work / f"MOSS-TTS-Delay-v1.5-{size}-always-continue"
+    if not (ckpt / "config.json").is_file():
+        moss_delay.write_model(ckpt, size, seed=0, always_continue=True)
+    if reference_code is not None:
+        moss_delay.add_remote_code(ckpt, reference_code)
+    return ckpt
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
@@ -68,7 +81,6 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from bestofn.fakes import moss_delay
     from bestofn.moss import model as moss_model
     from bestofn.moss.delay import load_delay_model
     from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
@@ -78,11 +90,8 @@ def main() -> int:
     dev = args.device
     on_gpu = dev.startswith("cuda")
     dtype = torch.bfloat16 if on_gpu else torch.float32
-    ckpt = args.work / f"MOSS-TTS-Delay-v1.5-{args.size}-always-continue"
     t0 = time.perf_counter()
-    if not (ckpt / "config.json").is_file():
-        moss_delay.write_model(ckpt, args.size, seed=0, always_continue=True)
-    moss_delay.add_remote_code(ckpt, args.reference_code)
+    ckpt = delay_checkpoint(args.work, args.size, args.reference_code)
     write_s = time.perf_counter() - t0
     print(f"checkpoint {ckpt} ready ({write_s:.0f} s)", flush=True)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from delay_bench import ROOT, TEXT  # noqa: E402
+from delay_bench import ROOT, TEXT, delay_checkpoint  # noqa: E402
 
 
 class Timer:
@@ -112,7 +112,6 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
 
     import bestofn.moss.delay as delay
-    from bestofn.fakes import moss_delay
     from bestofn.moss.delay import load_delay_model
     from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
     from bestofn.moss.delay_prompt import DelayPromptBuilder
@@ -121,11 +120,8 @@ def main() -> int:
     dev = args.device
     cuda = dev.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
-    ckpt = args.work / f"MOSS-TTS-Delay-v1.5-{args.size}-always-continue"
-    if not (ckpt / "config.json").is_file():
-        moss_delay.write_model(ckpt, args.size, seed=0, always_continue=True)
-        if args.reference_code.is_dir():
-            moss_delay.add_remote_code(ckpt, args.reference_code)
+    code = args.reference_code if args.reference_code.is_dir() else None
+    ckpt = delay_checkpoint(args.work, args.size, code)
     model = load_delay_model(ckpt, device=dev, dtype=dtype)
     cfg = model.config
     builder = DelayPromptBuilder.from_tokenizer_json(ckpt / "tokenizer.json", cfg)
