@@ -289,3 +289,59 @@ def test_fused_snake_failure_falls_back_to_eager(monkeypatch, caplog):
     monkeypatch.setitem(backend._SNAKE, "kernel", broken)
     with pytest.raises(RuntimeError, match="no kernel"), torch.no_grad():
         snake(x.as_subclass(CudaLike))
+
+
+def _per_channel(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-channel vector shaped to broadcast over [B, C, T] or [B, C, 1, T]."""
+    return v.reshape(1, -1, *([1] * (like.dim() - 2)))
+
+
+def _snake_as_the_kernel(x, alpha, bias=None):
+    """What the Triton snake kernel computes, in torch ops (CPU stand-in)."""
+    if bias is not None:
+        x = x + _per_channel(bias, x).to(x.dtype)
+    a = _per_channel(alpha, x)
+    return x + (a + 1e-9).reciprocal() * torch.sin(a * x).pow(2)
+
+
+def _residual_as_the_kernel(x, x_bias, conv_out, conv_bias):
+    if x_bias is not None:
+        x = x + _per_channel(x_bias, x).to(x.dtype)
+    return x + (conv_out + _per_channel(conv_bias, conv_out).to(conv_out.dtype))
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_fused_decoder_adds_every_bias_once(monkeypatch, layout):
+    """The fused decoder path (convolutions without bias, each bias added by the kernel that
+    reads the output next; optionally channels last) gives the plain decoder's output. The
+    kernels are replaced by their arithmetic in torch ops, so this checks the plumbing: which
+    bias goes where, the input conv, the transposed convs, the residual sums, the tail."""
+    from bestofn.backends import sidon as backend
+
+    class CudaLike(torch.Tensor):  # the CUDA branch, taken on the CPU
+        @property
+        def is_cuda(self):
+            return True
+
+    dec = backend.DACDecoder(16, 32, backend.DECODER_RATES)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in dec.named_parameters():  # biases and alphas far from 0 and 1
+            (p.uniform_(0.5, 1.5) if name.endswith("alpha") else p.normal_(0, 0.3))
+    dec = dec.double().eval()  # float64: conv-then-add and mkldnn's fused bias agree closely
+    x = torch.randn(2, 9, 16, dtype=torch.float64).transpose(1, 2)  # [B, C, T], as handed over
+    with torch.no_grad():
+        want = dec.model(x)
+        monkeypatch.setattr(backend, "fused_snake", _snake_as_the_kernel)
+        monkeypatch.setattr(backend, "fused_residual", _residual_as_the_kernel)
+        monkeypatch.setitem(backend._SNAKE, "mode", "fused")
+        monkeypatch.setitem(backend._SNAKE, "kernel", {"snake": None, "residual": None})
+        monkeypatch.setitem(backend._SNAKE, "layout", layout)
+        got = dec(x.as_subclass(CudaLike)).as_subclass(torch.Tensor)
+    assert got.shape == want.shape and want.shape[:2] == (2, 1)
+    assert want.abs().max() > 0.1
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    monkeypatch.setitem(backend._SNAKE, "fuse_bias", False)  # Snake alone fused: the old path
+    with torch.no_grad():
+        again = dec(x.as_subclass(CudaLike)).as_subclass(torch.Tensor)
+    torch.testing.assert_close(again, want, rtol=1e-9, atol=1e-9)

@@ -2,10 +2,10 @@
 15-s clips, on CUDA. For each stage: seconds per clip (CUDA events, median of 3 after a
 warm-up), then torch.profiler's top CUDA kernels of one more batch.
 
-Sidon rows: as configured (eager, fp16 autocast), with ``cudnn.benchmark`` on (cuDNN times its
-convolution algorithms per shape instead of picking by heuristic), and with DAC's Snake
-activation fused (``BESTOFN_SIDON_SNAKE=fused``); each row's output is compared with the first
-row's (max |diff|).
+Sidon rows: eager (fp16 autocast); DAC's Snake activation fused (``BESTOFN_SIDON_SNAKE=fused``);
+also each convolution's bias added in the fused kernel that reads its output (the default);
+also the decoder's activations channels last (``BESTOFN_SIDON_LAYOUT=channels_last``). Each
+row's output is compared with the first row's (max |diff|).
 
 PYTHONPATH=src python3 docs/bench/stage_profile.py [--only sidon,parakeet] [--out DIR]
 """
@@ -75,17 +75,21 @@ def sidon_rows(n: int, batch: int) -> list[dict]:
     audios = clips(n, 15.0)
     restorer = sidon.build("cuda", "real", batch_size=batch)
     rows, first = [], None
-    variants = [  # label, cudnn.benchmark, snake, bucket_s
-        ("eager", False, "eager", 0.0),
-        ("fused snake", False, "fused", 0.0),
-        ("fused snake, lengths x 0.16 s", False, "fused", 0.16),
-        ("fused snake, lengths x 0.16 s, cudnn.benchmark", True, "fused", 0.16),
-        ("eager again", False, "eager", 0.0),
+    variants = [  # label, snake, conv biases fused into the next kernel, layout
+        ("eager", "eager", False, "nchw"),
+        ("fused snake", "fused", False, "nchw"),
+        ("fused snake + conv bias", "fused", True, "nchw"),
+        ("fused snake + conv bias, channels last", "fused", True, "channels_last"),
+        ("eager again", "eager", False, "nchw"),
     ]
-    for label, bench, snake, bucket in variants:
-        torch.backends.cudnn.benchmark = bench
+
+    def configure(snake: str, fuse_bias: bool, layout: str) -> None:
         sidon_backend.set_snake(snake)
-        restorer.set_speed(bucket_s=bucket)
+        sidon_backend.set_layout(layout)
+        sidon_backend._SNAKE["fuse_bias"] = fuse_bias
+
+    for label, *knobs in variants:
+        configure(*knobs)
         seconds, out = timed(lambda: restorer.restore_batch(audios))
         if first is None:
             first = out
@@ -93,16 +97,11 @@ def sidon_rows(n: int, batch: int) -> list[dict]:
         rows.append({"stage": "sidon", "variant": label, "s_per_clip": seconds / n,
                      "batch": batch, "clips": n, "max_abs_diff_vs_first": diff})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
-    torch.backends.cudnn.benchmark = False
-    restorer.set_speed(bucket_s=0.0)
-    sidon_backend.set_snake("eager")
-    rows.append({"stage": "sidon", "variant": "eager", "top": top_kernels(
-        lambda: restorer.restore_batch(audios[:batch]))})  # fmt: skip
-    sidon_backend.set_snake("fused")
-    restorer.set_speed(bucket_s=0.16)
-    rows.append({"stage": "sidon", "variant": "fused snake, x 0.16 s", "top": top_kernels(
-        lambda: restorer.restore_batch(audios[:batch]))})  # fmt: skip
-    sidon_backend.set_snake("auto")
+    for label, *knobs in variants[1:4]:
+        configure(*knobs)
+        rows.append({"stage": "sidon", "variant": label, "top": top_kernels(
+            lambda: restorer.restore_batch(audios[:batch]))})  # fmt: skip
+    configure("auto", True, "nchw")
     return rows
 
 

@@ -153,10 +153,7 @@ class Snake1d(nn.Module):
             try:
                 return fused_snake(x, self.alpha)
             except Exception as e:  # e.g. a GPU Triton cannot compile for
-                if _SNAKE["mode"] == "fused":
-                    raise
-                log.warning("sidon: fused Snake failed here (%s); eager Snake from now on", e)
-                _SNAKE["kernel"] = False
+                _fused_failed(e)
         # x + sin^2(alpha x) / alpha, with DAC's 1e-9 guard
         return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
 
@@ -167,7 +164,20 @@ class Snake1d(nn.Module):
 # under autocast reads it in the autocast dtype: the fused kernel computes the same float32
 # sequence and writes that dtype directly. BESTOFN_SIDON_SNAKE=eager|fused|auto (auto: fused
 # where Triton imports) or set_snake().
-_SNAKE = {"mode": os.environ.get("BESTOFN_SIDON_SNAKE", "auto"), "kernel": None}
+#
+# On CUDA, torch runs a convolution's bias as a separate broadcast add over the output
+# (cuDNN computes the convolution without it): 37 such adds per decoder pass, 20 % of Sidon's
+# GPU time once Snake was fused (H200 profile, call H). Where Snake runs fused, the decoder
+# therefore calls its convolutions without bias and hands the bias to the kernel that reads
+# the output next: a Snake, or a residual unit's sum. The kernels round conv + bias to the
+# conv's output dtype first, as the separate add does, so the output is bit for bit the same.
+_SNAKE = {
+    "mode": os.environ.get("BESTOFN_SIDON_SNAKE", "auto"),
+    "kernel": None,
+    "fuse_bias": True,  # False: Snake alone fused (kept for side-by-side benchmarks)
+    "layout": "nchw",  # or channels_last: BESTOFN_SIDON_LAYOUT, set_layout()
+}
+_LAYOUTS = ("nchw", "channels_last")
 
 
 def set_snake(mode: str) -> None:
@@ -176,13 +186,26 @@ def set_snake(mode: str) -> None:
     _SNAKE["mode"] = mode
 
 
+def set_layout(layout: str) -> None:
+    """The fused decoder's activation layout: nchw ([B, C, T], as eager) or channels_last."""
+    if layout not in _LAYOUTS:
+        raise ValueError(f"sidon: layout must be one of {', '.join(_LAYOUTS)}; got {layout!r}")
+    _SNAKE["layout"] = layout
+
+
+try:
+    set_layout(os.environ.get("BESTOFN_SIDON_LAYOUT", "nchw"))
+except ValueError as e:
+    raise ValueError(f"{e} (environment variable BESTOFN_SIDON_LAYOUT)") from None
+
+
 def snake_fused() -> bool:
     mode = _SNAKE["mode"]
     if mode == "eager":
         return False
     if _SNAKE["kernel"] is None:
         try:
-            _SNAKE["kernel"] = _snake_kernel()
+            _SNAKE["kernel"] = _snake_kernels()
         except ImportError as e:
             if mode == "fused":
                 raise RuntimeError(f"sidon: snake=fused needs Triton ({e})") from e
@@ -190,39 +213,155 @@ def snake_fused() -> bool:
     return bool(_SNAKE["kernel"])
 
 
-def _snake_kernel():
+def _fused_failed(e: Exception) -> None:
+    """The fused kernels failed here (e.g. a GPU Triton cannot compile for): raise under
+    snake=fused, else warn and use the eager ops from now on."""
+    if _SNAKE["mode"] == "fused":
+        raise e
+    log.warning("sidon: fused Snake failed here (%s); eager Snake from now on", e)
+    _SNAKE["kernel"] = False
+
+
+def _snake_kernels() -> dict:
     import triton
     import triton.language as tl
     from triton.language.extra import libdevice
 
+    # Both kernels read [B, C, T] (one program row per batch x channel, blocks along T) or,
+    # with CL, channels last ([B, C, 1, T] stored as [B, T, C]; T is then the element count
+    # and the channel is the fastest index). A bias is rounded to the tensor's dtype, and
+    # tensor + bias rounded again, as autocast and torch's separate bias add round them.
+
     @triton.jit
-    def snake(x_ptr, alpha_ptr, y_ptr, T, C, BLOCK: tl.constexpr):
-        row = tl.program_id(0)  # batch * C + channel
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < T
-        offsets = row.to(tl.int64) * T + cols
-        a = tl.load(alpha_ptr + row % C).to(tl.float32)
-        x = tl.load(x_ptr + offsets, mask=mask).to(tl.float32)
+    def snake(x_ptr, bias_ptr, alpha_ptr, y_ptr, T, C, HAS_BIAS: tl.constexpr,
+              CL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+        if CL:
+            offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = offsets < T
+            channel = offsets % C
+            a = tl.load(alpha_ptr + channel, mask=mask, other=1.0).to(tl.float32)
+            b = tl.load(bias_ptr + channel, mask=mask, other=0.0)
+        else:
+            row = tl.program_id(0)  # batch * C + channel
+            cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+            mask = cols < T
+            offsets = row.to(tl.int64) * T + cols
+            a = tl.load(alpha_ptr + row % C).to(tl.float32)
+            b = tl.load(bias_ptr + row % C)
+        x = tl.load(x_ptr + offsets, mask=mask)
+        if HAS_BIAS:
+            x = (x.to(tl.float32) + b.to(x.dtype).to(tl.float32)).to(x.dtype)
+        x = x.to(tl.float32)
         s = libdevice.sin(a * x)  # CUDA's sinf, as torch.sin; not sin.approx
         y = x + libdevice.div_rn(1.0, a + 1e-9) * (s * s)
         tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
 
-    return snake
+    @triton.jit
+    def residual(x_ptr, xb_ptr, c_ptr, cb_ptr, y_ptr, T, C, X_BIAS: tl.constexpr,
+                 CL: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+        if CL:
+            offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            mask = offsets < T
+            channel = offsets % C
+            xb = tl.load(xb_ptr + channel, mask=mask, other=0.0)
+            cb = tl.load(cb_ptr + channel, mask=mask, other=0.0)
+        else:
+            row = tl.program_id(0)
+            cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+            mask = cols < T
+            offsets = row.to(tl.int64) * T + cols
+            xb = tl.load(xb_ptr + row % C)
+            cb = tl.load(cb_ptr + row % C)
+        x = tl.load(x_ptr + offsets, mask=mask)
+        if X_BIAS:
+            x = (x.to(tl.float32) + xb.to(x.dtype).to(tl.float32)).to(x.dtype)
+        c = tl.load(c_ptr + offsets, mask=mask)
+        c = (c.to(tl.float32) + cb.to(c.dtype).to(tl.float32)).to(c.dtype)
+        y = x.to(tl.float32) + c.to(tl.float32)
+        tl.store(y_ptr + offsets, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    return {"snake": snake, "residual": residual}
 
 
-def fused_snake(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
-    """Snake1d's value, written in the dtype the next (autocast) convolution reads."""
+_BLOCK = 1024
+
+
+def _launch(x: torch.Tensor) -> tuple[tuple, dict, int, int]:
+    """(grid, layout flags, T, C) for a [B, C, T] or channels-last [B, C, 1, T] tensor."""
+    if x.dim() == 4:
+        n, channels = x.numel(), x.shape[1]
+        return (-(-n // _BLOCK), 1), {"CL": True}, n, channels
+    batch, channels, length = x.shape
+    return (batch * channels, -(-length // _BLOCK)), {"CL": False}, length, channels
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    if x.dim() == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x.contiguous()
+
+
+def fused_snake(x: torch.Tensor, alpha: torch.Tensor, bias: torch.Tensor | None = None):
+    """Snake1d's value of ``x`` (+ ``bias`` per channel, rounded to x's dtype first), written
+    in the dtype the next (autocast) convolution reads; [B, C, T] or channels last."""
     if torch.is_autocast_enabled("cuda"):
         out_dtype = torch.get_autocast_dtype("cuda")
     else:
         out_dtype = torch.promote_types(x.dtype, alpha.dtype)
-    x = x.contiguous()
-    batch, channels, length = x.shape
+    x = _dense(x)
     y = torch.empty_like(x, dtype=out_dtype)
-    block = 1024
-    grid = (batch * channels, -(-length // block))
-    _SNAKE["kernel"][grid](x, alpha.reshape(-1).contiguous(), y, length, channels, BLOCK=block)
+    grid, layout, length, channels = _launch(x)
+    _SNAKE["kernel"]["snake"][grid](
+        x, x if bias is None else bias, alpha.reshape(-1).contiguous(), y, length, channels,
+        HAS_BIAS=bias is not None, BLOCK=_BLOCK, **layout,
+    )  # fmt: skip
     return y
+
+
+def fused_residual(x, x_bias, conv_out, conv_bias) -> torch.Tensor:
+    """(x + x_bias) + (conv_out + conv_bias), each sum rounded as eager rounds it: a residual
+    unit's output where neither bias has been added yet (x_bias may be None)."""
+    x, conv_out = _dense(x), _dense(conv_out)
+    y = torch.empty_like(x, dtype=torch.promote_types(x.dtype, conv_out.dtype))
+    grid, layout, length, channels = _launch(x)
+    _SNAKE["kernel"]["residual"][grid](
+        x, x if x_bias is None else x_bias, conv_out, conv_bias, y, length, channels,
+        X_BIAS=x_bias is not None, BLOCK=_BLOCK, **layout,
+    )  # fmt: skip
+    return y
+
+
+def _weight_2d(conv: nn.Module) -> torch.Tensor:
+    """The conv's weight as a [.., .., 1, k] channels-last 2-D kernel, made once."""
+    w = conv.weight
+    key = (w.data_ptr(), w._version, w.dtype, w.device)
+    cached = getattr(conv, "_weight_2d", None)
+    if cached is None or cached[0] != key:
+        cached = (key, w.detach().unsqueeze(2).contiguous(memory_format=torch.channels_last))
+        conv._weight_2d = cached
+    return cached[1]
+
+
+def conv_without_bias(conv: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)`` minus its bias (the fused path adds it in the next kernel). A 4-D ``x`` is
+    channels last ([B, C, 1, T]): the conv runs as the equal 2-D one, so cuDNN's NHWC kernels
+    read and write it without the NCHW<->NHWC transposes it adds around a 1-D conv."""
+    if x.dim() == 4:
+        if isinstance(conv, nn.ConvTranspose1d):
+            return nn.functional.conv_transpose2d(
+                x, _weight_2d(conv), None, (1, *conv.stride), (0, *conv.padding),
+                (0, *conv.output_padding), conv.groups, (1, *conv.dilation),
+            )  # fmt: skip
+        return nn.functional.conv2d(
+            x, _weight_2d(conv), None, (1, *conv.stride), (0, *conv.padding),
+            (1, *conv.dilation), conv.groups,
+        )  # fmt: skip
+    if isinstance(conv, nn.ConvTranspose1d):
+        return nn.functional.conv_transpose1d(
+            x, conv.weight, None, conv.stride, conv.padding, conv.output_padding, conv.groups,
+            conv.dilation,
+        )  # fmt: skip
+    return conv._conv_forward(x, conv.weight, None)
 
 
 class ResidualUnit(nn.Module):
@@ -239,6 +378,14 @@ class ResidualUnit(nn.Module):
         y = self.block(x)
         trim = (x.shape[-1] - y.shape[-1]) // 2  # 0 with these paddings; kept for safety
         return (x[..., trim:-trim] if trim > 0 else x) + y
+
+    def fused(self, x, x_bias=None):
+        """The same unit through the fused kernels; ``x_bias``: the bias of the convolution
+        that made ``x``, not added yet."""
+        snake_in, conv7, snake_mid, conv1 = self.block
+        h = fused_snake(x, snake_in.alpha, x_bias)
+        h = fused_snake(conv_without_bias(conv7, h), snake_mid.alpha, conv7.bias)
+        return fused_residual(x, x_bias, conv_without_bias(conv1, h), conv1.bias)
 
 
 class DecoderBlock(nn.Module):
@@ -261,6 +408,14 @@ class DecoderBlock(nn.Module):
     def forward(self, x):
         return self.block(x)
 
+    def fused(self, x, x_bias=None):
+        snake, up, *units = self.block
+        x = conv_without_bias(up, fused_snake(x, snake.alpha, x_bias))
+        x = units[0].fused(x, up.bias)
+        for unit in units[1:]:
+            x = unit.fused(x)
+        return x
+
 
 class DACDecoder(nn.Module):
     def __init__(
@@ -280,7 +435,30 @@ class DACDecoder(nn.Module):
         self.hop = int(np.prod(rates))
 
     def forward(self, x):  # (B, input_channel, T) -> (B, d_out, ~T * hop)
+        if x.is_cuda and snake_fused() and _SNAKE["fuse_bias"]:
+            try:
+                return self._fused(x, channels_last=_SNAKE["layout"] == "channels_last")
+            except Exception as e:  # e.g. a GPU Triton cannot compile for
+                _fused_failed(e)
         return self.model(x)
+
+    def _fused(self, x, channels_last: bool = False):
+        """The same layers with each convolution's bias added in the kernel that reads the
+        output next (see _SNAKE): the input conv's and every block's. ``channels_last``: the
+        activations stay [B, C, 1, T] channels last from the input conv to the output conv
+        (the encoder's [B, T, C] output transposed is that layout already, no copy)."""
+        first, *blocks = self.model[: len(self.model) - 3]
+        snake, last, tanh = self.model[-3:]
+        if channels_last:
+            x = _dense(x.unsqueeze(2))
+        x, x_bias = conv_without_bias(first, x), first.bias
+        for block in blocks:
+            x, x_bias = block.fused(x, x_bias), None
+        if channels_last:
+            x = fused_snake(x, snake.alpha)
+            out = conv_without_bias(last, x) + last.bias.view(1, -1, 1, 1).to(x.dtype)
+            return tanh(out[:, :, 0])
+        return self.model[-3:](x)  # Snake, the output conv, tanh
 
 
 def fold_weight_norm(state: dict) -> dict:

@@ -67,6 +67,7 @@ KNOBS = {
     "sidon_compile": lambda v: v.lower() in ("1", "on", "true", "yes"),
     "sidon_bucket_s": float,
     "sidon_snake": str,  # auto, fused or eager (bestofn.backends.sidon.set_snake)
+    "sidon_layout": str,  # nchw or channels_last (bestofn.backends.sidon.set_layout)
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -99,9 +100,10 @@ def apply_variant(backends, knobs: dict) -> None:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
     if backends.restorer.name == "sidon":
-        from bestofn.backends.sidon import set_snake
+        from bestofn.backends.sidon import set_layout, set_snake
 
         set_snake(knobs.get("sidon_snake", "auto"))
+        set_layout(knobs.get("sidon_layout", "nchw"))
         backends.restorer.set_speed(
             knobs.get("sidon_batch"),
             knobs.get("sidon_resample"),
