@@ -1,0 +1,116 @@
+"""docs/bench/parakeet_profile.py on the tiny random-weight Parakeet-TDT, on the CPU: the blank-bias
+knob, the bisection to a declared emission rate, the encoder/decoder split of the scorer's path,
+and the CLI's smoke mode. (The figures themselves come from the H200, not from here.)"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not installed")
+
+import torch  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "parakeet_profile.py"
+
+
+@pytest.fixture(scope="module")
+def pp():
+    spec = importlib.util.spec_from_file_location("parakeet_profile", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def scorer(tmp_path_factory):
+    from bestofn.fakes import parakeet
+
+    return parakeet.build("cpu", "tiny", workdir=str(tmp_path_factory.mktemp("pk")), batch_size=2)
+
+
+def _blank_bias(scorer, pp):
+    return scorer.model.joint.joint_net[-1].bias[pp.blank_index(scorer.model)].clone()
+
+
+def test_blank_index_is_after_the_vocabulary(scorer, pp):
+    from bestofn.fakes.parakeet import TDT_DURATIONS, TINY_SIZE
+
+    blank = pp.blank_index(scorer.model)
+    assert blank == TINY_SIZE["vocab_size"] == scorer.model.tokenizer.vocab_size
+    assert scorer.model.joint.joint_net[-1].out_features == blank + 1 + len(TDT_DURATIONS)
+
+
+def test_blank_bias_knob_cuts_emission_and_is_restored(scorer, pp):
+    audios = pp.clips(4, 2.0)
+    encoded = pp.encode_all(scorer, audios)
+    blank = pp.blank_index(scorer.model)
+    before = _blank_bias(scorer, pp)
+    base = pp.mean_tokens(pp.decode_all(scorer, encoded), blank)
+    assert base > 0
+    with pp.blank_bias_raised(scorer.model, 0.4) as original:
+        assert original == float(before)
+        assert float(_blank_bias(scorer, pp)) == pytest.approx(float(before) + 0.4)
+        fewer = pp.mean_tokens(pp.decode_all(scorer, encoded), blank)
+    with pp.blank_bias_raised(scorer.model, 100.0):  # blank always wins
+        assert pp.mean_tokens(pp.decode_all(scorer, encoded), blank) == 0
+    assert fewer < base
+    assert torch.equal(_blank_bias(scorer, pp), before)
+    with pytest.raises(ZeroDivisionError), pp.blank_bias_raised(scorer.model, 5.0):
+        1 / 0  # noqa: B018
+    assert torch.equal(_blank_bias(scorer, pp), before)
+    old = pp.set_blank_bias(scorer.model, 3.0)
+    assert old == float(before) and float(_blank_bias(scorer, pp)) == 3.0
+    pp.set_blank_bias(scorer.model, old)
+    assert torch.equal(_blank_bias(scorer, pp), before)
+
+
+def test_profile_lands_in_the_declared_range(scorer, pp):
+    audios = pp.clips(4, 2.0)
+    before = _blank_bias(scorer, pp)
+    low, high, target = 5.0, 9.0, 7.0  # ~3.5 tokens/s, as 40-70 per 15 s
+    rows = pp.profile(scorer, audios, (low, high), target, repeats=1)
+    by = {(r["row"], r.get("emission", r.get("variant"))): r for r in rows}
+    random = by["transcribe", "random weights"]
+    speech = by["transcribe", "speech-rate emission (declared)"]
+    bisection = by["bisection", None]
+    assert random["tokens_per_clip"] > high  # random weights emit more than speech would
+    assert low <= speech["tokens_per_clip"] <= high
+    assert speech["tokens_per_clip"] < random["tokens_per_clip"]
+    assert speech["blank_offset"] == bisection["blank_offset"] > 0
+    assert speech["blank_bias"] == pytest.approx(float(before) + speech["blank_offset"])
+    # the script's encoder half + NeMo's decoding give exactly transcribe's transcripts
+    for emission in ("random weights", "speech-rate emission (declared)"):
+        assert by["decoder", emission]["same_text_as_transcribe"] == 1.0
+        assert (
+            by["decoder", emission]["tokens_per_clip"]
+            == by["transcribe", emission]["tokens_per_clip"]
+        )
+    assert by["encoder", "preprocessor + encoder (eager)"]["s_per_clip"] > 0
+    assert by["sum", None]["bias_restored"] is True
+    assert torch.equal(_blank_bias(scorer, pp), before)
+
+
+def test_bisection_raises_when_the_range_is_missed(pp):
+    # a count that jumps from 100 to 0: no offset lands in 40-70
+    with pytest.raises(RuntimeError, match="no blank offset gave"):
+        pp.bisect_blank_offset(lambda o: 100.0 if o < 0.3 else 0.0, 40, 70, 55)
+    offset, tokens, trace = pp.bisect_blank_offset(lambda o: 100.0 / (1 + o), 40, 70, 55)
+    assert 40 <= tokens <= 70 and trace[0] == (0.0, 100.0)
+    assert tokens == pytest.approx(100.0 / (1 + offset), abs=1e-3)
+
+
+def test_cli_smoke_writes_rows(pp, tmp_path):
+    rows = pp.main(["--device", "cpu", "--size", "tiny", "--clips", "2", "--batch", "2",
+                    "--repeats", "1", "--out", str(tmp_path)])  # fmt: skip
+    written = [
+        json.loads(line)
+        for line in (tmp_path / "parakeet_profile.json").read_text().split("\n")
+        if line
+    ]
+    assert written == json.loads(json.dumps(rows))
+    assert [r["row"] for r in rows][:2] == ["environment", "encoder"]
+    assert rows[-1]["row"] == "sum" and rows[-1]["bias_restored"] is True
