@@ -205,6 +205,23 @@ def test_provenance_has_hashes(restorer):
     p = restorer.provenance()
     assert set(p["sha256"]) >= {"w2v_bert", "adapter", "decoder"}
     assert all(len(h) == 64 for h in p["sha256"].values())
+    assert p["decoder_kernels"] == "eager"  # the fused kernels are CUDA only
+
+
+def test_decoder_kernels_names_the_fused_layout(monkeypatch):
+    from bestofn.backends import sidon as backend
+
+    monkeypatch.setitem(backend._SNAKE, "mode", "auto")
+    monkeypatch.setitem(backend._SNAKE, "kernel", {"snake": None, "residual": None})
+    monkeypatch.setitem(backend._SNAKE, "layout", "channels_last")
+    assert backend.decoder_kernels("cuda:0") == "fused snake + conv bias, channels_last"
+    assert backend.decoder_kernels("cpu") == "eager"
+    backend.set_layout("nchw")
+    assert backend.decoder_kernels("cuda") == "fused snake + conv bias, nchw"
+    with pytest.raises(ValueError, match="layout must be one of nchw, channels_last"):
+        backend.set_layout("nhwc")
+    monkeypatch.setitem(backend._SNAKE, "kernel", False)  # Triton absent or failed here
+    assert backend.decoder_kernels("cuda") == "eager"
 
 
 def test_random_tiny_variant():

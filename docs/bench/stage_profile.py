@@ -101,7 +101,7 @@ def sidon_rows(n: int, batch: int) -> list[dict]:
         configure(*knobs)
         rows.append({"stage": "sidon", "variant": label, "top": top_kernels(
             lambda: restorer.restore_batch(audios[:batch]))})  # fmt: skip
-    configure("auto", True, "nchw")
+    configure("auto", True, "channels_last")
     return rows
 
 
