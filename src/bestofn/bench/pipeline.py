@@ -68,6 +68,10 @@ KNOBS = {
     "sidon_bucket_s": float,
     "sidon_snake": str,  # auto, fused or eager (bestofn.backends.sidon.set_snake)
     "sidon_layout": str,  # nchw or channels_last (bestofn.backends.sidon.set_layout)
+    # CUDA stream priority of the generate stage (-1: high; 0, the default: as the others),
+    # so its chain of small kernels is scheduled before restore/score's big ones
+    "gen_priority": int,
+    "switch_interval_ms": float,  # sys.setswitchinterval for the run (Python's default: 5)
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -112,7 +116,9 @@ def apply_variant(backends, knobs: dict) -> None:
         )
 
 
-def run_stream(specs, backends, out_dir: Path, device: str, overlap: str, depth: int = 2):
+def run_stream(
+    specs, backends, out_dir: Path, device: str, overlap: str, depth: int = 2, gen_priority: int = 0
+):
     """Groups served as a warm worker serves them: ``depth`` in flight, the worker's gates
     (``bestofn.worker.server.Worker._gpu_stages``: off = the whole group in the gate; host =
     generate + restore + score in the gate, written outside it; full = generate in the gate,
@@ -127,6 +133,9 @@ def run_stream(specs, backends, out_dir: Path, device: str, overlap: str, depth:
     gate, write_gate = FifoGate(), FifoGate()
     post_gate = FifoGate() if overlap == "full" else None
     stream = torch.cuda.Stream() if post_gate is not None and device.startswith("cuda") else None
+    gen_stream = None
+    if gen_priority and device.startswith("cuda"):
+        gen_stream = torch.cuda.Stream(priority=gen_priority)
     slots = threading.Semaphore(depth)
     timings: list = [None] * len(specs)
     errors: list = []
@@ -140,7 +149,7 @@ def run_stream(specs, backends, out_dir: Path, device: str, overlap: str, depth:
                         spec, backends, group_dir, flac_subtype="PCM_24", device=device
                     )
                 return
-            with gate:
+            with gate, torch.cuda.stream(gen_stream):  # None: the current stream
                 work = generate_stage(spec, backends, device)
                 if post_gate is None:
                     score_stage(restore_stage(work, backends), backends, defer_host=True)
@@ -555,7 +564,11 @@ def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         specs = [spec(name, i) for i in range(args.stream_groups)]
-        timings, elapsed = run_stream(specs, backends, workdir, dev, mode, args.depth)
+        sys.setswitchinterval(knobs.get("switch_interval_ms", 5.0) / 1000)
+        timings, elapsed = run_stream(
+            specs, backends, workdir, dev, mode, args.depth, knobs.get("gen_priority", 0)
+        )
+        sys.setswitchinterval(0.005)
         row = summarize_stream(name, knobs, n, timings, elapsed)
         if cuda:
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
