@@ -2,6 +2,8 @@
 matmul option equals SDPA (the default) with the same key mask, grouped-query shape included,
 and a masked slot has no weight."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -47,3 +49,41 @@ def test_non_contiguous_kv_views(monkeypatch, mode):
     monkeypatch.setattr(model, "DECODE_ATTENTION", mode)
     got = model.decode_attention(q, kv[..., 0, :], kv[..., 1, :], bias, 0.25)
     torch.testing.assert_close(got, model.decode_attention(q, k, v, bias, 0.25))
+
+
+def test_triton_path_needs_cuda_tensors_else_sdpa(monkeypatch):
+    """BESTOFN_MOSS_DECODE_ATTN=triton runs the Triton kernel on CUDA tensors only; on the CPU
+    the same call gives SDPA's result (parity and the CPU tests go through there)."""
+    q, k, v, bias, _ = _inputs(seed=3)
+    monkeypatch.setattr(model, "DECODE_ATTENTION", "triton")
+    got = model.decode_attention(q, k, v, bias, 0.25)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
+    torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+def test_triton_kernel_equals_sdpa_in_the_interpreter(monkeypatch):
+    """The split-K kernel's maths (blocks of 64 keys, a whole block masked, the merge), run by
+    Triton's CPU interpreter in float32 against SDPA. Needs the triton package, which CPU
+    installs do not have (the CUDA wheels of torch bring it); the H200 runs check the same
+    on the device (docs/PERFORMANCE.md)."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (CPU torch wheels lack it)")
+    if "triton" in sys.modules and not os.environ.get("TRITON_INTERPRET"):
+        pytest.skip("triton was imported before TRITON_INTERPRET could be set")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when triton is imported
+    from bestofn.moss import decode_kernel
+
+    monkeypatch.setattr(decode_kernel, "_KERNELS", {})  # built anew under the interpreter
+    for B, kv, group, L, D in [(3, 2, 4, 150, 16), (2, 2, 4, 64, 32), (2, 1, 3, 200, 16)]:
+        q, k, v, bias, _ = _inputs(B, kv, group, L, D, seed=4)
+        bias[:, :, :, :70] = float("-inf")  # the first block (and part of the second) masked
+        bias[:, :, :, -1] = 0.0
+        cache = torch.stack([k, v], dim=3)  # the fused cache's strided views
+        got = decode_kernel.decode_attention_triton(
+            q, cache[..., 0, :], cache[..., 1, :], bias, 0.25
+        )
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

@@ -140,6 +140,10 @@ def graph_check(engine, ids, frames, params):
     return same, len(g)
 
 
+def _attention(variant: str) -> str:
+    return next((a for a in ("matmul", "triton") if f"-{a}" in variant), "sdpa")
+
+
 def profile_step(engine, batch, prompt_len, frames, params, replays=20):
     """Where a frame's time goes: graph-replay time per frame (decode only, no prefill) vs
     the GPU time of its kernels (profiled eagerly); the gap is launch/scheduling overhead."""
@@ -226,7 +230,8 @@ def main(argv=None) -> int:
         "--variants",
         default="compiled,compiled-unfused,eager",
         help="moss-fast variants: compiled (torch.compile + CUDA graph), eager (CUDA graph only); "
-        "a '-matmul' suffix the decode attention as two matmuls instead of SDPA; "
+        "a '-matmul' / '-triton' suffix the decode attention as two matmuls / the split-K "
+        "Triton kernel (bestofn.moss.decode_kernel) instead of SDPA; "
         "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "
         "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
         "later variants run at the first batch size only",
@@ -270,8 +275,9 @@ def main(argv=None) -> int:
     for variant, batch in plan:
         compiled = variant.split("-")[0] == "compiled"
         fast.set_fused("-unfused" not in variant)
-        # '-matmul': the decode attention as two matmuls instead of SDPA (model.py says why)
-        moss_model.DECODE_ATTENTION = "matmul" if "-matmul" in variant else "sdpa"
+        # '-matmul' / '-triton': the decode attention as two matmuls / the split-K Triton
+        # kernel instead of SDPA (model.py says why)
+        moss_model.DECODE_ATTENTION = _attention(variant)
         if variant not in engines:
             fast.eager_steps()
             engines[variant] = MossLocalEngine(fast, compile=compiled)
@@ -302,7 +308,7 @@ def main(argv=None) -> int:
     engine = engines[variants[0]]
     first_compiled = variants[0].split("-")[0] == "compiled"
     fast.set_fused("-unfused" not in variants[0])
-    moss_model.DECODE_ATTENTION = "matmul" if "-matmul" in variants[0] else "sdpa"
+    moss_model.DECODE_ATTENTION = _attention(variants[0])
     if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:

@@ -26,16 +26,24 @@ from bestofn.moss.local_loop import fused_default, local_frame, rope_tables
 # float32 softmax. The profile of a Delay 8B step on an H200 showed the SDPA call in cuDNN's
 # flash kernel at 73 us per layer, so matmul was tried; measured side by side on the H200 it
 # was slower (Delay 0.0287 vs 0.0266 s/clip, Local 0.0215 vs 0.0210; docs/PERFORMANCE.md), so
-# it stays an option for the bench only.
+# it stays an option for the bench only. "triton": a split-K (flash-decoding) kernel on CUDA
+# (bestofn.moss.decode_kernel says why); elsewhere SDPA.
 DECODE_ATTENTION = os.environ.get("BESTOFN_MOSS_DECODE_ATTN", "sdpa")
-if DECODE_ATTENTION not in ("matmul", "sdpa"):
-    raise ValueError(f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use sdpa or matmul")
+if DECODE_ATTENTION not in ("matmul", "sdpa", "triton"):
+    raise ValueError(f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use sdpa, matmul or triton")
 
 
 def decode_attention(q, k, v, key_bias, scale):
     """q [B, kv, group, D] (a kv head's query heads as its 'rows'); k, v [B, kv, L, D];
     key_bias [B, 1, 1, L], 0 for slots to attend and -inf elsewhere -> [B, kv, group, D]."""
-    if DECODE_ATTENTION == "sdpa":
+    if DECODE_ATTENTION == "triton" and q.is_cuda:
+        from bestofn.moss import decode_kernel
+
+        # SDPA where Triton is missing or the shape is not the kernel's (the tiny test models'
+        # head dim 8): same results up to float rounding
+        if decode_kernel.available() and decode_kernel.supports(q, k, v):
+            return decode_kernel.decode_attention_triton(q, k, v, key_bias, scale)
+    if DECODE_ATTENTION != "matmul":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + key_bias
     return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
