@@ -87,3 +87,16 @@ def test_triton_kernel_equals_sdpa_in_the_interpreter(monkeypatch):
         )
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_provenance_names_the_attention_path(monkeypatch):
+    from bestofn.moss import decode_kernel
+
+    monkeypatch.setattr(model, "DECODE_ATTENTION", "auto")
+    assert model.decode_attention_path("cpu") == "sdpa"
+    monkeypatch.setattr(decode_kernel, "_KERNELS", {"partial": object(), "merge": object()})
+    assert model.decode_attention_path("cuda:0").startswith("triton split-K")
+    monkeypatch.setattr(decode_kernel, "_KERNELS", {"partial": None})  # Triton missing
+    assert model.decode_attention_path("cuda:0") == "sdpa"
+    monkeypatch.setattr(model, "DECODE_ATTENTION", "matmul")
+    assert model.decode_attention_path("cuda:0") == "matmul"

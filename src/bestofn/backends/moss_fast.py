@@ -28,6 +28,7 @@ import torch
 from bestofn.backends.base import Generator, Take
 from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
+from bestofn.moss.model import decode_attention_path
 from bestofn.moss.options import COMMON_DEFAULTS
 from bestofn.moss.sampling import SamplingParams
 from bestofn.spec import GroupSpec
@@ -331,6 +332,10 @@ class MossFastGenerator(Generator):
             "config_sha256": hashlib.sha256(cfg.encode()).hexdigest(),
             "weights_sha256": self._weight_hashes(),
             "dtype": str(self.dtype),
+            # the Delay engine's attention is its own (bestofn.moss.delay)
+            "decode_attention": "delay engine"
+            if self.is_delay
+            else decode_attention_path(self.device),
             "sampling": self.params.to_dict(),
             "frame_budget": self.budget.as_dict(),
             "settings": settings,

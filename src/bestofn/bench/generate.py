@@ -141,7 +141,9 @@ def graph_check(engine, ids, frames, params):
 
 
 def _attention(variant: str) -> str:
-    return next((a for a in ("matmul", "triton") if f"-{a}" in variant), "sdpa")
+    """The decode attention of a variant: its '-matmul' / '-triton' / '-sdpa' suffix, else
+    the default (auto: triton on CUDA)."""
+    return next((a for a in ("matmul", "triton", "sdpa") if f"-{a}" in variant), "auto")
 
 
 def profile_step(engine, batch, prompt_len, frames, params, replays=20):
@@ -230,8 +232,9 @@ def main(argv=None) -> int:
         "--variants",
         default="compiled,compiled-unfused,eager",
         help="moss-fast variants: compiled (torch.compile + CUDA graph), eager (CUDA graph only); "
-        "a '-matmul' / '-triton' suffix the decode attention as two matmuls / the split-K "
-        "Triton kernel (bestofn.moss.decode_kernel) instead of SDPA; "
+        "a '-matmul' / '-triton' / '-sdpa' suffix the decode attention as two matmuls / the "
+        "split-K Triton kernel (bestofn.moss.decode_kernel) / SDPA instead of the default "
+        "(auto: the Triton kernel on CUDA); "
         "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "
         "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
         "later variants run at the first batch size only",
@@ -275,8 +278,8 @@ def main(argv=None) -> int:
     for variant, batch in plan:
         compiled = variant.split("-")[0] == "compiled"
         fast.set_fused("-unfused" not in variant)
-        # '-matmul' / '-triton': the decode attention as two matmuls / the split-K Triton
-        # kernel instead of SDPA (model.py says why)
+        # '-matmul' / '-triton' / '-sdpa': the decode attention as two matmuls / the split-K
+        # Triton kernel / SDPA instead of the default (model.py says why)
         moss_model.DECODE_ATTENTION = _attention(variant)
         if variant not in engines:
             fast.eager_steps()

@@ -26,17 +26,33 @@ from bestofn.moss.local_loop import fused_default, local_frame, rope_tables
 # float32 softmax. The profile of a Delay 8B step on an H200 showed the SDPA call in cuDNN's
 # flash kernel at 73 us per layer, so matmul was tried; measured side by side on the H200 it
 # was slower (Delay 0.0287 vs 0.0266 s/clip, Local 0.0215 vs 0.0210; docs/PERFORMANCE.md), so
-# it stays an option for the bench only. "triton": a split-K (flash-decoding) kernel on CUDA
-# (bestofn.moss.decode_kernel says why); elsewhere SDPA.
-DECODE_ATTENTION = os.environ.get("BESTOFN_MOSS_DECODE_ATTN", "sdpa")
-if DECODE_ATTENTION not in ("matmul", "sdpa", "triton"):
-    raise ValueError(f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use sdpa, matmul or triton")
+# it stays an option for the bench only. "triton": a split-K (flash-decoding) kernel
+# (bestofn.moss.decode_kernel says why). "auto", the default: triton on CUDA where Triton
+# imports and the head dim suits it (a power of 2 >= 16), else SDPA. Measured side by side on
+# an H200 (docs/PERFORMANCE.md, call D): Local 0.0209 -> 0.0191 s/clip; parity passes through it.
+DECODE_ATTENTION = os.environ.get("BESTOFN_MOSS_DECODE_ATTN", "auto")
+if DECODE_ATTENTION not in ("auto", "matmul", "sdpa", "triton"):
+    raise ValueError(
+        f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use auto, sdpa, matmul or triton"
+    )
+
+
+def decode_attention_path(device) -> str:
+    """The decode attention a model on ``device`` runs (for provenance): triton (where the
+    head dim suits it), sdpa or matmul."""
+    if DECODE_ATTENTION in ("auto", "triton") and str(device).startswith("cuda"):
+        from bestofn.moss import decode_kernel
+
+        if decode_kernel.available():
+            return "triton split-K (sdpa where the head dim is not a power of 2 >= 16)"
+        return "sdpa"
+    return "matmul" if DECODE_ATTENTION == "matmul" else "sdpa"
 
 
 def decode_attention(q, k, v, key_bias, scale):
     """q [B, kv, group, D] (a kv head's query heads as its 'rows'); k, v [B, kv, L, D];
     key_bias [B, 1, 1, L], 0 for slots to attend and -inf elsewhere -> [B, kv, group, D]."""
-    if DECODE_ATTENTION == "triton" and q.is_cuda:
+    if DECODE_ATTENTION in ("auto", "triton") and q.is_cuda:
         from bestofn.moss import decode_kernel
 
         # SDPA where Triton is missing or the shape is not the kernel's (the tiny test models'
