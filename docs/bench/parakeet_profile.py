@@ -134,30 +134,17 @@ def blank_bias_raised(model, offset: float):
 
 
 def encode_all(scorer, audios: list[np.ndarray]) -> list[tuple[list[int], object, object]]:
-    """Preprocessor + encoder for every batch, exactly as ``transcribe`` -> ``transcribe_batch``
-    runs them (16 kHz input, short takes padded, sorted by duration, bf16 autocast on CUDA, the
-    output cast to the joint's weight dtype); returns (indices, encoded, encoded_lens) per batch.
+    """Preprocessor + encoder for every batch, as ``transcribe`` batches them (short takes
+    padded, sorted by duration) through the scorer's own ``encode_batch`` (bf16 autocast on
+    CUDA, the output cast to the joint's weight dtype); returns (indices, encoded,
+    encoded_lens) per batch.
     tests/test_parakeet_profile.py checks that decoding these gives transcribe's transcripts."""
     audios = [scorer._pad_short(a) for a in audios]
     order = sorted(range(len(audios)), key=lambda i: len(audios[i]))
     out = []
     for start in range(0, len(order), scorer.batch_size):
         idx = order[start : start + scorer.batch_size]
-        batch = [audios[i] for i in idx]
-        lengths = [len(a) for a in batch]
-        signal = np.zeros((len(batch), max(max(lengths), 1)), dtype=np.float32)
-        for j, a in enumerate(batch):
-            signal[j, : len(a)] = a
-        signal_t = torch.from_numpy(signal).to(scorer.device)
-        lengths_t = torch.tensor(lengths, dtype=torch.long, device=scorer.device)
-        with torch.inference_mode():
-            feats, feat_lens = scorer.model.preprocessor(input_signal=signal_t, length=lengths_t)
-            with scorer._autocast():
-                encoded, encoded_lens = scorer._encoder(audio_signal=feats, length=feat_lens)
-                joint_dtype = scorer.model.joint.joint_net[-1].weight.dtype
-                if encoded.dtype != joint_dtype:
-                    encoded = encoded.to(joint_dtype)
-        out.append((idx, encoded, encoded_lens))
+        out.append((idx, *scorer.encode_batch([audios[i] for i in idx])))
     return out
 
 

@@ -230,8 +230,9 @@ class ParakeetScorer(Scorer):
         kind = "cuda" if str(self.device).startswith("cuda") else "cpu"
         return torch.autocast(device_type=kind, dtype=self._torch_dtype)
 
-    def transcribe_batch(self, audios16k: list[np.ndarray]) -> list[str]:
-        """Greedy transcripts of 16 kHz mono float32 arrays (one padded batch)."""
+    def encode_batch(self, audios16k: list[np.ndarray]):
+        """Preprocessor + encoder of 16 kHz mono float32 arrays (one padded batch): (encoded,
+        encoded_lengths), the encoder output in the joint's weight dtype."""
         import torch
 
         lengths = [len(a) for a in audios16k]
@@ -244,18 +245,29 @@ class ParakeetScorer(Scorer):
             feats, feat_lens = self.model.preprocessor(input_signal=signal_t, length=lengths_t)
             with self._autocast():
                 encoded, encoded_lens = self._encoder(audio_signal=feats, length=feat_lens)
-                # NeMo's graph decoder runs the joint on the encoder output as it comes (no
-                # autocast there): give it the joint's weight dtype
-                joint_dtype = self.model.joint.joint_net[-1].weight.dtype
-                if encoded.dtype != joint_dtype:
-                    encoded = encoded.to(joint_dtype)
-                hyps = self.model.decoding.rnnt_decoder_predictions_tensor(
-                    encoder_output=encoded, encoded_lengths=encoded_lens, return_hypotheses=False
-                )
+            # NeMo's graph decoder runs the joint on the encoder output as it comes (no
+            # autocast there): give it the joint's weight dtype
+            joint_dtype = self.model.joint.joint_net[-1].weight.dtype
+            if encoded.dtype != joint_dtype:
+                encoded = encoded.to(joint_dtype)
+        return encoded, encoded_lens
+
+    def decode(self, encoded, encoded_lens) -> list[str]:
+        """Greedy transcripts of a batch's encoder output (``encode_batch``)."""
+        import torch
+
+        with torch.inference_mode(), self._autocast():
+            hyps = self.model.decoding.rnnt_decoder_predictions_tensor(
+                encoder_output=encoded, encoded_lengths=encoded_lens, return_hypotheses=False
+            )
         # NeMo < 2.x returned (best, all); newer returns the list of best hypotheses.
         if isinstance(hyps, tuple):
             hyps = hyps[0]
         return [(h.text if hasattr(h, "text") else str(h)).strip() for h in hyps]
+
+    def transcribe_batch(self, audios16k: list[np.ndarray]) -> list[str]:
+        """Greedy transcripts of 16 kHz mono float32 arrays (one padded batch)."""
+        return self.decode(*self.encode_batch(audios16k))
 
     def _pad_short(self, audio: np.ndarray) -> np.ndarray:
         """Centre very short takes in zeros up to ``pad_min_duration``, as NeMo's own
