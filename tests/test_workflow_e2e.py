@@ -111,16 +111,21 @@ def test_sigkill_mid_run_then_restart_completes(project):
     groups = project / "results/groups"
     deadline = time.time() + 300
     try:
-        # Wait until one group is published and another is being written (a partial dir exists)
-        # or at least running, then kill snakemake and all of its children at once.
+        # Kill snakemake and all of its children at once, mid-run: as soon as one group is
+        # published while another is being written (a hidden partial dir exists), or, since the
+        # write window of a tiny group is milliseconds long and a loaded machine may poll past
+        # it, once 2 of the 4 groups are published (a third is then in the worker).
+        done: list = []
         while time.time() < deadline:
             done = [p for p in groups.glob("*/*") if not p.name.startswith(".")]
             partial = list(groups.glob("*/.*partial*"))
-            if done and partial:
+            if (done and partial) or 2 <= len(done) < 4:
                 break
+            if proc.poll() is not None:
+                pytest.fail(f"snakemake exited ({proc.returncode}) before the kill; {done}")
             time.sleep(0.02)
         else:
-            pytest.fail("never saw a group published while another was being written")
+            pytest.fail(f"no group published mid-run within 300 s; published: {done}")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
