@@ -81,12 +81,14 @@ def test_triton_kernel_equals_sdpa_in_the_interpreter(monkeypatch):
         q, k, v, bias, _ = _inputs(B, kv, group, L, D, seed=4)
         bias[:, :, :, :70] = float("-inf")  # the first block (and part of the second) masked
         bias[:, :, :, -1] = 0.0
+        bias[-1] = float("-inf")  # a row with every slot masked: SDPA gives 0 there
         cache = torch.stack([k, v], dim=3)  # the fused cache's strided views
         got = decode_kernel.decode_attention_triton(
             q, cache[..., 0, :], cache[..., 1, :], bias, 0.25
         )
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[-1], torch.zeros_like(got[-1]))
 
 
 def test_provenance_names_the_attention_path(monkeypatch):

@@ -99,7 +99,9 @@ def _build() -> dict:
             total += w * tl.load(l_ptr + row, mask=real, other=0.0)
             acc += w[:, None] * tl.load(o_ptr + row[:, None] * D + d[None, :],
                                         mask=real[:, None], other=0.0)  # fmt: skip
-        out = acc / total[:, None]
+        # a row with every slot masked (an empty row of the serve path's batch): 0, as SDPA
+        # gives, not 0/0
+        out = tl.where(total[:, None] > 0.0, acc / tl.maximum(total, 1e-30)[:, None], 0.0)
         tl.store(out_ptr + b * so_b + h * so_h + g[:, None] * so_g + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=real[:, None])  # fmt: skip
 
