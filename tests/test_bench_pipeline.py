@@ -48,3 +48,25 @@ def test_tiny_pipeline_bench_writes_a_group_and_reports_every_stage(tmp_path, ca
         assert col in table.column_names, col
     assert not list((tmp_path / "work" / "happy").glob(".*"))  # no partial directories left
     assert "| **total**" in capsys.readouterr().out
+
+
+def test_a_variant_without_sidon_knobs_runs_the_default_path():
+    """Variants run one after another in one process: one that names no Sidon layout gets the
+    production default, not the layout an earlier variant set."""
+    from types import SimpleNamespace
+
+    from bestofn.backends import sidon
+    from bestofn.bench.pipeline import apply_variant, parse_variant
+
+    calls = []
+    restorer = SimpleNamespace(name="sidon", set_speed=lambda *a: calls.append(a))
+    backends = SimpleNamespace(scorers=[], restorer=restorer)
+    try:
+        apply_variant(backends, parse_variant("nchw:sidon_layout=nchw")[1])
+        assert sidon._SNAKE["layout"] == "nchw"
+        apply_variant(backends, parse_variant("plain:overlap=full")[1])
+        assert sidon._SNAKE["layout"] == sidon.DEFAULT_LAYOUT == "channels_last"
+        assert len(calls) == 2
+    finally:
+        sidon.set_layout(sidon.DEFAULT_LAYOUT)
+        sidon.set_snake("auto")

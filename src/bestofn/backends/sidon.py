@@ -204,6 +204,7 @@ try:
     set_layout(os.environ.get("BESTOFN_SIDON_LAYOUT", "channels_last"))
 except ValueError as e:
     raise ValueError(f"{e} (environment variable BESTOFN_SIDON_LAYOUT)") from None
+DEFAULT_LAYOUT = _SNAKE["layout"]  # this process's default (after BESTOFN_SIDON_LAYOUT)
 
 
 def decoder_kernels(device: str) -> str:

@@ -104,10 +104,10 @@ def apply_variant(backends, knobs: dict) -> None:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
     if backends.restorer.name == "sidon":
-        from bestofn.backends.sidon import set_layout, set_snake
+        from bestofn.backends.sidon import DEFAULT_LAYOUT, set_layout, set_snake
 
         set_snake(knobs.get("sidon_snake", "auto"))
-        set_layout(knobs.get("sidon_layout", "nchw"))
+        set_layout(knobs.get("sidon_layout", DEFAULT_LAYOUT))  # a variant without it: the default
         backends.restorer.set_speed(
             knobs.get("sidon_batch"),
             knobs.get("sidon_resample"),
