@@ -71,7 +71,7 @@ KNOBS = {
     # CUDA stream priority of the generate stage (-1: high; 0, the default: as the others),
     # so its chain of small kernels is scheduled before restore/score's big ones
     "gen_priority": int,
-    "switch_interval_ms": float,  # sys.setswitchinterval for the run (Python's default: 5)
+    "switch_interval_ms": float,  # sys.setswitchinterval for the run (else the process's own)
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -564,11 +564,15 @@ def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         specs = [spec(name, i) for i in range(args.stream_groups)]
-        sys.setswitchinterval(knobs.get("switch_interval_ms", 5.0) / 1000)
-        timings, elapsed = run_stream(
-            specs, backends, workdir, dev, mode, args.depth, knobs.get("gen_priority", 0)
-        )
-        sys.setswitchinterval(0.005)
+        interval = sys.getswitchinterval()  # the process's own, back after the variant
+        if "switch_interval_ms" in knobs:
+            sys.setswitchinterval(knobs["switch_interval_ms"] / 1000)
+        try:
+            timings, elapsed = run_stream(
+                specs, backends, workdir, dev, mode, args.depth, knobs.get("gen_priority", 0)
+            )
+        finally:
+            sys.setswitchinterval(interval)
         row = summarize_stream(name, knobs, n, timings, elapsed)
         if cuda:
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
