@@ -277,15 +277,18 @@ def test_corrupt_base_weights_are_a_clear_error(release, tmp_path):
         sidon.SidonRestorer(**{**release["options"], "w2v_bert_dir": str(base)})
 
 
+class CudaLike(torch.Tensor):
+    """A CPU tensor that says it is on CUDA: the fused (CUDA-only) branches, taken here."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
 def test_fused_snake_failure_falls_back_to_eager(monkeypatch, caplog):
     """On a GPU where the Triton Snake cannot run, auto falls back to the eager ops (with a
     warning) and stays there; snake=fused raises instead."""
     from bestofn.backends import sidon as backend
-
-    class CudaLike(torch.Tensor):  # the CUDA branch, taken on the CPU
-        @property
-        def is_cuda(self):
-            return True
 
     def broken(x, alpha):
         raise RuntimeError("no kernel for this GPU")
@@ -334,11 +337,6 @@ def test_fused_decoder_adds_every_bias_once(monkeypatch, layout):
     kernels are replaced by their arithmetic in torch ops, so this checks the plumbing: which
     bias goes where, the input conv, the transposed convs, the residual sums, the tail."""
     from bestofn.backends import sidon as backend
-
-    class CudaLike(torch.Tensor):  # the CUDA branch, taken on the CPU
-        @property
-        def is_cuda(self):
-            return True
 
     dec = backend.DACDecoder(16, 32, backend.DECODER_RATES)
     torch.manual_seed(3)
