@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from bestofn.fakes.moss import random_state_dict, tiny_config
+from bestofn.moss import local_loop
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.engine import MossLocalEngine
 from bestofn.moss.local_loop import local_position, rope_tables, swap_pairs
@@ -124,6 +125,59 @@ def test_fused_frame_gives_the_unfused_loops_codes(cfg, params):
         assert torch.equal(a, b)
     assert outs[False].stopped == outs[True].stopped
     assert sum(len(c) for c in outs[True].codes) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reduce_local_attention_matches_sdpa_on_the_cache_views(monkeypatch, dtype):
+    # the fused loop's K/V are strided views of one [B, L, 2, heads, D] cache
+    g = torch.Generator().manual_seed(4)
+    B, L, heads, D = 3, 7, 4, 16
+    kv = torch.randn(B, L + 2, 2, heads, D, generator=g).to(dtype)
+    keys, values = kv[:, :L, 0].transpose(1, 2), kv[:, :L, 1].transpose(1, 2)
+    q = (3 * torch.randn(B, heads, 1, D, generator=g)).to(dtype)
+    monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", "reduce")
+    got = local_loop.local_attention(q, keys, values)
+    assert got.dtype == dtype and got.shape == (B, heads, 1, D)
+    exact = F.scaled_dot_product_attention(q.double(), keys.double(), values.double())
+    tol = 1e-6 if dtype == torch.float32 else 8e-3  # float32 maths, one rounding to bf16
+    torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol)
+    # only the last key sees a huge score: the output is that key's value
+    q_one = torch.zeros_like(q)
+    keys_one = torch.zeros_like(keys)
+    keys_one[:, :, -1] = 1.0
+    q_one[..., :] = 100.0
+    torch.testing.assert_close(
+        local_loop.local_attention(q_one, keys_one, values), values[:, :, -1:]
+    )
+
+
+def test_local_attention_path_defaults_to_sdpa_on_cpu_and_reduce_on_cuda(monkeypatch):
+    monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", "auto")
+    assert local_loop.local_attention_path("cpu") == "sdpa"
+    assert local_loop.local_attention_path("cuda:0") == "reduce"
+    monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", "sdpa")
+    assert local_loop.local_attention_path("cuda:0") == "sdpa"
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(do_sample=False), SamplingParams(temperature=1.7, top_p=0.8, top_k=5)],
+    ids=["greedy", "sampled"],
+)
+def test_fused_frame_with_reduce_attention_draws_the_sdpa_codes(monkeypatch, params):
+    # float32 on the CPU: the two attentions differ by rounding only, far below what moves a
+    # draw of these tiny models; a wrong scale or softmax axis changes the codes
+    m = _model(CFG)
+    m.set_fused(True)
+    ids, seeds = _prompt(CFG, 4), [21, 22, 23, 24]
+    outs = {}
+    for path in ("sdpa", "reduce"):
+        monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", path)
+        engine = MossLocalEngine(m, use_cuda_graphs=False, compile=False)
+        outs[path] = engine.generate(ids, None, seeds, 12, params)
+    for a, b in zip(outs["sdpa"].codes, outs["reduce"].codes, strict=True):
+        assert torch.equal(a, b)
+    assert sum(len(c) for c in outs["reduce"].codes) > 0
 
 
 @pytest.mark.parametrize("padded", [False, True])

@@ -28,6 +28,7 @@ import torch
 from bestofn.backends.base import Generator, Take
 from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
+from bestofn.moss.local_loop import local_attention_path
 from bestofn.moss.model import decode_attention_path
 from bestofn.moss.options import COMMON_DEFAULTS
 from bestofn.moss.sampling import SamplingParams
@@ -336,6 +337,9 @@ class MossFastGenerator(Generator):
             "decode_attention": "delay engine"
             if self.is_delay
             else decode_attention_path(self.device),
+            "local_attention": "delay engine"
+            if self.is_delay
+            else local_attention_path(self.device),
             "sampling": self.params.to_dict(),
             "frame_budget": self.budget.as_dict(),
             "settings": settings,

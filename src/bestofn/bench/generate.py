@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes.moss import always_continue_, random_state_dict, tiny_config
+from bestofn.moss import local_loop
 from bestofn.moss import model as moss_model
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.config import MossLocalConfig, local_v15_config
@@ -182,7 +183,7 @@ def profile_step(engine, batch, prompt_len, frames, params, replays=20):
         f"{out['kernels_per_frame']:.0f} kernels/frame, GPU kernel time "
         f"{out['kernel_ms_per_frame']:.2f} ms/frame"
     )
-    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18)
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
     print("\n".join("#   " + line for line in table.splitlines()))
     return out
 
@@ -237,7 +238,9 @@ def main(argv=None) -> int:
         "(auto: the Triton kernel on CUDA); "
         "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "
         "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
-        "later variants run at the first batch size only",
+        "later variants run at the first batch size only; a '-localsdpa' suffix runs the "
+        "local transformer's attention through SDPA (as BESTOFN_MOSS_LOCAL_ATTN=sdpa) instead "
+        "of the default (auto: float32 reductions on CUDA)",
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="kernel breakdown at the first batch")
@@ -281,6 +284,7 @@ def main(argv=None) -> int:
         # '-matmul' / '-triton' / '-sdpa': the decode attention as two matmuls / the split-K
         # Triton kernel / SDPA instead of the default (model.py says why)
         moss_model.DECODE_ATTENTION = _attention(variant)
+        local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variant else "auto"
         if variant not in engines:
             fast.eager_steps()
             engines[variant] = MossLocalEngine(fast, compile=compiled)
@@ -312,6 +316,7 @@ def main(argv=None) -> int:
     first_compiled = variants[0].split("-")[0] == "compiled"
     fast.set_fused("-unfused" not in variants[0])
     moss_model.DECODE_ATTENTION = _attention(variants[0])
+    local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variants[0] else "auto"
     if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:

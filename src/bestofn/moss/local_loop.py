@@ -29,6 +29,38 @@ import torch.nn.functional as F
 
 from bestofn.moss.sampling import apply_repetition_penalty, sample_tokens_fused
 
+# Attention of the local transformer's new position over its <= n_vq + 1 cached positions.
+# "sdpa": one SDPA call. "reduce": the two products written as float32 multiply-and-sum
+# reductions, which torch.compile turns into one or two small kernels inside the fused local
+# frame. Why: on an H200 the SDPA call ran cutlass/flash kernels of ~40 us each for a dozen
+# keys (11 per frame, ~0.44 ms of a 6.5 ms frame step; docs/PERFORMANCE.md). "auto", the
+# default: reduce on CUDA, SDPA elsewhere (the CPU stays bit for bit what parity checked).
+LOCAL_ATTENTION = os.environ.get("BESTOFN_MOSS_LOCAL_ATTN", "auto")
+if LOCAL_ATTENTION not in ("auto", "sdpa", "reduce"):
+    raise ValueError(f"BESTOFN_MOSS_LOCAL_ATTN={LOCAL_ATTENTION!r}: use auto, sdpa or reduce")
+
+
+def local_attention_path(device) -> str:
+    """The local attention a model on ``device`` runs (for provenance): sdpa or reduce."""
+    on_cuda = str(device).startswith("cuda")
+    if LOCAL_ATTENTION == "reduce" or (LOCAL_ATTENTION == "auto" and on_cuda):
+        return "reduce"
+    return "sdpa"
+
+
+def local_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """q [B, heads, 1, D]; keys, values [B, heads, L, D] (strided views) -> [B, heads, 1, D].
+    Softmax attention with SDPA's default scale; "reduce" computes it in float32 throughout
+    (SDPA's fused kernels round the probabilities to the input dtype before P.V), so the two
+    agree to the input dtype's rounding, not bit for bit."""
+    if local_attention_path(q.device) == "sdpa":
+        return F.scaled_dot_product_attention(q, keys, values)
+    scale = q.shape[-1] ** -0.5
+    scores = (q.float() * keys.float()).sum(-1) * scale  # [B, heads, L]
+    probs = torch.softmax(scores, dim=-1)
+    out = (probs.unsqueeze(-1) * values.float()).sum(-2, keepdim=True)  # [B, heads, 1, D]
+    return out.to(q.dtype)
+
 
 def fused_default() -> bool:
     """The fused local loop is on unless BESTOFN_MOSS_FUSED is 0/false/no/off."""
@@ -70,7 +102,7 @@ def block_step(x, j: int, blk, kv, cos3, sin3, rope: bool):
         keys = kv[:, : j + 1, 0].transpose(1, 2)  # [B, heads, j+1, D], a view
         values = kv[:, : j + 1, 1].transpose(1, 2)
         q = qkv[:, 0].unsqueeze(2)  # [B, heads, 1, D]
-        out = F.scaled_dot_product_attention(q, keys, values).reshape(B, -1)
+        out = local_attention(q, keys, values).reshape(B, -1)
     x = x + F.linear(out, blk.c_proj.weight, blk.c_proj.bias)
     h = F.layer_norm(x, (H,), blk.ln_2.weight, blk.ln_2.bias, blk.eps)
     h = F.linear(h, blk.fc_in.weight, blk.fc_in.bias)
