@@ -160,3 +160,34 @@ def test_model_name_resolves_from_local_hf_cache(tmp_path, tiny_nemo):
     scorer = parakeet.ParakeetScorer(hf_cache_dir=str(tmp_path / "hub"), hash_weights=False)
     assert scorer.nemo_path.name == "parakeet-tdt-0.6b-v3.nemo"
     assert scorer.provenance()["source"] == "hf-cache:nvidia/parakeet-tdt-0.6b-v3"
+
+
+def test_sdpa_attention_gives_the_manual_encoder_output(tiny_nemo):
+    """NeMo's SDPA path (the CUDA default) computes the same attention as its manual float32
+    softmax: on the CPU in float32 the encoder outputs agree to rounding and the transcripts
+    are the same; the scorer says which path it ran."""
+    takes = _takes()
+    runs = {}
+    for attention in ("manual", "sdpa"):
+        s = parakeet.ParakeetScorer(
+            model_path=str(tiny_nemo), attention=attention, hash_weights=False, batch_size=8
+        )
+        mods = [m for m in s.model.encoder.modules() if hasattr(m, "use_pytorch_sdpa")]
+        assert mods and all(m.use_pytorch_sdpa == (attention == "sdpa") for m in mods)
+        assert s.provenance()["attention"] == attention
+        enc, lens = s.encode_batch(takes)
+        runs[attention] = (enc, lens, s.transcribe(takes, 16000))
+    (enc_m, lens_m, text_m), (enc_s, lens_s, text_s) = runs["manual"], runs["sdpa"]
+    assert lens_m.tolist() == lens_s.tolist()
+    for i, n in enumerate(lens_m.tolist()):  # padded frames past a take's length are not used
+        np.testing.assert_allclose(
+            enc_s[i, :, :n].numpy(), enc_m[i, :, :n].numpy(), rtol=1e-4, atol=1e-4
+        )
+    assert text_s == text_m
+
+
+def test_attention_defaults_and_bad_value(tiny_nemo):
+    s = parakeet.ParakeetScorer(model_path=str(tiny_nemo), hash_weights=False)
+    assert s.attention == "manual"  # the CPU default: as the checkpoint ships
+    with pytest.raises(ValueError, match="attention must be auto, sdpa or manual"):
+        parakeet.ParakeetScorer(model_path=str(tiny_nemo), attention="flash", hash_weights=False)

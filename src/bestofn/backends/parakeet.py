@@ -16,7 +16,8 @@ last batch's GPU work and leaves the text work of the group to finish there (the
 collects it while the next group runs). Takes are sorted by duration before batching
 (``batch_size``, default 128), so each batch pads little. ``compile`` (on CUDA) runs the
 encoder through ``torch.compile`` under bf16 autocast; NeMo's CUDA-graph greedy decoder is
-kept either way.
+kept either way. ``attention`` picks the encoder's self-attention: NeMo's SDPA path (the CUDA
+default) or its manual float32 softmax (the CPU default, as the checkpoint ships).
 """
 
 from __future__ import annotations
@@ -121,11 +122,12 @@ class ParakeetScorer(Scorer):
         dtype: str = "auto",  # auto: bfloat16 on CUDA, float32 on CPU
         pad_min_duration: float = 1.0,  # seconds; as NeMo's transcribe() (centred zero padding)
         compile: bool | str = False,  # torch.compile the encoder (CUDA only; "auto": on CUDA)
+        attention: str = "auto",  # encoder self-attention: sdpa | manual | auto (sdpa on CUDA)
         hf_cache_dir: str | None = None,  # default: the Hugging Face cache (HF_HUB_CACHE)
         hash_weights: bool = True,
         hash_memo_dir: str | None = None,  # where file hashes are memoised across workers
     ):
-        self._configure(device, batch_size, dtype, pad_min_duration, compile)
+        self._configure(device, batch_size, dtype, pad_min_duration, compile, attention)
         self.source = "model_path" if model_path else f"hf-cache:{model_name}"
         self.nemo_path = resolve_nemo_file(model_path, model_name, hf_cache_dir)
         model = load_nemo_asr(self.nemo_path, device)
@@ -135,7 +137,8 @@ class ParakeetScorer(Scorer):
     @classmethod
     def from_modules(cls, model, device: str = "cpu", **options) -> ParakeetScorer:
         """A scorer around a NeMo transducer model already in memory (``bestofn.fakes.parakeet``,
-        tests). ``options``: the constructor's batch_size, dtype, pad_min_duration, compile."""
+        tests). ``options``: the constructor's batch_size, dtype, pad_min_duration, compile,
+        attention."""
         self = cls.__new__(cls)
         self._configure(device, **options)
         self.source, self.nemo_path, self._sha256 = "in-memory model", None, None
@@ -149,6 +152,7 @@ class ParakeetScorer(Scorer):
         dtype: str = "auto",
         pad_min_duration: float = 1.0,
         compile: bool | str = False,
+        attention: str = "auto",
     ) -> None:
         import torch
 
@@ -171,12 +175,20 @@ class ParakeetScorer(Scorer):
             raise ValueError(f"parakeet: compile must be true, false or auto; got {compile!r}")
         # compiled code on CPU differs in the last bits from eager: only where it pays
         self.compile = is_cuda and compile in (True, "auto")
+        if attention not in ("auto", "sdpa", "manual"):
+            raise ValueError(f"parakeet: attention must be auto, sdpa or manual; got {attention!r}")
+        # NeMo's own switch (use_pytorch_sdpa): the relative-position scores still come from its
+        # matmul, the softmax and P.V from one fused SDPA kernel instead of float32 [B, H, T, T]
+        # passes. Encoder alone on an H200, batch 128: 0.00188 -> 0.00177 s/clip; outputs move
+        # by bf16 rounding (max |diff| 0.02, as a change of batch size does; PERFORMANCE.md).
+        self.attention = ("sdpa" if is_cuda else "manual") if attention == "auto" else attention
         self._encoder = None  # the (compiled) encoder forward, set in _attach
         self._text_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parakeet-text")
 
     def _attach(self, model) -> None:
         self.model = model
         self._prepare_for_inference()
+        self._set_attention(self.attention)
         self.set_speed(compile=self.compile)
 
     def set_speed(self, batch_size: int | None = None, compile: bool | None = None) -> None:
@@ -194,6 +206,19 @@ class ParakeetScorer(Scorer):
 
                 # dynamic: the padded length changes with every batch
                 self._encoder = torch.compile(self.model.encoder, dynamic=True)
+
+    def _set_attention(self, attention: str) -> None:
+        """sdpa or manual self-attention in every attention module of the encoder."""
+        modules = [m for m in self.model.encoder.modules() if hasattr(m, "use_pytorch_sdpa")]
+        if attention == "sdpa" and not modules:
+            raise ParakeetLoadError(
+                "parakeet: attention 'sdpa' asked for, but this NeMo's encoder has no "
+                "use_pytorch_sdpa switch (config field: scorers.parakeet.runtime.attention)"
+            )
+        for m in modules:
+            m.use_pytorch_sdpa = attention == "sdpa"
+            m.use_pytorch_sdpa_backends = []  # any SDPA backend torch picks
+        self.attention = attention
 
     def _prepare_for_inference(self) -> None:
         """What NeMo's transcribe() does around each call, done once: no dither, no pad_to,
@@ -330,6 +355,7 @@ class ParakeetScorer(Scorer):
             "dtype": self.dtype,
             "batch_size": self.batch_size,
             "compiled_encoder": self.compile,
+            "attention": self.attention,
             "pad_min_samples": self.pad_min_samples,
             "normalizer": "whisper_normalizer EnglishTextNormalizer",
         }
