@@ -17,7 +17,8 @@ repo=$(pwd)
 work=${WORK:-/tmp/bestofn-gpu}
 py=${PYTHON:-python3}
 # A CPU smoke test of this script: SIZE=tiny PROFILE=local TAKES=4 FRAMES=16 BENCH=0
-# OVERLAP=off|host|full sets runtime.overlap in the run's config (default: the config's, auto).
+# OVERLAP=off|host|full sets runtime.overlap in the run's config (default: the config's, auto);
+# PARAKEET_ATTENTION=sdpa|manual the Parakeet scorer's runtime.attention (default: auto).
 size=${SIZE:-real}
 profile=${PROFILE:-h200x8}
 takes=${TAKES:-64}
@@ -68,6 +69,10 @@ config.update(emotions=str(project / "emotions.tsv"), prompts=str(project / "pro
 config["models"]["generator"]["options"].update(min_frames=frames, max_frames=frames)
 if os.environ.get("OVERLAP"):  # runtime.overlap for this run (off, host, full; default auto)
     config.setdefault("runtime", {})["overlap"] = os.environ["OVERLAP"]
+if os.environ.get("PARAKEET_ATTENTION"):  # the scorer's runtime.attention (sdpa, manual)
+    for scorer in config["models"]["scorers"]:
+        if scorer["backend"] == "parakeet":
+            scorer.setdefault("runtime", {})["attention"] = os.environ["PARAKEET_ATTENTION"]
 (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 EOF
 
