@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from bestofn.fakes.moss import random_state_dict, tiny_config
-from bestofn.moss import local_loop, sampling
+from bestofn.moss import local_loop
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.engine import MossLocalEngine
 from bestofn.moss.local_loop import local_position, rope_tables, swap_pairs
@@ -284,36 +284,3 @@ def test_opcount_sees_fewer_kernels_per_frame_when_fused():
     # at least: one K+V write per local position instead of two. (Eager, the backbone saves
     # nothing: its K/V stack costs what the second write did; its gains need torch.compile.)
     assert fused["local_loop"]["kernels"] <= unfused["local_loop"]["kernels"] - CFG.n_vq
-
-
-@pytest.mark.parametrize("kind", ["normal", "ties"])
-def test_sort_candidates_draw_what_topk_draws(monkeypatch, kind):
-    # the CUDA default finds the top-k by a sort: same values in the same order, so the same
-    # draw; with equal logits only the index of an equally likely code may differ
-    g = torch.Generator().manual_seed(9)
-    logits = torch.randn(256, 1024, generator=g)
-    if kind == "ties":
-        logits = (logits * 4).round()
-    u = take_uniform(torch.arange(256), 3)
-    draws = {}
-    for path in ("topk", "sort"):
-        monkeypatch.setattr(sampling, "TOPK_PATH", path)
-        assert sampling.topk_path("cpu") == path
-        values, _ = sampling.top_candidates(logits, 25)
-        draws[path] = (values, sample_tokens_fused(logits, u, temperature=1.7, top_k=25, top_p=0.8))
-    (v_topk, d_topk), (v_sort, d_sort) = draws["topk"], draws["sort"]
-    assert torch.equal(v_topk, v_sort)
-    chosen = lambda d: logits.gather(1, d.unsqueeze(1))  # noqa: E731
-    assert torch.equal(chosen(d_topk), chosen(d_sort))
-    if kind == "normal":  # no equal logits: the very same codes
-        assert torch.equal(d_topk, d_sort)
-    else:  # ties are common here; the sort breaks them towards the lower index
-        idx = sampling.top_candidates(logits, 25)[1]
-        same_value = logits.gather(1, idx[:, :-1]) == logits.gather(1, idx[:, 1:])
-        assert bool((idx[:, :-1] < idx[:, 1:])[same_value].all())
-
-
-def test_topk_path_defaults(monkeypatch):
-    monkeypatch.setattr(sampling, "TOPK_PATH", "auto")
-    assert sampling.topk_path("cpu") == "topk"
-    assert sampling.topk_path("cuda:0") == "sort"

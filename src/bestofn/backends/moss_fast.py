@@ -31,7 +31,7 @@ from bestofn.moss.budget import FrameBudget
 from bestofn.moss.local_loop import local_attention_path
 from bestofn.moss.model import decode_attention_path
 from bestofn.moss.options import COMMON_DEFAULTS
-from bestofn.moss.sampling import SamplingParams, topk_path
+from bestofn.moss.sampling import SamplingParams
 from bestofn.spec import GroupSpec
 
 DEFAULTS = {
@@ -340,7 +340,6 @@ class MossFastGenerator(Generator):
             "local_attention": "delay engine"
             if self.is_delay
             else local_attention_path(self.device),
-            "topk": topk_path(self.device),
             "sampling": self.params.to_dict(),
             "frame_budget": self.budget.as_dict(),
             "settings": settings,

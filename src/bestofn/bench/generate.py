@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes.moss import always_continue_, random_state_dict, tiny_config
-from bestofn.moss import local_loop, sampling
+from bestofn.moss import local_loop
 from bestofn.moss import model as moss_model
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.config import MossLocalConfig, local_v15_config
@@ -240,9 +240,7 @@ def main(argv=None) -> int:
         "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
         "later variants run at the first batch size only; a '-localsdpa' suffix runs the "
         "local transformer's attention through SDPA (as BESTOFN_MOSS_LOCAL_ATTN=sdpa) instead "
-        "of the default (auto: float32 reductions on CUDA); a '-topk' suffix finds the sampler's "
-        "candidates with torch.topk (as BESTOFN_MOSS_TOPK=topk) instead of the default (auto: a "
-        "sort on CUDA)",
+        "of the default (auto: float32 reductions on CUDA)",
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="kernel breakdown at the first batch")
@@ -287,7 +285,6 @@ def main(argv=None) -> int:
         # Triton kernel / SDPA instead of the default (model.py says why)
         moss_model.DECODE_ATTENTION = _attention(variant)
         local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variant else "auto"
-        sampling.TOPK_PATH = "topk" if "-topk" in variant else "auto"
         if variant not in engines:
             fast.eager_steps()
             engines[variant] = MossLocalEngine(fast, compile=compiled)
@@ -320,7 +317,6 @@ def main(argv=None) -> int:
     fast.set_fused("-unfused" not in variants[0])
     moss_model.DECODE_ATTENTION = _attention(variants[0])
     local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variants[0] else "auto"
-    sampling.TOPK_PATH = "topk" if "-topk" in variants[0] else "auto"
     if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:

@@ -13,22 +13,11 @@ the whole vocabulary. The draw is an inverse-CDF lookup with the take's uniform.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 
 MASK32 = 0xFFFFFFFF
-# How the fused sampler finds its top-k candidates. "topk": torch.topk. "sort": a stable
-# descending sort of the row, cut to k. Why: on an H200 torch.topk over a 1,024-code row at
-# batch 64 ran two kernels (radix select, then a sort of the k) of ~21 us together, 13 times per
-# frame (docs/PERFORMANCE.md); a row of 1,024 fits one block's in-place sort. Same values in the
-# same order; only equal logits may come in another order (sort: lower index first; topk's tie
-# order is unspecified), so a tie can swap which of two equally likely codes a draw picks.
-# "auto", the default: sort on CUDA, topk elsewhere (the CPU stays what parity checked).
-TOPK_PATH = os.environ.get("BESTOFN_MOSS_TOPK", "auto")
-if TOPK_PATH not in ("auto", "topk", "sort"):
-    raise ValueError(f"BESTOFN_MOSS_TOPK={TOPK_PATH!r}: use auto, topk or sort")
 STEPS_PER_FRAME = 64  # counter = frame * 64 + step; step 0 = stop head, 1.. = codebooks (<= 63)
 
 
@@ -113,21 +102,6 @@ def sample_tokens(
     return indices.gather(-1, choice).squeeze(-1)
 
 
-def topk_path(device) -> str:
-    """The top-k search the fused sampler runs on ``device`` (for provenance): topk or sort."""
-    if TOPK_PATH == "sort" or (TOPK_PATH == "auto" and str(device).startswith("cuda")):
-        return "sort"
-    return "topk"
-
-
-def top_candidates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k largest logits of each row, largest first, and their indices."""
-    if topk_path(logits.device) == "sort":
-        values, indices = torch.sort(logits, dim=-1, descending=True, stable=True)
-        return values[..., :k], indices[..., :k]
-    return torch.topk(logits, k, dim=-1, sorted=True)
-
-
 def sample_tokens_fused(
     logits: torch.Tensor,
     uniform: torch.Tensor,
@@ -146,15 +120,12 @@ def sample_tokens_fused(
     it equals the filtered cumulative sum (the dropped ones only come after), and its last kept
     value is the filtered total. Every dropped candidate has ``cdf >= total >= u * total``, so
     counting ``cdf < u * total`` over all k counts exactly the kept ones ``sample_tokens``
-    counts.
-
-    The candidates come from ``top_candidates`` (a sort on CUDA, ``topk`` elsewhere: see
-    TOPK_PATH); with equal logits the two may order them differently."""
+    counts."""
     logits = logits.float()
     if not do_sample:
         return logits.argmax(dim=-1)
     k = logits.shape[-1] if top_k <= 0 else min(int(top_k), logits.shape[-1])
-    values, indices = top_candidates(logits, k)
+    values, indices = torch.topk(logits, k, dim=-1, sorted=True)
     probs = torch.softmax(values / temperature, dim=-1)
     cdf = probs.cumsum(dim=-1)
     total = (cdf * (cdf - probs <= top_p)).amax(dim=-1, keepdim=True)  # x1 kept, x0 dropped
