@@ -10,7 +10,10 @@
 #          started with GPU 0's; then `bestofn parity` (fp32, real-size random
 #          checkpoint) through the new defaults.
 #
-# Call L's repeat: SWAP=1 runs the "before" workflow on GPU 0 and the new one on GPU 1;
+# BESTOFN_MOSS_TOPK and the '-topk' variants: the sampler's sort-based top-k that call K
+# compared; it was reverted after call K, so now the variable is ignored and '-topk' is a plain
+# name suffix.
+# Call M, the repeat: SWAP=1 runs the "before" workflow on GPU 0 and the new one on GPU 1;
 # VARIANTS sets the bench's variants, BATCHES its batches; PARITY=0 skips parity.
 #
 #   bash docs/bench/floor_validate_gpu.sh OUT      (repository root, bestofn importable)
