@@ -102,3 +102,19 @@ def test_provenance_names_the_attention_path(monkeypatch):
     assert model.decode_attention_path("cuda:0") == "sdpa"
     monkeypatch.setattr(model, "DECODE_ATTENTION", "matmul")
     assert model.decode_attention_path("cuda:0") == "matmul"
+
+
+def test_kernel_refuses_shapes_whose_offsets_pass_int32():
+    # Triton multiplies row by stride in int32; a cache that big must go to SDPA (meta tensors:
+    # shapes and strides only, no memory)
+    from bestofn.moss import decode_kernel
+
+    def qkv(batch, slots, kv=8, group=4, d=128):
+        q = torch.empty(batch, kv, group, d, device="meta")
+        cache = torch.empty(batch, kv, slots, 2, d, device="meta")  # the fused K/V layout
+        return q, cache[..., 0, :], cache[..., 1, :]
+
+    assert decode_kernel.supports(*qkv(64, 320))
+    assert decode_kernel.supports(*qkv(512, 2048))  # 2**31 elements: the last offset fits
+    assert not decode_kernel.supports(*qkv(640, 2048))  # 1.25 x 2**31: would wrap
+    assert not decode_kernel.supports(*qkv(64, 320, d=80))  # head dim not a power of 2

@@ -108,11 +108,26 @@ def _build() -> dict:
     return {"partial": partial, "merge": merge}
 
 
+INT32_MAX = 2**31 - 1
+
+
+def _max_offset(t) -> int:
+    """The largest element offset a kernel computes into ``t`` (from its first element)."""
+    return sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if n > 0)
+
+
 def supports(q, k, v) -> bool:
     """Shapes and layouts the kernel takes: head dim a power of 2 >= 16 (tl.dot's minimum),
-    unit stride along it."""
-    D = q.shape[-1]
-    return D >= 16 and not D & (D - 1) and all(t.stride(-1) == 1 for t in (q, k, v))
+    unit stride along it, and every offset the kernels compute within int32. Triton computes
+    ``row * stride`` in int32 when both fit in it, so a cache of more than 2**31 elements per
+    layer (e.g. batch 640 x 2,048 slots x 2 x 8 kv heads x 128) would wrap; such shapes go to
+    SDPA instead. The float32 partials (one D-vector per row, kv head, query and block of keys)
+    must fit too."""
+    B, KV, G, D = q.shape
+    if D < 16 or D & (D - 1) or any(t.stride(-1) != 1 for t in (q, k, v)):
+        return False
+    partials = B * KV * -(-k.shape[2] // BLOCK_N) * G * D
+    return max(partials, *(_max_offset(t) for t in (q, k, v))) <= INT32_MAX
 
 
 def decode_attention_triton(q, k, v, key_bias, scale):
@@ -124,7 +139,7 @@ def decode_attention_triton(q, k, v, key_bias, scale):
     if not supports(q, k, v):
         raise ValueError(
             f"decode attention 'triton': head dim {D} must be a power of 2 >= 16, with unit "
-            "stride along it"
+            "stride along it, and every offset within int32 (supports())"
         )
     bias = key_bias.expand(B, 1, 1, L)[:, 0, 0]  # [B, L]; a broadcast batch keeps stride 0
     if bias.stride(-1) != 1:
