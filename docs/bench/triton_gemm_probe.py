@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import time
+import sys
 from pathlib import Path
 
 import torch
@@ -28,13 +28,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-SHAPES = [  # (name, K, N, calls per frame step) as in gemm_probe.py
-    ("backbone qkv", 2560, 6144, 36),
-    ("backbone o_proj", 4096, 2560, 36),
-    ("backbone gate_up", 2560, 19456, 36),
-    ("backbone down", 9728, 2560, 36),
-    ("local fc_in", 2560, 9728, 13),
-    ("local fc_out", 9728, 2560, 13),
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemm_probe import SHAPES as GEMM_SHAPES  # noqa: E402
+from gemm_probe import time_graph  # noqa: E402
+
+# the six shapes of gemm_probe.py that call L swept (the local c_attn and c_proj and the audio
+# heads left out to keep the sweep short)
+SHAPES = [
+    shape for shape in GEMM_SHAPES if shape[0] not in ("local c_attn", "local c_proj", "audio head")
 ]
 
 
@@ -105,24 +106,6 @@ def triton_linear(x, w, BM, BN, BK, split, num_warps=4, num_stages=3, partial=No
     )  # fmt: skip
     _sum_partials[(triton.cdiv(M * N, 1024),)](partial, y, M * N, SPLIT=split, BLOCK=1024)
     return y
-
-
-def time_graph(fn, replays: int) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(replays):
-        g.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / replays
 
 
 def rel_err(a, b) -> float:
