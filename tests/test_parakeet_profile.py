@@ -114,3 +114,45 @@ def test_cli_smoke_writes_rows(pp, tmp_path):
     assert written == json.loads(json.dumps(rows))
     assert [r["row"] for r in rows][:2] == ["environment", "encoder"]
     assert rows[-1]["row"] == "sum" and rows[-1]["bias_restored"] is True
+
+
+ENCODER_PROBE = SCRIPT.with_name("parakeet_encoder_probe.py")
+
+
+@pytest.fixture(scope="module")
+def pep():
+    spec = importlib.util.spec_from_file_location("parakeet_encoder_probe", ENCODER_PROBE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_encoder_probe_knobs_are_undone(scorer, pep):
+    # each variant changes the loaded scorer for its rows only: the next row must see the base
+    enc = scorer.model.encoder
+    mods = [m for m in enc.modules() if hasattr(m, "use_pytorch_sdpa")]
+    before = [m.use_pytorch_sdpa for m in mods]
+    dtype, encoder_fn = next(enc.parameters()).dtype, scorer._encoder
+    with pep.knob(scorer, "sdpa"):
+        assert all(m.use_pytorch_sdpa for m in mods)
+    with pep.knob(scorer, "bf16-weights"):
+        assert next(enc.parameters()).dtype == torch.bfloat16
+    with pep.knob(scorer, "cudnn-benchmark"):
+        assert torch.backends.cudnn.benchmark
+    assert [m.use_pytorch_sdpa for m in mods] == before
+    assert next(enc.parameters()).dtype == dtype and scorer._encoder is encoder_fn
+    assert not torch.backends.cudnn.benchmark
+
+
+def test_encoder_probe_cli_smoke(pep, tmp_path):
+    rows = pep.main(["--device", "cpu", "--size", "tiny", "--clips", "4", "--seconds", "2",
+                     "--batch", "2", "--other-batches", "4", "--repeats", "1",
+                     "--out", str(tmp_path)])  # fmt: skip
+    variants = {r["variant"]: r for r in rows if r["row"] == "variant"}
+    assert list(variants) == [
+        "base", "cudnn-benchmark", "sdpa", "bf16-weights", "batch-4", "base-again"
+    ]  # fmt: skip
+    assert variants["cudnn-benchmark"]["max_abs_diff"] == 0.0  # a CPU ignores it
+    assert variants["sdpa"]["max_abs_diff"] < 1e-4  # float32 here: the same attention
+    written = (tmp_path / "parakeet_encoder_probe.json").read_text().splitlines()
+    assert [json.loads(line) for line in written] == json.loads(json.dumps(rows))
