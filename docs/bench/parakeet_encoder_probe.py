@@ -7,7 +7,8 @@ passes over all clips after a warm-up pass, ``torch.cuda.synchronize`` around ea
 - ``variant``: preprocessor + encoder through the scorer's ``encode_batch`` (bf16 autocast, as
   in production) with one knob changed; ``max_abs_diff`` is against the ``base`` output of the
   same clips (autocast rounding moves it; a broken variant moves it by O(1)):
-  - ``base``: as the scorer runs it;
+  - ``base``: as the scorer runs it (call J ran it with the manual attention; since 40d1b1d
+    the scorer's CUDA default is SDPA, so on CUDA the ``sdpa`` row now repeats the base);
   - ``cudnn-benchmark``: ``torch.backends.cudnn.benchmark = True`` (cuDNN times its conv
     algorithms per shape);
   - ``sdpa``: every attention module with NeMo's own ``use_pytorch_sdpa`` switch on;
