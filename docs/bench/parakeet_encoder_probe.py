@@ -27,46 +27,32 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from parakeet_profile import clips  # noqa: E402  (the same clips as the decoder profile)
+# the same clips, batches and timing as the decoder profile
+from parakeet_profile import _emit, _sync, _timed, clips, encode_all  # noqa: E402
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def encode_all(scorer, audios):
-    """Every clip through ``encode_batch`` in the scorer's duration-sorted batches: the encoder
-    outputs, trimmed to their lengths, in input order."""
-    order = sorted(range(len(audios)), key=lambda i: len(audios[i]))
+def encoded_clips(scorer, audios):
+    """The encoder output of every clip, trimmed to its length, in input order (the scorer's
+    own batches, through ``parakeet_profile.encode_all``)."""
     out = [None] * len(audios)
-    for s in range(0, len(order), scorer.batch_size):
-        idx = order[s : s + scorer.batch_size]
-        enc, lens = scorer.encode_batch([audios[i] for i in idx])
+    for idx, enc, lens in encode_all(scorer, audios):
         for j, i in enumerate(idx):
             out[i] = enc[j, :, : int(lens[j])]
     return out
 
 
 def timed(scorer, audios, device: str, repeats: int):
-    encode_all(scorer, audios)
-    times, result = [], None
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        result = encode_all(scorer, audios)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) / len(audios), result
+    """(seconds per clip, encoder outputs): the median of ``repeats`` passes after a warm-up."""
+    seconds, result = _timed(lambda: encoded_clips(scorer, audios), device, repeats)
+    return seconds / len(audios), result
 
 
 def max_diff(a, b) -> float:
@@ -156,11 +142,7 @@ def main(argv=None) -> list[dict]:
     from bestofn.fakes import parakeet
 
     rows = []
-
-    def emit(row):
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-
+    emit = functools.partial(_emit, rows)  # print a row and keep it
     emit({"row": "environment", "argv": sys.argv, "torch": torch.__version__, "size": args.size})
     scorer = parakeet.build(args.device, args.size, batch_size=args.batch)
     audios = clips(args.clips, args.seconds)
