@@ -17,12 +17,17 @@ import torch  # noqa: E402
 SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "parakeet_profile.py"
 
 
-@pytest.fixture(scope="module")
-def pp():
-    spec = importlib.util.spec_from_file_location("parakeet_profile", SCRIPT)
+def _load(script: Path):
+    """A docs/bench script as a module."""
+    spec = importlib.util.spec_from_file_location(script.stem, script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def pp():
+    return _load(SCRIPT)
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +126,7 @@ ENCODER_PROBE = SCRIPT.with_name("parakeet_encoder_probe.py")
 
 @pytest.fixture(scope="module")
 def pep():
-    spec = importlib.util.spec_from_file_location("parakeet_encoder_probe", ENCODER_PROBE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load(ENCODER_PROBE)
 
 
 def test_encoder_probe_knobs_are_undone(scorer, pep):
