@@ -147,6 +147,12 @@ def _attention(variant: str) -> str:
     return next((a for a in ("matmul", "triton", "sdpa") if f"-{a}" in variant), "auto")
 
 
+def _set_attention_paths(variant: str) -> None:
+    """The decode and local attention a variant names (model.py, local_loop.py say why)."""
+    moss_model.DECODE_ATTENTION = _attention(variant)
+    local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variant else "auto"
+
+
 def profile_step(engine, batch, prompt_len, frames, params, replays=20):
     """Where a frame's time goes: graph-replay time per frame (decode only, no prefill) vs
     the GPU time of its kernels (profiled eagerly); the gap is launch/scheduling overhead."""
@@ -281,10 +287,7 @@ def main(argv=None) -> int:
     for variant, batch in plan:
         compiled = variant.split("-")[0] == "compiled"
         fast.set_fused("-unfused" not in variant)
-        # '-matmul' / '-triton' / '-sdpa': the decode attention as two matmuls / the split-K
-        # Triton kernel / SDPA instead of the default (model.py says why)
-        moss_model.DECODE_ATTENTION = _attention(variant)
-        local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variant else "auto"
+        _set_attention_paths(variant)
         if variant not in engines:
             fast.eager_steps()
             engines[variant] = MossLocalEngine(fast, compile=compiled)
@@ -315,8 +318,7 @@ def main(argv=None) -> int:
     engine = engines[variants[0]]
     first_compiled = variants[0].split("-")[0] == "compiled"
     fast.set_fused("-unfused" not in variants[0])
-    moss_model.DECODE_ATTENTION = _attention(variants[0])
-    local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variants[0] else "auto"
+    _set_attention_paths(variants[0])
     if first_compiled:
         fast.compile_steps()
     if engine.use_cuda_graphs:
