@@ -117,6 +117,12 @@ def _ab(args) -> int:
     return ab_main(args)
 
 
+def _listen_import(args) -> int:
+    from bestofn.votes_report import import_main
+
+    return import_main(args.files, args.results, args.database)
+
+
 def _parity(args_rest: list[str]) -> int:
     from bestofn.moss.parity import parity_main
 
@@ -268,6 +274,22 @@ def main(argv: list[str] | None = None) -> int:
         help="untimed runs of the first group per side before timing (compile, CUDA graphs)",
     )
     p.set_defaults(func=_ab)
+
+    p = sub.add_parser("listen", help="listener votes from the listening page (index.html)")
+    listen = p.add_subparsers(dest="listen_cmd", required=True)
+    p = listen.add_parser(
+        "import",
+        help="check exported votes files against the database and add them (twice adds nothing)",
+        description="Each file is checked whole against the results: its results directory, "
+        "the page's seed and build, every vote's group and takes. A bad file is refused with "
+        "the file and vote named and adds nothing; the others still import. Accepted files are "
+        "kept in RESULTS/votes/ and the listener_* tables are recomputed (the database rule "
+        "re-applies them after a rebuild). Exit 1 when any file was refused.",
+    )
+    p.add_argument("files", nargs="+", metavar="VOTES.json")
+    p.add_argument("--results", default="results", help="results directory (default: results)")
+    p.add_argument("--database", help="default: RESULTS/bestofn.duckdb")
+    p.set_defaults(func=_listen_import)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
     args = ap.parse_args(argv)

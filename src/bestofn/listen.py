@@ -1,7 +1,12 @@
 """The listening page, ``results/report/index.html``: per group, the selected take beside one
 random other take (in the seeded order of the ``listening`` table), with audio players, scores
 and transcripts; a filter by emotion; the worst groups. Links are relative, so the results folder
-can be copied anywhere and opened."""
+can be copied anywhere and opened.
+
+In blind mode a listener votes per group (A better, B better, same; keyboard shortcuts) on the
+pair in an order seeded per listener; votes stay in the browser's localStorage and leave as one
+JSON file through the page's export button, for ``bestofn listen import`` (bestofn.votes). The
+page is static: no server, no fetch, so it works from file://."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from urllib.parse import quote
 import duckdb
 
 from bestofn.trust import measure_columns, seeded_rng
+from bestofn.votes import FORMAT, page_build, results_id
 
 WORST = 10  # lowest selected scores listed
 NO_PASS_LISTED = 200
@@ -40,6 +46,13 @@ table.scores td{padding:0 .6em 0 0}table.scores td.v{text-align:right}
 .transcript{font-size:.9em;margin:.3em 0 0}
 body.blind .role,body.blind .scores,body.blind .verdict{visibility:hidden}
 body.blind .take.selected{border-color:#e3e3e3;background:none}
+body:not(.blind) .vote,body:not(.blind) .voting{display:none}
+.group.current{outline:3px solid #4488cc;outline-offset:2px}
+.vote{margin:.5em 0 .1em;display:flex;gap:.5em;align-items:center;flex-wrap:wrap}
+.vote button{font-size:.95em;padding:.2em .8em}.vote button.on{background:#4488cc;color:#fff}
+.vote .mine{font-size:.9em;color:#357}.voting{margin:.4em 0 0;font-size:.9em}
+kbd{border:1px solid #bbb;border-radius:3px;padding:0 .3em;font-size:.85em;background:#f6f6f6}
+#note{color:#a00}
 """
 
 _JS = """
@@ -59,6 +72,171 @@ pick.addEventListener('change', apply);
 blind.addEventListener('change', apply);
 apply();
 """
+
+# Votes (blind mode only). The left/right order is seeded per listener by the same function as
+# bestofn.votes.order_seed/left_first, so the import can check what the listener heard left.
+_VOTE_JS = """
+const META = JSON.parse(document.getElementById('votes-meta').textContent);
+const who = document.getElementById('listener');
+const note = document.getElementById('note');
+const LABEL = {left: 'A better', right: 'B better', same: 'same'};
+const CONF = {1: 'unsure', 2: 'fairly sure', 3: 'sure'};
+function mix32(s) {
+  let h = 0x811c9dc5;
+  for (const b of new TextEncoder().encode(s)) h = Math.imul(h ^ b, 0x01000193) >>> 0;
+  h ^= h >>> 16; h = Math.imul(h, 0x85ebca6b) >>> 0;
+  h ^= h >>> 13; h = Math.imul(h, 0xc2b2ae35) >>> 0;
+  return (h ^ (h >>> 16)) >>> 0;
+}
+const listener = () => who.value.trim();
+const orderSeed = l => mix32(META.seed + '/' + l);
+const storeKey = l => 'bestofn-votes/' + META.results_id + '/' + l;
+let votes = {}, stale = 0, cur = null;
+function loadVotes() {
+  votes = {}; stale = 0;
+  const l = listener();
+  if (!l) return;
+  let all = {};
+  try { all = JSON.parse(localStorage.getItem(storeKey(l)) || '{}'); } catch (e) { all = {}; }
+  for (const [g, v] of Object.entries(all.votes || {})) {
+    if (v.build === META.build) votes[g] = v; else stale++;
+  }
+}
+function saveVote(v) {
+  const k = storeKey(v.listener);
+  let all = {};
+  try { all = JSON.parse(localStorage.getItem(k) || '{}'); } catch (e) { all = {}; }
+  all.votes = all.votes || {};
+  all.votes[v.group_id] = v;
+  localStorage.setItem(k, JSON.stringify(all));
+}
+const voteable = () => [...document.querySelectorAll('article.group')].filter(
+  a => !a.hidden && a.querySelectorAll('.pair .take').length === 2);
+function arrange() {
+  const l = listener(), on = blind.checked && Boolean(l), seed = orderSeed(l);
+  document.querySelectorAll('article.group').forEach(art => {
+    const pair = art.querySelector('.pair');
+    const takes = [...pair.querySelectorAll('.take')].sort(
+      (a, b) => a.dataset.listenOrder - b.dataset.listenOrder);
+    const swap = on && takes.length === 2 && (mix32(seed + '/' + art.dataset.group) >>> 31);
+    if (swap) takes.reverse();
+    takes.forEach((t, i) => {
+      pair.appendChild(t); t.querySelector('.pos').textContent = 'AB'[i] || '?';
+    });
+    show(art);
+  });
+  const n = voteable().length, done = voteable().filter(a => votes[a.dataset.group]).length;
+  document.getElementById('tally').textContent = `${done} of ${n} shown groups voted`
+    + (stale ? ` (${stale} vote(s) from an earlier build of this page are not exported)` : '');
+}
+function show(art) {
+  const v = votes[art.dataset.group], panel = art.querySelector('.vote');
+  if (!panel) return;
+  panel.querySelectorAll('button').forEach(
+    b => b.classList.toggle('on', Boolean(v) && b.dataset.choice === v.choice));
+  const conf = v ? v.confidence : (art.dataset.confidence ? +art.dataset.confidence : null);
+  panel.querySelectorAll('input[type=radio]').forEach(r => { r.checked = +r.value === conf; });
+  panel.querySelector('.mine').textContent = v ? 'your vote: ' + LABEL[v.choice]
+    + (v.confidence ? ' (' + CONF[v.confidence] + ')' : '') : 'not voted';
+}
+function setCurrent(art) {
+  if (cur) cur.classList.remove('current');
+  cur = art;
+  if (cur) { cur.classList.add('current'); cur.scrollIntoView({block: 'nearest'}); }
+}
+function move(step) {
+  const list = voteable();
+  if (!list.length) return setCurrent(null);
+  const i = list.indexOf(cur);
+  setCurrent(list[i < 0 ? 0 : Math.min(list.length - 1, Math.max(0, i + step))]);
+}
+function vote(art, choice) {
+  const l = listener();
+  if (!l) {
+    note.textContent = 'Enter your name first (votes are kept per listener).';
+    who.focus(); return false;
+  }
+  const takes = art.querySelectorAll('.pair .take');
+  if (takes.length !== 2) return false;
+  const prev = votes[art.dataset.group];
+  const conf = art.dataset.confidence ? +art.dataset.confidence : (prev ? prev.confidence : null);
+  const v = {group_id: art.dataset.group, left_take: +takes[0].dataset.take,
+    right_take: +takes[1].dataset.take, choice: choice, confidence: conf, listener: l,
+    time: new Date().toISOString(), page_seed: META.seed, order_seed: orderSeed(l),
+    build: META.build};
+  votes[v.group_id] = v; saveVote(v); note.textContent = ''; arrange();
+  return true;
+}
+function setConfidence(art, c) {
+  art.dataset.confidence = c;
+  const v = votes[art.dataset.group];
+  if (v) { v.confidence = c; saveVote(v); }
+  show(art);
+}
+function play(art, i) {
+  const players = art.querySelectorAll('.pair audio');
+  players.forEach((p, j) => { if (j !== i) p.pause(); });
+  if (players[i]) players[i].play();
+}
+document.querySelectorAll('.vote button').forEach(b => b.addEventListener('click', () => {
+  const art = b.closest('article'); setCurrent(art);
+  if (vote(art, b.dataset.choice)) move(1);
+}));
+document.querySelectorAll('.vote input[type=radio]').forEach(r => r.addEventListener('change',
+  () => setConfidence(r.closest('article'), +r.value)));
+document.addEventListener('keydown', ev => {
+  if (!blind.checked || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+  if (ev.target.matches('input[type=text], select, textarea')) return;
+  if (!cur || cur.hidden) move(0);
+  if (!cur) return;
+  const choice = {a: 'left', ArrowLeft: 'left', b: 'right', ArrowRight: 'right', s: 'same',
+    ArrowDown: 'same'}[ev.key];
+  if (choice) { ev.preventDefault(); if (vote(cur, choice)) move(1); }
+  else if (['1', '2', '3'].includes(ev.key)) setConfidence(cur, +ev.key);
+  else if (ev.key === 'j') move(1);
+  else if (ev.key === 'k') move(-1);
+  else if (ev.key === 'q' || ev.key === 'w') play(cur, ev.key === 'q' ? 0 : 1);
+});
+function exportVotes() {
+  const l = listener();
+  if (!l) { note.textContent = 'Enter your name first.'; who.focus(); return; }
+  const list = Object.values(votes).sort((a, b) => (a.group_id < b.group_id ? -1 : 1));
+  const now = new Date().toISOString();
+  const doc = {format: META.format, results_id: META.results_id, results: META.results,
+    build: META.build, page_seed: META.seed, listener: l, order_seed: orderSeed(l),
+    exported_at: now, votes: list};
+  const a = document.createElement('a');
+  const blob = new Blob([JSON.stringify(doc, null, 1)], {type: 'application/json'});
+  a.href = URL.createObjectURL(blob);
+  a.download = 'votes-' + l.replace(/[^A-Za-z0-9_.-]+/g, '_') + '-'
+    + now.replace(/[^0-9]/g, '').slice(0, 14) + '.json';
+  document.body.appendChild(a); a.click(); a.remove();
+  note.textContent = `exported ${list.length} vote(s) as ${a.download}`;
+}
+document.getElementById('export').addEventListener('click', exportVotes);
+const lastKey = 'bestofn-listener/' + META.results_id;
+who.value = localStorage.getItem(lastKey) || '';
+who.addEventListener('input', () => {
+  localStorage.setItem(lastKey, listener()); loadVotes(); arrange();
+});
+blind.addEventListener('change', () => { arrange(); if (blind.checked) move(0); });
+pick.addEventListener('change', () => { arrange(); move(0); });
+loadVotes(); arrange();
+"""
+
+
+def _vote_panel() -> str:
+    return (
+        "<div class='vote'><button type='button' data-choice='left'>A better <kbd>a</kbd>"
+        "</button><button type='button' data-choice='right'>B better <kbd>b</kbd></button>"
+        "<button type='button' data-choice='same'>same <kbd>s</kbd></button>"
+        "<span class='muted'>confidence:</span>"
+        + "".join(
+            f"<label><input type='radio' value='{i}'> {name} <kbd>{i}</kbd></label>"
+            for i, name in ((1, "unsure"), (2, "fairly sure"), (3, "sure"))
+        )
+        + " <span class='mine'></span></div>"
+    )
 
 
 def _e(x) -> str:
@@ -141,6 +319,13 @@ def write_listening_page(
             f"sample (seed {seed}) of the rest; the database has them all."
         )
     filt = con.execute("SELECT filter FROM trust_settings").fetchone()[0]
+    meta = {
+        "format": FORMAT,
+        "results_id": results_id(results_dir, create=True),
+        "results": str(results_dir.resolve()),
+        "build": page_build(con),
+        "seed": seed,
+    }
 
     out = [
         "<!doctype html>",
@@ -159,7 +344,17 @@ def write_listening_page(
         + "".join(f"<option value='{_e(e)}'>{_e(e)}</option>" for e in emotions)
         + "</select></label> <label><input type='checkbox' id='blind'> blind (hide which take "
         "was selected, and the scores)</label> <span class='muted'>showing <span id='shown'>"
-        f"{len(groups)}</span> groups</span></div>",
+        f"{len(groups)}</span> groups</span>",
+        "<div class='voting'><label>Listener <input type='text' id='listener' size='14' "
+        "placeholder='your name'></label> <button type='button' id='export'>export votes "
+        "(JSON)</button> <span id='tally' class='muted'></span> <span id='note'></span><br>"
+        "<span class='muted'>Vote on the current (outlined) group: <kbd>a</kbd>/<kbd>←</kbd> A "
+        "better, <kbd>b</kbd>/<kbd>→</kbd> B better, <kbd>s</kbd>/<kbd>↓</kbd> same; "
+        "<kbd>1</kbd>–<kbd>3</kbd> confidence (before or after the vote); <kbd>q</kbd>/"
+        "<kbd>w</kbd> play A/B; <kbd>j</kbd>/<kbd>k</kbd> next/previous. The order of A and B "
+        f"is seeded per listener (page seed {_e(seed)}, build {_e(meta['build'])}). Votes stay "
+        "in this browser until you export them; then <code>bestofn listen import FILE</code>."
+        "</span></div></div>",
         "<h2>Worst groups</h2><div id='worst'>",
         "<div><h3>Lowest selected score</h3><ol id='lowest'>",
     ]
@@ -192,7 +387,7 @@ def write_listening_page(
         )
         out += [
             f"<article class='group status-{_e(status)}' id='{_anchor(group_id)}' "
-            f"data-emotion='{_e(emotion)}'>",
+            f"data-emotion='{_e(emotion)}' data-group='{_e(group_id)}'>",
             f"<h3>{_e(group_id)}</h3><p class='text'>{_e(text)}</p>",
             f"<p class='muted verdict'>{_e(verdict)}</p><div class='pair'>",
         ]
@@ -209,7 +404,7 @@ def write_listening_page(
             )
             out += [
                 f"<div class='take {_e(role)}' data-take='{take}' data-listen-order='{order}'>",
-                f"<div class='head'>{labels[order - 1]} · take {take} "
+                f"<div class='head'><span class='pos'>{labels[order - 1]}</span> · take {take} "
                 f"<span class='role'>{_e(role_text)}</span></div>",
                 f"<audio controls preload='none' src='{_e(link)}'></audio>",
                 f"<table class='scores'>{table}</table>",
@@ -218,8 +413,17 @@ def write_listening_page(
                 else "",
                 "</div>",
             ]
-        out.append("</div></article>")
-    out += [f"<script>{_JS}</script>", "</body></html>", ""]
+        out.append("</div>")
+        if len(by_group.get(group_id, [])) == 2:
+            out.append(_vote_panel())
+        out.append("</article>")
+    meta_json = json.dumps(meta).replace("<", "\\u003c")
+    out += [
+        f"<script type='application/json' id='votes-meta'>{meta_json}</script>",
+        f"<script>{_JS}{_VOTE_JS}</script>",
+        "</body></html>",
+        "",
+    ]
     page.parent.mkdir(parents=True, exist_ok=True)
     page.write_text("\n".join(out))
     return page

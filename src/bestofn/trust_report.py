@@ -281,6 +281,7 @@ def write_selection_report(db_path: str | Path, out_dir: str | Path) -> list[str
     import matplotlib.pyplot as plt
 
     from bestofn.listen import write_listening_page
+    from bestofn.votes_report import listener_section
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -302,6 +303,9 @@ def write_selection_report(db_path: str | Path, out_dir: str | Path) -> list[str
         "",
     ]
     lines += held_md + gains_md + corr_md + funnel_md
+    # Listener votes (bestofn.votes_report): agreement with the selection, or "no votes yet".
+    votes_md, votes_summary = listener_section(db_path, out)
+    lines += votes_md
     (out / FILES["selection"]).write_text("\n".join(lines))
     summary += [
         "Per-score gains, score correlations and the filter funnel: "
@@ -309,4 +313,4 @@ def write_selection_report(db_path: str | Path, out_dir: str | Path) -> list[str
         "[index.html](index.html).",
         "",
     ]
-    return summary
+    return summary + votes_summary

@@ -3,6 +3,7 @@ from pathlib import Path
 
 from bestofn.groupio import SCORES
 from bestofn.selection import build_database
+from bestofn.votes import reapply
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 parquets = [Path(d) / SCORES for d in snakemake.input]
@@ -15,3 +16,5 @@ counts = build_database(
     seed=snakemake.params.seed,
 )
 logging.info("database: %s", counts)
+# Listener votes live in RESULTS/votes/ (bestofn.votes); the rebuilt database gets them back.
+logging.info("votes: %s", reapply(snakemake.output[0], Path(snakemake.output[0]).parent))
