@@ -50,6 +50,8 @@ body:not(.blind) .vote,body:not(.blind) .voting{display:none}
 .group.current{outline:3px solid #4488cc;outline-offset:2px}
 .vote{margin:.5em 0 .1em;display:flex;gap:.5em;align-items:center;flex-wrap:wrap}
 .vote button{font-size:.95em;padding:.2em .8em}.vote button.on{background:#4488cc;color:#fff}
+.vote button.on kbd{background:none;color:#fff;border-color:#fff}
+body.blind #worst .muted{visibility:hidden}
 .vote .mine{font-size:.9em;color:#357}.voting{margin:.4em 0 0;font-size:.9em}
 kbd{border:1px solid #bbb;border-radius:3px;padding:0 .3em;font-size:.85em;background:#f6f6f6}
 #note{color:#a00}
@@ -219,7 +221,10 @@ who.value = localStorage.getItem(lastKey) || '';
 who.addEventListener('input', () => {
   localStorage.setItem(lastKey, listener()); loadVotes(); arrange();
 });
-blind.addEventListener('change', () => { arrange(); if (blind.checked) move(0); });
+blind.addEventListener('change', () => {
+  arrange();
+  if (blind.checked) { move(0); if (!listener()) who.focus(); }
+});
 pick.addEventListener('change', () => { arrange(); move(0); });
 loadVotes(); arrange();
 """
