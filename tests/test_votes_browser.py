@@ -157,7 +157,8 @@ def test_keyboard_votes_export_import_and_agreement(tmp_path, project):
     for v in doc["votes"]:
         # never which take was selected
         assert set(v) == {"group_id", "left_take", "right_take", "choice", "confidence",
-                          "listener", "time", "page_seed", "order_seed", "build"}  # fmt: skip
+                          "listener", "time", "page_seed", "order_seed", "build",
+                          "pair"}  # fmt: skip
     assert {v["group_id"]: v["confidence"] for v in doc["votes"]}[shown[0][0]] == 3
 
     out = _import(project, exported)

@@ -19,7 +19,7 @@ from urllib.parse import quote
 import duckdb
 
 from bestofn.trust import measure_columns, seeded_rng
-from bestofn.votes import FORMAT, page_build, results_id
+from bestofn.votes import FORMAT, group_pairs, page_build, results_id
 
 WORST = 10  # lowest selected scores listed
 NO_PASS_LISTED = 200
@@ -165,7 +165,7 @@ function vote(art, choice) {
   const v = {group_id: art.dataset.group, left_take: +takes[0].dataset.take,
     right_take: +takes[1].dataset.take, choice: choice, confidence: conf, listener: l,
     time: new Date().toISOString(), page_seed: META.seed, order_seed: orderSeed(l),
-    build: META.build};
+    build: META.build, pair: art.dataset.pair};
   votes[v.group_id] = v; saveVote(v); note.textContent = ''; arrange();
   return true;
 }
@@ -324,11 +324,12 @@ def write_listening_page(
             f"sample (seed {seed}) of the rest; the database has them all."
         )
     filt = con.execute("SELECT filter FROM trust_settings").fetchone()[0]
+    pairs = group_pairs(con)  # what each vote heard: a fingerprint of its group's two takes
     meta = {
         "format": FORMAT,
         "results_id": results_id(results_dir, create=True),
         "results": str(results_dir.resolve()),
-        "build": page_build(con),
+        "build": page_build(con, pairs),
         "seed": seed,
     }
 
@@ -392,7 +393,8 @@ def write_listening_page(
         )
         out += [
             f"<article class='group status-{_e(status)}' id='{_anchor(group_id)}' "
-            f"data-emotion='{_e(emotion)}' data-group='{_e(group_id)}'>",
+            f"data-emotion='{_e(emotion)}' data-group='{_e(group_id)}' "
+            f"data-pair='{_e(pairs[group_id][3] if group_id in pairs else '')}'>",
             f"<h3>{_e(group_id)}</h3><p class='text'>{_e(text)}</p>",
             f"<p class='muted verdict'>{_e(verdict)}</p><div class='pair'>",
         ]

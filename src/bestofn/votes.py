@@ -142,7 +142,8 @@ def group_pairs(con) -> dict[str, tuple[str, str, list[int], str]]:
 
 def page_build(con, pairs: dict | None = None) -> str:
     """The build hash of the listening page this database writes: the seed and every group's
-    pair fingerprint. A rebuild that changes any pair changes it."""
+    pair fingerprint. A rebuild that changes any pair changes it. (Each vote also carries its
+    group's fingerprint, so after a rebuild a vote counts while its own pair is unchanged.)"""
     pairs = group_pairs(con) if pairs is None else pairs
     seed = con.execute("SELECT seed FROM trust_settings").fetchone()[0]
     h = hashlib.sha256(f"{seed}\n".encode())
@@ -182,7 +183,7 @@ def check_vote(vote, ctx: Context, strict_build: bool = True) -> str | None:
     if not isinstance(vote, dict):
         return f"not an object ({type(vote).__name__})"
     need = ("group_id", "left_take", "right_take", "choice", "listener", "time", "page_seed",
-            "order_seed", "build")  # fmt: skip
+            "order_seed", "build", "pair")  # fmt: skip
     missing = [k for k in need if k not in vote]
     if missing:
         return f"missing field(s) {', '.join(missing)}"
@@ -211,10 +212,15 @@ def check_vote(vote, ctx: Context, strict_build: bool = True) -> str | None:
             f"made on a page of build {vote['build']}; this database's page is build "
             f"{ctx.build} (groups or their listening pairs changed since)"
         )
-    _, _, order, _ = ctx.pairs[group]
+    _, _, order, fingerprint = ctx.pairs[group]
     heard = [vote["left_take"], vote["right_take"]]
     if sorted(heard) != sorted(order):
         return f"takes {heard} are not the pair the page shows for {group} ({sorted(order)})"
+    if vote["pair"] != fingerprint:
+        return (
+            f"the takes of {group} changed since the vote (pair {vote['pair']}, now "
+            f"{fingerprint}: regenerated or rescored)"
+        )
     if vote["order_seed"] != order_seed(ctx.seed, listener):
         return f"order_seed {vote['order_seed']} is not the seed of listener {listener!r}"
     if heard != left_first(vote["order_seed"], group, order):
@@ -223,14 +229,23 @@ def check_vote(vote, ctx: Context, strict_build: bool = True) -> str | None:
 
 
 def read_votes_file(path: str | Path, ctx: Context) -> tuple[dict, list[dict]]:
-    """Parse and check one exported file; raise VotesError naming the file and every bad vote."""
-    path = Path(path)
+    """Parse and check one exported file; raise VotesError naming the file and every bad vote
+    (the whole file is refused)."""
+    try:
+        return _read_votes_file(Path(path), ctx)
+    except VotesError as e:
+        head, _, rest = str(e).partition("\n")
+        more = f"\n{rest}" if rest else ""
+        raise VotesError(f"{head}; nothing imported from this file{more}") from None
+
+
+def _read_votes_file(path: Path, ctx: Context) -> tuple[dict, list[dict]]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise VotesError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
-        raise VotesError(f"{path}: not valid JSON ({e}); nothing imported from it") from None
+        raise VotesError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
         raise VotesError(f"{path}: not a bestofn votes file (format {got!r}, want {FORMAT!r})")
@@ -240,7 +255,7 @@ def read_votes_file(path: str | Path, ctx: Context) -> tuple[dict, list[dict]]:
         raise VotesError(
             f"{path}: exported from the listening page of another results directory (results id "
             f"{doc.get('results_id')!r}, page at {doc.get('results')!r}); this one's id is "
-            f"{ctx.results_id!r}. Nothing imported from it."
+            f"{ctx.results_id!r}"
         )
     votes = doc.get("votes")
     if not isinstance(votes, list):
@@ -254,8 +269,7 @@ def read_votes_file(path: str | Path, ctx: Context) -> tuple[dict, list[dict]]:
     if problems:
         shown = problems[:20] + ([f"  ... and {len(problems) - 20} more"] if problems[20:] else [])
         raise VotesError(
-            f"{path}: {len(problems)} of {len(votes)} vote(s) refused; nothing imported from "
-            "this file:\n" + "\n".join(shown)
+            f"{path}: {len(problems)} of {len(votes)} vote(s) refused:\n" + "\n".join(shown)
         )
     return doc, votes
 
@@ -332,8 +346,6 @@ def _latest_votes(results_dir, ctx: Context) -> tuple[list[dict], list[tuple]]:
     for v in best.values():
         # A rebuilt database keeps a vote while its group shows the same two takes.
         v["stale"] = check_vote(v, ctx, strict_build=False)
-        if v["stale"] is None and v["group_id"] in ctx.pairs:
-            v["fingerprint"] = ctx.pairs[v["group_id"]][3]
     return sorted(best.values(), key=lambda v: (v["listener"], v["group_id"])), files
 
 
@@ -407,7 +419,7 @@ def compute_votes(con, results_dir: str | Path) -> dict[str, list[tuple]]:
         vote_rows.append((
             v["listener"], g, emotion, prompt_id, left, right, choice, chosen,
             v.get("confidence"), _parse_time(v["time"]), v["page_seed"], v["order_seed"],
-            v["build"], v.get("fingerprint"), v["source_file"], v["vote_index"], sel, side,
+            v["build"], v["pair"], v["source_file"], v["vote_index"], sel, side,
             for_sel, margin, v["stale"] is None, v["stale"],
         ))  # fmt: skip
         if v["stale"] is None:

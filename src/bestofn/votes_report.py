@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import sys
-import tempfile
 from pathlib import Path
 
 from bestofn.votes import compute_votes, stored_files
@@ -97,10 +96,10 @@ def _plot(margin_rows, path: Path) -> None:
     plt.close(fig)
 
 
-def votes_section(con, results_dir: str | Path, out_dir: str | Path) -> tuple[list, list]:
-    """Write FILES into ``out_dir``; return (markdown for selection.md, summary lines for
-    throughput.md). Without votes: "no votes yet" and a plot that says so."""
-    out = Path(out_dir)
+def votes_section(con, results_dir: str | Path, out_dir: str | Path | None) -> tuple[list, list]:
+    """Write FILES into ``out_dir`` (unless None); return (markdown for selection.md, summary
+    lines for throughput.md). Without votes: "no votes yet" and an empty plot."""
+    out = Path(out_dir) if out_dir is not None else None
     md = ["## Listeners: do they agree with the selection?", ""]
     if not stored_files(results_dir):
         note = (
@@ -108,8 +107,9 @@ def votes_section(con, results_dir: str | Path, out_dir: str | Path) -> tuple[li
             "export, then `bestofn listen import VOTES.json` (config/README.md)."
         )
         md += [note, ""]
-        (out / FILES["table"]).write_text(_page("<p>No votes yet.</p>"))
-        _plot([], out / FILES["plot"])
+        if out is not None:
+            (out / FILES["table"]).write_text(_page("<p>No votes yet.</p>"))
+            _plot([], out / FILES["plot"])
         return md, ["## Listeners", "", "No votes yet (index.html, blind mode).", ""]
     rows = compute_votes(con, results_dir)
     warnings, bodies = _tables(rows)
@@ -123,7 +123,8 @@ def votes_section(con, results_dir: str | Path, out_dir: str | Path) -> tuple[li
         md += [*_md(head, body), ""]
     md += [f"- **{w}**" for w in warnings]
     md += ["", f"![agreement against the score margin]({FILES['plot']})", ""]
-    _plot(rows["listener_margin"], out / FILES["plot"])
+    if out is not None:
+        _plot(rows["listener_margin"], out / FILES["plot"])
     parts = [f"<p>{html.escape(INTRO)}</p>"]
     parts += [f"<p class=warn>{html.escape(w)}</p>" for w in warnings]
     for head, body in zip(HEADS, bodies, strict=True):
@@ -133,7 +134,8 @@ def votes_section(con, results_dir: str | Path, out_dir: str | Path) -> tuple[li
                       for r in body)
             + "</table>"
         )  # fmt: skip
-    (out / FILES["table"]).write_text(_page("".join(parts)))
+    if out is not None:
+        (out / FILES["table"]).write_text(_page("".join(parts)))
     overall = next(r for r in rows["listener_agreement"] if r[0] == "overall")
     summary = [
         "## Listeners",
@@ -185,13 +187,15 @@ def import_main(files: list[str], results_dir: str, db_path: str | None = None) 
     )
     con = duckdb.connect(str(db), read_only=True)
     try:
-        report = results / "report"
-        out = report if report.is_dir() else Path(tempfile.mkdtemp())
+        report = results / "report"  # refreshed here; the next report rule run redoes it
+        out = report if report.is_dir() else None
         md, _ = votes_section(con, results, out)
     finally:
         con.close()
-    print("\n".join(md[2:]).replace(f"![agreement against the score margin]({FILES['plot']})",
-                                    f"plot: {out / FILES['plot']}"))  # fmt: skip
+    plot = f"plot: {report / FILES['plot']}" if out else ""
+    print(
+        "\n".join(md[2:]).replace(f"![agreement against the score margin]({FILES['plot']})", plot)
+    )
     return 1 if summary["errors"] else 0
 
 
