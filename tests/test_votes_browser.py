@@ -207,6 +207,10 @@ def test_keyboard_votes_export_import_and_agreement(tmp_path, project):
     k, same = list(given.values()).count("selected"), list(given.values()).count("same")
     share = f"{k / (len(given) - same):.2f}"
     assert re.search(rf"agreement with the selection: {share} \[", throughput), throughput
+    # snakemake --report embeds the listener table and plot.
+    snakemake(project, "--report", "report.html")
+    html = (project / "report.html").read_text()
+    assert "listener_agreement.html" in html and "listener_agreement.png" in html
 
 
 def test_always_left_raises_the_position_warning(tmp_path, project):

@@ -46,6 +46,17 @@ rule report:
             caption="../report/filter_funnel.rst",
             category="Selection",
         ),
+        # Listener votes (bestofn.votes_report): "no votes yet" until `bestofn listen import`.
+        listener_agreement=report(
+            f"{RESULTS}/report/listener_agreement.html",
+            caption="../report/listener_agreement.rst",
+            category="Listeners",
+        ),
+        listener_plot=report(
+            f"{RESULTS}/report/listener_agreement.png",
+            caption="../report/listener_agreement_plot.rst",
+            category="Listeners",
+        ),
         selection=f"{RESULTS}/report/selection.md",
         listen=f"{RESULTS}/report/index.html",
     log:
