@@ -14,6 +14,7 @@ from bestofn.selection import build_database
 from bestofn.votes import (
     FORMAT,
     Context,
+    VotesError,
     import_files,
     left_first,
     order_seed,
@@ -207,3 +208,15 @@ def test_intervals_of_a_unanimous_tally_are_not_a_point():
     )
     w_lo, w_hi = wilson(10, 20)
     assert share == 0.5 and b_lo <= w_lo and b_hi >= w_hi
+
+
+def test_a_damaged_store_stops_the_rebuild_naming_the_file(tmp_path, results):
+    import_files(
+        results / "bestofn.duckdb", results, [write(tmp_path / "a.json", votes_doc(results))]
+    )
+    (stored,) = (results / "votes/imported").glob("*.json")
+    doc = json.loads(stored.read_text())
+    del doc["votes"][0]["left_take"]
+    stored.write_text(json.dumps(doc))
+    with pytest.raises(VotesError, match=f"{stored}: a stored votes file no longer reads"):
+        reapply(results / "bestofn.duckdb", results)

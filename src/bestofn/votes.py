@@ -166,6 +166,13 @@ class Context:
 
     @classmethod
     def of(cls, con, results_dir: str | Path) -> Context:
+        try:
+            con.execute("SELECT seed FROM trust_settings").fetchone()
+        except duckdb.CatalogException:
+            raise VotesError(
+                "the results database has no listening tables (built by an older bestofn?): "
+                "rebuild it with `snakemake --forcerun database`"
+            ) from None
         pairs = group_pairs(con)
         seed = con.execute("SELECT seed FROM trust_settings").fetchone()[0]
         return cls(results_id(results_dir), int(seed), page_build(con, pairs), pairs)
@@ -178,8 +185,11 @@ def _parse_time(value) -> datetime:
     return t
 
 
-def check_vote(vote, ctx: Context, strict_build: bool = True) -> str | None:
-    """Why ``vote`` cannot count against ``ctx`` (None when it can)."""
+def check_vote(
+    vote, ctx: Context, strict_build: bool = True, shape_only: bool = False
+) -> str | None:
+    """Why ``vote`` cannot count against ``ctx`` (None when it can). ``shape_only``: only its
+    fields and their types, not whether the database still has its group."""
     if not isinstance(vote, dict):
         return f"not an object ({type(vote).__name__})"
     need = ("group_id", "left_take", "right_take", "choice", "listener", "time", "page_seed",
@@ -188,7 +198,7 @@ def check_vote(vote, ctx: Context, strict_build: bool = True) -> str | None:
     if missing:
         return f"missing field(s) {', '.join(missing)}"
     group = vote["group_id"]
-    if not isinstance(group, str) or group not in ctx.pairs:
+    if not isinstance(group, str) or (group not in ctx.pairs and not shape_only):
         return f"group {group!r} is not in this database"
     listener = vote["listener"]
     if not isinstance(listener, str) or not listener.strip():
@@ -205,6 +215,8 @@ def check_vote(vote, ctx: Context, strict_build: bool = True) -> str | None:
         _parse_time(vote["time"])
     except (ValueError, TypeError) as e:
         return f"time {vote['time']!r} is not an ISO 8601 time with a zone ({e})"
+    if shape_only:
+        return None
     if vote["page_seed"] != ctx.seed:
         return f"made on a page with seed {vote['page_seed']}; this database's seed is {ctx.seed}"
     if strict_build and vote["build"] != ctx.build:
@@ -333,7 +345,15 @@ def _latest_votes(results_dir, ctx: Context) -> tuple[list[dict], list[tuple]]:
     best: dict[tuple, dict] = {}
     files = []
     for path in stored_files(results_dir):
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            if any(check_vote(v, ctx, strict_build=False, shape_only=True) for v in doc["votes"]):
+                raise ValueError("a vote lacks a field or has a bad value")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise VotesError(
+                f"{path}: a stored votes file no longer reads ({e}); it was written by "
+                "`bestofn listen import`: restore it, or move it out of the store"
+            ) from None
         files.append((path.stem, doc))
         for i, v in enumerate(doc["votes"]):
             v = dict(v, source_file=path.stem, vote_index=i)
