@@ -3,8 +3,8 @@ import time
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from bestofn.bench.scorers import clips
 from bestofn.fakes.parakeet import build
+from bestofn.lab.bench.scorers import clips
 
 b = build("cuda", "real")
 cfg = b.model.cfg.decoding

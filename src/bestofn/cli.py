@@ -118,7 +118,7 @@ def _ab(args) -> int:
 
 
 def _parity(args_rest: list[str]) -> int:
-    from bestofn.moss.parity import parity_main
+    from bestofn.lab.parity import parity_main
 
     return parity_main(args_rest)
 

@@ -247,7 +247,7 @@ def parity_main(argv=None) -> int:
     from bestofn.fakes.moss_delay import is_delay_code
 
     if is_delay_code(args.reference_code):  # a copy of moss_tts_delay/: the Delay engine
-        from bestofn.moss.delay_parity import delay_parity_main
+        from bestofn.lab.delay_parity import delay_parity_main
 
         with tempfile.TemporaryDirectory() as tmp:
             return delay_parity_main(args, Path(tmp))

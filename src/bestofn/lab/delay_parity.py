@@ -33,7 +33,7 @@ RTOL = 1e-4
 
 def load_reference_module(ref_dir: Path):
     """The reference modeling module, imported as a package from the folder copy."""
-    from bestofn.moss.parity import import_reference_module
+    from bestofn.lab.parity import import_reference_module
 
     return import_reference_module(ref_dir, "_moss_delay_reference_")
 
@@ -202,7 +202,7 @@ def delay_parity_main(args, tmp: Path) -> int:
     """Called by ``bestofn.moss.parity.parity_main`` with its parsed arguments."""
     from bestofn.fakes.moss import write_safetensors
     from bestofn.fakes.moss_delay import published_config, random_state_dict, tiny_config
-    from bestofn.moss.parity import report
+    from bestofn.lab.parity import report
 
     if args.checkpoint is None:
         import json

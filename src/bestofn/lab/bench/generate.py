@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes.moss import always_continue_, random_state_dict, tiny_config
+from bestofn.lab.parity import load_reference_class, make_prompts
 from bestofn.moss import local_loop
 from bestofn.moss import model as moss_model
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.config import MossLocalConfig, local_v15_config
 from bestofn.moss.engine import MossLocalEngine
-from bestofn.moss.parity import load_reference_class, make_prompts
 from bestofn.moss.sampling import SamplingParams
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
@@ -197,7 +197,7 @@ def profile_step(engine, batch, prompt_len, frames, params, replays=20):
 def profile_ops(fast, cfg, batch, prompt_len, params, dev) -> list[dict]:
     """Ops (CPU) or kernels (CUDA) per eager frame step and per local loop, unfused vs fused,
     eager and compiled (no CUDA graph: the kernels a captured graph would hold)."""
-    from bestofn.moss.opcount import frame_counts
+    from bestofn.lab.opcount import frame_counts
 
     ids, _ = make_prompts(cfg, [prompt_len] * batch)
     out = []
