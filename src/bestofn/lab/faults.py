@@ -3,7 +3,7 @@
 Name them in a config by import path (config/README.md, "Your own backends"):
 
     scorers:
-      - backend: bestofn.fakes.faults:FatalOnceScorer
+      - backend: bestofn.lab.faults:FatalOnceScorer
         options: {marker: fault.marker, group: calm/p1}
 
 - ``FatalOnceScorer`` raises the message of a CUDA error that leaves the device unusable

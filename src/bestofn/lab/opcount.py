@@ -10,7 +10,7 @@ ops one eager frame step runs. torch.profiler records them; we count, per frame:
   addmm, ``to`` -> copy_); addmm counts as two (bias copy, GEMM). Roughly one kernel launch each
   on the GPU in eager mode, i.e. nodes of the captured graph.
 
-``python -m bestofn.moss.opcount`` prints both for the whole frame step and for its local loop
+``python -m bestofn.lab.opcount`` prints both for the whole frame step and for its local loop
 (stop head + 12 codebooks), tiny and real-shaped (one backbone layer, real local transformer and
 heads), unfused (BESTOFN_MOSS_FUSED=0: the local loop piece by piece, the backbone with
 separate K/V writes and separate residual/norm kernels) and fused. Compiled variants
@@ -140,7 +140,7 @@ def frame_counts(model, ids, params: SamplingParams, fused: bool, compiled: bool
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bestofn.moss.opcount", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bestofn.lab.opcount", description=__doc__)
     ap.add_argument("--shapes", default="tiny,real-1layer")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=16)
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     print(f"# bestofn opcount  {datetime.datetime.now(datetime.UTC).isoformat()}")
-    print(f"# command: python -m bestofn.moss.opcount {' '.join(argv or sys.argv[1:])}")
+    print(f"# command: python -m bestofn.lab.opcount {' '.join(argv or sys.argv[1:])}")
     print(
         f"# host: {platform.machine()} {platform.processor() or ''}; torch {torch.__version__}; "
         f"fp32 on CPU (eager; 'compiled' rows: torch.compile); batch {args.batch}; "
