@@ -3,6 +3,7 @@ gives, the same jobs, the same output and the same errors, checked against Snake
 function in-process and end to end on a small workflow run with and without the patches."""
 
 import builtins
+import json
 import logging
 import os
 import random
@@ -16,6 +17,74 @@ import pytest
 from bestofn import snakemake_speedups as sp
 
 BIN = Path(sys.executable).parent
+
+
+# --- every guard matches the pinned Snakemake (a failure here, not a skip) --------------------
+
+PATCHES = [
+    "quiet_log_info", "conda_spec_without_params", "constant_resource_shortcut", "compiled_eval",
+    "job_free_resource_cache", "plain_str_not_flagged", "no_log_directive",
+    "directory_output_check", "fast_exit",
+]  # fmt: skip
+
+GUARDS = """
+import json
+from bestofn import snakemake_speedups as sp
+
+class Workflow:
+    dryrun = True
+
+cache = sp.install(Workflow())
+print(json.dumps({"signature_cache": cache, **sp.APPLIED,
+                  "resources_once": sp._resources_once_shape(),
+                  "target_jobs_cli": sp.target_jobs_cli_shape()}))
+"""
+
+
+def test_every_guard_matches_the_pinned_snakemake():
+    """pyproject.toml pins what the guards were checked on; on those versions every patch goes
+    in and the feeder's --target-jobs reading holds. A guard that no longer matches fails here:
+    fix the patch (or drop it) before moving the pin."""
+    import tomllib
+    from importlib.metadata import version
+
+    from conftest import REPO
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(d.split("==") for d in deps if d.split("==")[0] in sp.VERIFIED_ON)
+    assert pins == sp.VERIFIED_ON, "pyproject.toml pins other versions than VERIFIED_ON"
+    installed = {name: version(name) for name in pins}
+    assert installed == pins, f"installed {installed}, pinned {pins}: run `make install`"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BESTOFN_")}
+    env["PYTHONPATH"] = str(REPO / "src")
+    proc = subprocess.run([sys.executable, "-c", GUARDS], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    guards = json.loads(proc.stdout.splitlines()[-1])
+    assert set(guards) == {"signature_cache", "resources_once", "target_jobs_cli", *PATCHES}
+    assert [name for name, ok in guards.items() if not ok] == [], "guards that do not match"
+
+
+def test_the_feeder_reads_the_bundle_the_executor_writes():
+    """The command line a job's Snakemake gets, written by the executor interface's own
+    functions, read back by the feeder's parser: every group of the bundle, in order."""
+    import shlex
+
+    from snakemake_interface_executor_plugins.utils import (
+        TargetSpec,
+        encode_target_jobs_cli_args,
+        format_cli_arg,
+    )
+
+    from bestofn.worker.bundle import parse_target_jobs
+
+    groups = [("calm", "p1"), ("happy", "p2.b"), ("sad", "a-b_c")]
+    specs = [TargetSpec("group", {"emotion": e, "prompt_id": p}) for e, p in groups]
+    specs.insert(1, TargetSpec("other", {"x": "1"}))
+    arg = format_cli_arg("--target-jobs", encode_target_jobs_cli_args(specs))
+    argv = shlex.split(f"python -m snakemake {arg} --allowed-rules group --executor slurm-jobstep")
+    assert parse_target_jobs(argv) == groups
 
 
 def stock(func):

@@ -26,7 +26,14 @@ and BESTOFN_SNAKEMAKE_PATCHES_SKIP=name,name leaves out the named patches of par
    one reads: see install_job_patches. Each patch checks the shape of the Snakemake function
    it replaces and leaves Snakemake's own in place (with a debug line) where it differs.
 
-4. The interpreter's teardown after a dry run: see install_fast_exit."""
+4. The interpreter's teardown after a dry run: see install_fast_exit.
+
+5. Not a patch: the SLURM feeder (bestofn.worker.bundle) reads a job's bundle from the
+   ``--target-jobs`` of the job's Snakemake command line; target_jobs_cli_shape checks that the
+   executor interface still writes it so.
+
+Every guard was checked on the versions in VERIFIED_ON, which pyproject.toml pins exactly;
+tests/test_snakemake_speedups.py fails, naming the guard, when one does not match them."""
 
 from __future__ import annotations
 
@@ -35,6 +42,10 @@ import os
 import weakref
 
 OVERRIDE = "_overwrite_params"  # snakemake.common.FUNC_OVERWRITE_PARAMS_ATTR
+
+# The distributions whose internals the guards below read, at the versions they were checked on
+# (pinned exactly in pyproject.toml; a newer release may turn a patch off, or on, silently).
+VERIFIED_ON = {"snakemake": "9.27.1", "snakemake-interface-executor-plugins": "9.4.0"}
 
 
 def cached(original):
@@ -659,7 +670,7 @@ def install_job_patches() -> dict[str, bool]:
 
 
 def _resources_once_shape() -> bool:
-    """What resources_key relies on, as in Snakemake 9.27: a job's resources are
+    """What resources_key relies on, as in Snakemake 9.27.1: a job's resources are
     ``rule.expand_resources(wildcards, input, attempt, skip_evaluation)`` with the skip set
     from local_exec/is_local, plus its aux resources; its threads are one of them; expression
     resources are closures over their text named as in _CLI_EVALUATORS."""
@@ -798,3 +809,33 @@ def install_fast_exit(workflow) -> bool:
     cli.sys = FastExitSys(sys, workflow)
     APPLIED["fast_exit"] = True
     return True
+
+
+# --- 5. What the SLURM feeder reads from a job's command line -------------------------------
+
+
+def target_jobs_cli_shape() -> bool:
+    """True where a job's Snakemake still gets its bundle on its command line as
+    ``bestofn.worker.bundle.parse_target_jobs`` reads it: the executor interface's
+    ``RealExecutor.get_job_args`` passes ``--target-jobs`` with one ``rule:key=value,...``
+    argument per job (``encode_target_jobs_cli_args``). False (with a debug line) otherwise."""
+    try:
+        from snakemake_interface_executor_plugins.executors.real import RealExecutor
+        from snakemake_interface_executor_plugins.utils import (
+            TargetSpec,
+            encode_target_jobs_cli_args,
+        )
+
+        job_args = " ".join(_source(RealExecutor.get_job_args).split())
+        spec = TargetSpec("group", {"emotion": "calm", "prompt_id": "p1"})
+        ok = (
+            'format_cli_arg( "--target-jobs", encode_target_jobs_cli_args(job.get_target_spec())'
+            in job_args
+            and encode_target_jobs_cli_args([spec]) == ["group:emotion=calm,prompt_id=p1"]
+        )
+    except Exception as e:  # noqa: BLE001 - any surprise means: the feeder finds no bundle
+        _debug(f"target_jobs_cli: unexpected ({e!r})")
+        return False
+    if not ok:
+        _debug("target_jobs_cli: --target-jobs is not written as the feeder reads it")
+    return ok
