@@ -27,7 +27,7 @@ weights=/tmp/floor/weights
 ) &
 (
     export CUDA_VISIBLE_DEVICES=1
-    $py docs/bench/parakeet_encoder_probe.py --out "$out" >"$out/parakeet_encoder.log" 2>&1
+    $py -m bestofn.lab.parakeet_encoder_probe --out "$out" >"$out/parakeet_encoder.log" 2>&1
     echo "parakeet rc $?" >>"$out/parakeet_encoder.log"
     $py docs/bench/gemm_probe.py --out "$out" >"$out/gemm.log" 2>&1
     echo "gemm rc $?" >>"$out/gemm.log"
