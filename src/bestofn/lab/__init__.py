@@ -12,6 +12,8 @@ bench/            ``python -m bestofn.bench {generate,scorers,pipeline,serve,cod
 parity.py         ``bestofn parity``: moss-fast against the published MOSS-TTS-Local code
 delay_parity.py   ``bestofn parity`` on a Delay reference folder; the published-code draws
 opcount.py        kernel launches and matmuls per frame step (``python -m bestofn.lab.opcount``)
+probes/           one-off measurements behind single figures (Parakeet, Sidon, Delay, GEMMs),
+                  each ``python -m bestofn.lab.probes.NAME``
 faults.py         backends that fail on purpose, plugged in by name in tests
                   (``bestofn.lab.faults:FatalOnceScorer``)
 """

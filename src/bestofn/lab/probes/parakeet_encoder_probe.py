@@ -17,9 +17,9 @@ passes over all clips after a warm-up pass, ``torch.cuda.synchronize`` around ea
   - ``batch-N``: the base at another batch size.
 - ``kernels``: the top CUDA kernels of one base batch (torch.profiler), with their share.
 
-    PYTHONPATH=src python3 -m bestofn.lab.parakeet_encoder_probe --out OUT [--clips 256]
+    PYTHONPATH=src python3 -m bestofn.lab.probes.parakeet_encoder_probe --out OUT [--clips 256]
     # CPU smoke test on the tiny fake:
-    PYTHONPATH=src python3 -m bestofn.lab.parakeet_encoder_probe --device cpu --size tiny \
+    PYTHONPATH=src python3 -m bestofn.lab.probes.parakeet_encoder_probe --device cpu --size tiny \
         --clips 4 --seconds 2 --batch 2 --out OUT
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 # the same clips, batches and timing as the decoder profile
-from bestofn.lab.parakeet_profile import _emit, _sync, _timed, clips, encode_all
+from bestofn.lab.probes.parakeet_profile import _emit, _sync, _timed, clips, encode_all
 
 
 def encoded_clips(scorer, audios):

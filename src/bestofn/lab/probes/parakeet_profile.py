@@ -32,10 +32,11 @@ Every time is the median of 3 calls (``--repeats``) after a warm-up call, with
 ``torch.cuda.synchronize`` around each, in seconds per clip. Rows are JSON lines, printed and
 written to ``OUT/parakeet_profile.json``.
 
-    PYTHONPATH=src python3 -m bestofn.lab.parakeet_profile --out OUT [--clips 256] [--batch 128]
+    PYTHONPATH=src python3 -m bestofn.lab.probes.parakeet_profile --out OUT [--clips 256]
+        [--batch 128]
         [--seconds 15] [--tokens-range 40 70] [--tokens-target 55] [--repeats 3] [--compile]
     # CPU smoke test of this script on the tiny fake (2-s clips, a few of them):
-    PYTHONPATH=src python3 -m bestofn.lab.parakeet_profile --device cpu --size tiny --out OUT
+    PYTHONPATH=src python3 -m bestofn.lab.probes.parakeet_profile --device cpu --size tiny --out OUT
 """
 
 from __future__ import annotations

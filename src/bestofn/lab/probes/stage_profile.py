@@ -7,7 +7,7 @@ also each convolution's bias added in the fused kernel that reads its output (th
 also the decoder's activations channels last (``BESTOFN_SIDON_LAYOUT=channels_last``). Each
 row's output is compared with the first row's (max |diff|).
 
-PYTHONPATH=src python3 docs/bench/stage_profile.py [--only sidon,parakeet] [--out DIR]
+PYTHONPATH=src python3 -m bestofn.lab.probes.stage_profile [--only sidon,parakeet] [--out DIR]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ told min_frames = max_frames = frames (every take exactly that many complete fra
 included) and the reference gets exactly as many decode steps as ours ran. Each side: one
 untimed warm-up (CUDA-graph capture, cuBLAS init), then REPEATS timed runs.
 
-    PYTHONPATH=src python3 docs/bench/delay_bench.py --out OUT [--size real|tiny]
+    PYTHONPATH=src python3 -m bestofn.lab.probes.delay_bench --out OUT [--size real|tiny]
         [--device cuda|cpu] [--batch 64] [--seconds 15] [--repeats 2] [--work DIR]
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path.cwd()  # run from the repository root (the reference copy is in .ref/)
 TEXT = (
     "The lighthouse keeper had not seen a ship in eleven days, and on the twelfth morning "
     "he climbed the spiral stairs again, counting every step out loud, hoping that the fog "

@@ -4,7 +4,7 @@ batch 64, 320 cached slots read through the fused cache's strided views, prompts
 Prints max |diff| and microseconds per call (CUDA events, median of 5 x 50 calls) for bf16 and
 fp32.
 
-PYTHONPATH=src python3 docs/bench/decode_kernel_check.py
+PYTHONPATH=src python3 -m bestofn.lab.probes.decode_kernel_check
 """
 
 from __future__ import annotations

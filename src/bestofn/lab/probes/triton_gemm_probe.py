@@ -10,9 +10,9 @@ prints, per backbone shape, cuBLAS against the best config and the floor. Every 
 CUDA graph holding the call for ``--layers`` different weights (more bytes than L2 holds),
 replayed. Each config's output is checked against cuBLAS first (max rel err printed).
 
-    PYTHONPATH=src python3 docs/bench/triton_gemm_probe.py [--out OUT]
+    PYTHONPATH=src python3 -m bestofn.lab.probes.triton_gemm_probe [--out OUT]
     # correctness on the CPU, under Triton's interpreter (small shapes, float16):
-    TRITON_INTERPRET=1 PYTHONPATH=src python3 docs/bench/triton_gemm_probe.py --check-cpu
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 -m bestofn.lab.probes.triton_gemm_probe --check-cpu
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import torch
@@ -28,9 +27,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gemm_probe import SHAPES as GEMM_SHAPES  # noqa: E402
-from gemm_probe import time_graph  # noqa: E402
+from bestofn.lab.probes.gemm_probe import SHAPES as GEMM_SHAPES
+from bestofn.lab.probes.gemm_probe import time_graph
 
 # the six shapes of gemm_probe.py that call L swept (the local c_attn and c_proj and the audio
 # heads left out to keep the sweep short)

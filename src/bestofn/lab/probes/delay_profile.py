@@ -1,7 +1,7 @@
 """Where a MOSS-TTS Delay decode step spends its time (docs/bench/delay_gpu.sh runs it with
 PROFILE=1, the default on cuda).
 
-Same checkpoint, prompt and budget as docs/bench/delay_bench.py. After one full generate (which
+Same checkpoint, prompt and budget as bestofn.lab.probes.delay_bench. After one full generate (which
 captures every kv_len bucket's CUDA graph), it prints, per step:
 
 - ``step``: the engine's own captured step, per kv_len bucket (CUDA events around each replay);
@@ -15,7 +15,7 @@ captures every kv_len bucket's CUDA graph), it prints, per step:
 On cpu (a smoke test of this script) the same pieces run eagerly, timed with perf_counter, and
 the table lists CPU ops.
 
-    PYTHONPATH=src python3 docs/bench/delay_profile.py --out OUT [--size real|tiny]
+    PYTHONPATH=src python3 -m bestofn.lab.probes.delay_profile --out OUT [--size real|tiny]
         [--device cuda|cpu] [--batch 64] [--seconds 15] [--replays 10] [--work DIR]
 """
 
@@ -30,8 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from delay_bench import ROOT, TEXT, delay_checkpoint  # noqa: E402
+from bestofn.lab.probes.delay_bench import ROOT, TEXT, delay_checkpoint
 
 
 class Timer:

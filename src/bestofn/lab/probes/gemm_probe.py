@@ -7,7 +7,7 @@ Each shape runs ``--layers`` times in one CUDA graph with a different weight eac
 bytes than L2 holds), replayed ``--replays`` times; µs per call = graph time / calls. Random
 weights; the fp8 output's max relative error against bf16 is printed so a broken scale shows.
 
-    PYTHONPATH=src python3 docs/bench/gemm_probe.py [--batch 64] [--layers 36] [--out OUT]
+    PYTHONPATH=src python3 -m bestofn.lab.probes.gemm_probe [--batch 64] [--layers 36] [--out OUT]
 """
 
 from __future__ import annotations
