@@ -37,3 +37,4 @@ lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
+	$(VENV)/bin/lint-imports --no-cache  # the layers and no-cycles contracts in pyproject.toml

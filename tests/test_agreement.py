@@ -141,7 +141,7 @@ def test_rates_between_loaded_stages(tmp_path):
     # and through load_backends, with a plugin generator at 8 kHz and a 16 kHz scorer
     models = {
         "generator": {
-            "backend": "bestofn.fakes.faults:ScriptedGenerator",
+            "backend": "bestofn.lab.faults:ScriptedGenerator",
             "options": {"sample_rate": 8000},
         },
         "scorers": [{"backend": "resemblyzer"}],

@@ -10,7 +10,7 @@ pytest.importorskip("nemo.collections.asr", reason="parakeet needs nemo_toolkit"
 
 
 def test_tiny_pipeline_bench_writes_a_group_and_reports_every_stage(tmp_path, capsys):
-    from bestofn.bench.__main__ import main
+    from bestofn.lab.bench.__main__ import main
 
     out = tmp_path / "bench.json"
     argv = ["pipeline", "--size", "tiny", "--device", "cpu", "--takes", "3", "--frames", "10"]
@@ -56,7 +56,7 @@ def test_a_variant_without_sidon_knobs_runs_the_default_path():
     from types import SimpleNamespace
 
     from bestofn.backends import sidon
-    from bestofn.bench.pipeline import apply_variant, parse_variant
+    from bestofn.lab.bench.pipeline import apply_variant, parse_variant
 
     calls = []
     restorer = SimpleNamespace(name="sidon", set_speed=lambda *a: calls.append(a))

@@ -288,7 +288,7 @@ def test_fp8_matmul_path_where_scaled_mm_runs(ckpt, codec, monkeypatch):
 
 
 def test_codec_bench_runs_every_row_on_a_cpu(tmp_path):
-    from bestofn.bench.codec import main
+    from bestofn.lab.bench.codec import main
 
     out = tmp_path / "codec.json"
     args = ["--size", "tiny", "--device", "cpu", "--batch", "3", "--seconds", "0.01"]

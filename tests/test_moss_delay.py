@@ -164,7 +164,7 @@ def test_bad_request_is_named(model):
 @pytest.mark.skipif(not (REF / "modeling_moss_tts.py").exists(), reason=f"no reference at {REF}")
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 def test_parity_with_published_delay_code(capsys):
-    from bestofn.moss.parity import parity_main
+    from bestofn.lab.parity import parity_main
 
     code = parity_main(["--reference-code", str(REF), "--frames", "14"])
     out = capsys.readouterr().out
@@ -184,7 +184,7 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
     from transformers import PreTrainedTokenizerFast
 
     from bestofn.fakes.moss_delay import write_tokenizer
-    from bestofn.moss.delay_parity import load_reference_module
+    from bestofn.lab.delay_parity import load_reference_module
     from bestofn.moss.delay_prompt import DelayPromptBuilder
 
     cfg = tiny_config()

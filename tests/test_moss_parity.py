@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bestofn.moss.parity import parity_main
+from bestofn.lab.parity import parity_main
 
 REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_local_v1.5"
 
@@ -42,7 +42,7 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
     from transformers import PreTrainedTokenizerFast
 
     from bestofn.fakes.moss import tiny_config
-    from bestofn.moss.parity import load_reference_class
+    from bestofn.lab.parity import load_reference_class
     from bestofn.moss.prompt import PromptBuilder
 
     cfg = tiny_config(vocab_size=264)

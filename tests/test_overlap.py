@@ -153,7 +153,7 @@ def test_a_group_is_the_same_whatever_torch_threads_the_calling_thread_has(backe
 
 
 def test_a_failing_stage_names_the_group_and_the_worker_keeps_serving(backends, tmp_path):
-    from bestofn.fakes.faults import FatalOnceScorer
+    from bestofn.lab.faults import FatalOnceScorer
     from bestofn.worker.server import BadRequest
 
     flaky = FatalOnceScorer(marker=str(tmp_path / "m"), group="calm/p1", error="oom")
@@ -191,9 +191,9 @@ def test_fatal_device_error_with_overlap_exits_70(tmp_path):
     from bestofn.worker.uds_http import request
 
     models = {
-        "generator": {"backend": "bestofn.fakes.faults:ScriptedGenerator",
+        "generator": {"backend": "bestofn.lab.faults:ScriptedGenerator",
                       "options": {"seconds": 0.3}},
-        "scorers": [{"backend": "duration"}, {"backend": "bestofn.fakes.faults:FatalOnceScorer",
+        "scorers": [{"backend": "duration"}, {"backend": "bestofn.lab.faults:FatalOnceScorer",
                      "options": {"marker": str(tmp_path / "m"), "group": "calm/p0"}}],
     }  # fmt: skip
     (tmp_path / "models.json").write_text(json.dumps(models))
@@ -358,7 +358,7 @@ def test_sidon_device_resample_and_buckets_keep_the_takes():
 
 
 def test_bench_variants_parse():
-    from bestofn.bench.pipeline import VARIANTS, parse_variant
+    from bestofn.lab.bench.pipeline import VARIANTS, parse_variant
 
     name, knobs = parse_variant("before")
     assert name == "before" and knobs["overlap"] == "off" and knobs["parakeet_batch"] == 64

@@ -1,12 +1,11 @@
-"""docs/bench/parakeet_profile.py on the tiny random-weight Parakeet-TDT, on the CPU: the blank-bias
-knob, the bisection to a declared emission rate, the encoder/decoder split of the scorer's path,
-and the CLI's smoke mode. (The figures themselves come from the H200, not from here.)"""
+"""bestofn.lab.probes.parakeet_profile and parakeet_encoder_probe on the tiny random-weight
+Parakeet-TDT, on the CPU: the blank-bias knob, the bisection to a declared emission rate, the
+encoder/decoder split of the scorer's path, the encoder knobs undone, and the CLIs' smoke modes.
+(The figures themselves come from the H200, not from here.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
@@ -14,20 +13,12 @@ pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not instal
 
 import torch  # noqa: E402
 
-SCRIPT = Path(__file__).resolve().parents[1] / "docs" / "bench" / "parakeet_profile.py"
-
-
-def _load(script: Path):
-    """A docs/bench script as a module."""
-    spec = importlib.util.spec_from_file_location(script.stem, script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def pp():
-    return _load(SCRIPT)
+    from bestofn.lab.probes import parakeet_profile
+
+    return parakeet_profile
 
 
 @pytest.fixture(scope="module")
@@ -121,12 +112,11 @@ def test_cli_smoke_writes_rows(pp, tmp_path):
     assert rows[-1]["row"] == "sum" and rows[-1]["bias_restored"] is True
 
 
-ENCODER_PROBE = SCRIPT.with_name("parakeet_encoder_probe.py")
-
-
 @pytest.fixture(scope="module")
 def pep():
-    return _load(ENCODER_PROBE)
+    from bestofn.lab.probes import parakeet_encoder_probe
+
+    return parakeet_encoder_probe
 
 
 def test_encoder_probe_knobs_are_undone(scorer, pep):

@@ -293,7 +293,7 @@ def test_fatal_device_error_answers_500_and_the_next_request_gets_a_fresh_worker
     config = yaml.safe_load((root / "config/config.yaml").read_text())
     marker = root / "fault.marker"
     config["models"]["generator"] = {
-        "backend": "bestofn.fakes.faults:FatalOnceGenerator", "options": {"marker": str(marker)}
+        "backend": "bestofn.lab.faults:FatalOnceGenerator", "options": {"marker": str(marker)}
     }  # fmt: skip
     (root / "config/config.yaml").write_text(yaml.safe_dump(config))
     srv = Server(root)
@@ -425,7 +425,7 @@ def test_bench_request_timeout_is_a_deadline(mode):
     the request's deadline passes."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from bestofn.bench.serve import one_request
+    from bestofn.lab.bench.serve import one_request
 
     stop = threading.Event()
 

@@ -3,6 +3,7 @@ gives, the same jobs, the same output and the same errors, checked against Snake
 function in-process and end to end on a small workflow run with and without the patches."""
 
 import builtins
+import json
 import logging
 import os
 import random
@@ -14,8 +15,78 @@ from pathlib import Path
 import pytest
 
 from bestofn import snakemake_speedups as sp
+from bestofn.snakemake_speedups import job_patches as jp
 
 BIN = Path(sys.executable).parent
+
+
+# --- every guard matches the pinned Snakemake (a failure here, not a skip) --------------------
+
+PATCHES = [
+    "quiet_log_info", "conda_spec_without_params", "constant_resource_shortcut", "compiled_eval",
+    "job_free_resource_cache", "plain_str_not_flagged", "no_log_directive",
+    "directory_output_check", "fast_exit",
+]  # fmt: skip
+
+GUARDS = """
+import json
+from bestofn import snakemake_speedups as sp
+from bestofn.snakemake_speedups import job_patches as jp
+
+class Workflow:
+    dryrun = True
+
+cache = sp.install(Workflow())
+print(json.dumps({"signature_cache": cache, **sp.APPLIED,
+                  "resources_once": jp._resources_once_shape(),
+                  "target_jobs_cli": sp.target_jobs_cli_shape()}))
+"""
+
+
+def test_every_guard_matches_the_pinned_snakemake():
+    """pyproject.toml pins what the guards were checked on; on those versions every patch goes
+    in and the feeder's --target-jobs reading holds. A guard that no longer matches fails here:
+    fix the patch (or drop it) before moving the pin."""
+    import tomllib
+    from importlib.metadata import version
+
+    from conftest import REPO
+
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(d.split("==") for d in deps if d.split("==")[0] in sp.VERIFIED_ON)
+    assert pins == sp.VERIFIED_ON, "pyproject.toml pins other versions than VERIFIED_ON"
+    installed = {name: version(name) for name in pins}
+    assert installed == pins, f"installed {installed}, pinned {pins}: run `make install`"
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BESTOFN_")}
+    env["PYTHONPATH"] = str(REPO / "src")
+    proc = subprocess.run([sys.executable, "-c", GUARDS], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    guards = json.loads(proc.stdout.splitlines()[-1])
+    assert set(guards) == {"signature_cache", "resources_once", "target_jobs_cli", *PATCHES}
+    assert [name for name, ok in guards.items() if not ok] == [], "guards that do not match"
+
+
+def test_the_feeder_reads_the_bundle_the_executor_writes():
+    """The command line a job's Snakemake gets, written by the executor interface's own
+    functions, read back by the feeder's parser: every group of the bundle, in order."""
+    import shlex
+
+    from snakemake_interface_executor_plugins.utils import (
+        TargetSpec,
+        encode_target_jobs_cli_args,
+        format_cli_arg,
+    )
+
+    from bestofn.worker.bundle import parse_target_jobs
+
+    groups = [("calm", "p1"), ("happy", "p2.b"), ("sad", "a-b_c")]
+    specs = [TargetSpec("group", {"emotion": e, "prompt_id": p}) for e, p in groups]
+    specs.insert(1, TargetSpec("other", {"x": "1"}))
+    arg = format_cli_arg("--target-jobs", encode_target_jobs_cli_args(specs))
+    argv = shlex.split(f"python -m snakemake {arg} --allowed-rules group --executor slurm-jobstep")
+    assert parse_target_jobs(argv) == groups
 
 
 def stock(func):
@@ -63,7 +134,7 @@ def directory_checks(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     original = stock(DAG.check_directory_outputs)
-    return original, sp.directory_output_check(original, ChildIOException)
+    return original, jp.directory_output_check(original, ChildIOException)
 
 
 def test_nested_directory_output_raises_as_stock(directory_checks):
@@ -116,9 +187,9 @@ def test_output_parts_are_pathlibs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cwd = Path.cwd().parts
     for path in ["a", "a/b", "/a/b", "a/../b", "a b/c", "a-b/c.d", "/a/.."]:
-        assert sp.output_parts(path, cwd) == Path(path).absolute().parts, path
+        assert jp.output_parts(path, cwd) == Path(path).absolute().parts, path
     for path in ["a//b", "./a", "a/./b", "a/", "//a", ".", "/", ""]:
-        assert sp.output_parts(path, cwd) is None, path
+        assert jp.output_parts(path, cwd) is None, path
 
 
 # --- printing jobs under --quiet rules ------------------------------------------------------
@@ -143,26 +214,26 @@ def test_rules_suppressed_only_when_every_handler_drops_job_info():
         quiet = logging.StreamHandler()
         quiet.addFilter(quiet_filter(Quietness.RULES))
         logger.addHandler(quiet)
-        assert sp.rules_suppressed(logger)
+        assert jp.rules_suppressed(logger)
 
         quiet.filters[0].quiet = {Quietness.PROGRESS}  # prints rules
-        assert not sp.rules_suppressed(logger)
+        assert not jp.rules_suppressed(logger)
         quiet.filters[0].quiet = {Quietness.ALL}  # a dry run still prints jobs then
-        assert not sp.rules_suppressed(logger)
+        assert not jp.rules_suppressed(logger)
         quiet.filters[0].quiet = {Quietness.RULES}
 
         plain = logging.StreamHandler()  # e.g. a capture handler further up
         parent.addHandler(plain)
-        assert not sp.rules_suppressed(logger)
+        assert not jp.rules_suppressed(logger)
         plain.setLevel(logging.WARNING)  # drops INFO itself
-        assert sp.rules_suppressed(logger)
+        assert jp.rules_suppressed(logger)
         logger.propagate = False
         plain.setLevel(logging.INFO)
-        assert sp.rules_suppressed(logger)
+        assert jp.rules_suppressed(logger)
 
         logger.setLevel(logging.WARNING)
         logger.addHandler(logging.StreamHandler())
-        assert sp.rules_suppressed(logger)
+        assert jp.rules_suppressed(logger)
     finally:
         for node in (logger, parent):
             for h in list(node.handlers):
@@ -205,7 +276,7 @@ def test_conda_spec_skips_params_only_without_a_conda_directive():
             self.params_read += 1
             return "P"
 
-    for spec in [original, sp.conda_spec_without_params(original)]:
+    for spec in [original, jp.conda_spec_without_params(original)]:
         FakeJob.conda_env_spec = spec
         none, env = FakeJob(None), FakeJob("envs/x.yaml")
         assert (none.conda_env_spec, env.conda_env_spec) == (None, "spec:envs/x.yaml:P")
@@ -224,7 +295,7 @@ def test_constant_resources_answered_as_stock():
     from snakemake.rules import Rule
 
     original = stock(Rule.apply_input_function)
-    fast = sp.constant_resource_shortcut(original, Resource.evaluate)
+    fast = jp.constant_resource_shortcut(original, Resource.evaluate)
 
     class FakeRule:
         name = "r"
@@ -235,7 +306,7 @@ def test_constant_resources_answered_as_stock():
         calls.append(func)
         return original(self, func, wildcards, *args, **kwargs)
 
-    counted = sp.constant_resource_shortcut(counting, Resource.evaluate)
+    counted = jp.constant_resource_shortcut(counting, Resource.evaluate)
     aux = dict(input=[], attempt=2, rulename="r", async_run=None, threads=1)
     kw = dict(incomplete_checkpoint_func=lambda e: 0, raw_exceptions=True, **aux)
     for res in [Resource("gpu", 1), Resource("tmpdir", "/tmp"), Resource("mem_mb", 2000),
@@ -253,7 +324,7 @@ def test_constant_resources_answered_as_stock():
 
 
 def test_compiled_eval_answers_as_eval():
-    fast = sp.compiled_eval()
+    fast = jp.compiled_eval()
     namespace = {"attempt": 3, "system_tmpdir": "/tmp"}
     for source in ["1 + 2", "  attempt * 2", "\tsystem_tmpdir", "'n1'", "n1-standard-4",
                    "1 +", " \n1", "min(attempt, 2)", "1\n", "x := 1"]:  # fmt: skip
@@ -289,7 +360,7 @@ def test_job_free_resource_cache_answers_as_stock(monkeypatch):
         calls.append(args[1])
         return original(*args, **kwargs)
 
-    fast = sp.job_free_resource_cache(counting)
+    fast = jp.job_free_resource_cache(counting)
     monkeypatch.setenv("BESTOFN_TEST_MB", "700")
     empty, some = InputFiles(), InputFiles(["Snakefile-does-not-exist"])
     exprs = [
@@ -337,7 +408,7 @@ def test_plain_str_not_flagged_answers_as_stock():
     import snakemake.io as io
 
     original = stock(io.is_flagged)
-    fast = sp.plain_str_not_flagged(original, io.AnnotatedString, io._IOFile)
+    fast = jp.plain_str_not_flagged(original, io.AnnotatedString, io._IOFile)
 
     class Sub(str):
         pass
@@ -360,7 +431,7 @@ def test_plain_str_not_flagged_answers_as_stock():
             assert fast(value, flag) == original(value, flag), (value, flag)
     assert fast(io.temp("out/a.txt"), "temp") is True and fast(Virtual(), "temp") is True
     calls = []
-    counted = sp.plain_str_not_flagged(
+    counted = jp.plain_str_not_flagged(
         lambda v, f: calls.append(v) or original(v, f), io.AnnotatedString, io._IOFile
     )
     for value in ["a", io.temp("a"), io.IOFile("b"), falsy]:
@@ -383,7 +454,7 @@ def test_no_log_directive_gives_a_new_empty_log():
         calls.append(self)
         return "stock"
 
-    fast = sp.no_log_directive(counting, Log)
+    fast = jp.no_log_directive(counting, Log)
 
     class FakeRule:
         def __init__(self, log):
@@ -476,7 +547,7 @@ def dry_run(tmp_path: Path, patched: bool, *args: str, dry: bool = True):
         for line in out.splitlines()
         if not re.match(r"\[\w{3} \w{3} .*\d{4}\]$|Date:|Workflow ID:|patches:", line.strip())
         # a traceback names the function that raised: Snakemake's or its replacement here
-        and not re.search(r'File ".*(/snakemake/dag\.py|snakemake_speedups\.py)"', line)
+        and not re.search(r'File ".*(/snakemake/dag\.py|/snakemake_speedups/\w+\.py)"', line)
     ]
     # Snakemake lists a job's updated inputs in set order, which varies from run to run.
     return proc.returncode, sorted(map(sort_list, kept))
@@ -552,7 +623,7 @@ def test_resources_key_only_for_rules_whose_resources_are_the_same_for_every_job
     import snakemake.api  # noqa: F401
     from snakemake.resources import Resource
 
-    assert sp._resources_once_shape()
+    assert jp._resources_once_shape()
 
     class Rule:
         def __init__(self, **resources):
@@ -574,18 +645,18 @@ def test_resources_key_only_for_rules_whose_resources_are_the_same_for_every_job
         tmpdir=expr("tmpdir", "system_tmpdir"),
         runtime=expr("runtime", "10 * attempt"),
     )
-    a, b = sp.resources_key(Job(free)), sp.resources_key(Job(free))
+    a, b = jp.resources_key(Job(free)), jp.resources_key(Job(free))
     assert a is not None and a == b
-    assert sp.resources_key(Job(free, attempt=2)) != a  # the attempt is part of the key
-    assert sp.resources_key(Job(free, inputs=["in.txt"])) is None  # input sizes differ
-    assert sp.resources_key(Job(free, aux={"x": 1})) is None
+    assert jp.resources_key(Job(free, attempt=2)) != a  # the attempt is part of the key
+    assert jp.resources_key(Job(free, inputs=["in.txt"])) is None  # input sizes differ
+    assert jp.resources_key(Job(free, aux={"x": 1})) is None
     for job_dependent in [
         Resource("mem_mb", lambda wildcards: 100),  # a function of the rule
         expr("runtime", "int(wildcards.i) * 10"),  # an expression naming the wildcards
         expr("disk_mb", "shutil.disk_usage('.').free"),  # or anything else
     ]:
         rule = Rule(_cores=Resource("_cores", 1), **{job_dependent.name: job_dependent})
-        assert sp.resources_key(Job(rule)) is None, job_dependent
+        assert jp.resources_key(Job(rule)) is None, job_dependent
 
 
 def test_fast_exit_only_after_a_dry_run_of_the_snakemake_command(monkeypatch):

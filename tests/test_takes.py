@@ -20,7 +20,7 @@ from bestofn.selection import BASE_COLUMNS, check_selection
 from bestofn.spec import GroupSpec
 from bestofn.verify import verify_group
 
-SCRIPTED = "bestofn.fakes.faults:ScriptedGenerator"
+SCRIPTED = "bestofn.lab.faults:ScriptedGenerator"
 
 
 def scripted(**options) -> dict:

@@ -27,8 +27,8 @@ from bestofn.worker.client import (
 from bestofn.worker.server import fatal_device_error
 from bestofn.worker.uds_http import request
 
-SCRIPTED = {"backend": "bestofn.fakes.faults:ScriptedGenerator", "options": {"seconds": 0.4}}
-FAULT = "bestofn.fakes.faults:FatalOnceScorer"
+SCRIPTED = {"backend": "bestofn.lab.faults:ScriptedGenerator", "options": {"seconds": 0.4}}
+FAULT = "bestofn.lab.faults:FatalOnceScorer"
 SPEC = {"emotion": "calm", "prompt_id": "p1", "text": "Good morning to you.", "n_takes": 2}
 
 

@@ -16,7 +16,7 @@ py=${PYTHON:-python3}
 weights=/tmp/decode-attn/weights
 (
     export CUDA_VISIBLE_DEVICES=0
-    $py docs/bench/decode_kernel_check.py >"$out/check.log" 2>&1
+    $py -m bestofn.lab.probes.decode_kernel_check >"$out/check.log" 2>&1
     echo "check rc $?" >>"$out/check.log"
     $py -m bestofn.bench generate --batches 64 --reference-batches "" \
         --variants compiled,compiled-triton,compiled-again --json "$out/gen.json" \

@@ -27,9 +27,9 @@ weights=/tmp/floor/weights
 ) &
 (
     export CUDA_VISIBLE_DEVICES=1
-    $py docs/bench/parakeet_encoder_probe.py --out "$out" >"$out/parakeet_encoder.log" 2>&1
+    $py -m bestofn.lab.probes.parakeet_encoder_probe --out "$out" >"$out/parakeet_encoder.log" 2>&1
     echo "parakeet rc $?" >>"$out/parakeet_encoder.log"
-    $py docs/bench/gemm_probe.py --out "$out" >"$out/gemm.log" 2>&1
+    $py -m bestofn.lab.probes.gemm_probe --out "$out" >"$out/gemm.log" 2>&1
     echo "gemm rc $?" >>"$out/gemm.log"
     $py -m bestofn.cli fake-weights "$weights" --size real --p-stop 1e-9 --no-delay \
         >"$out/fake_weights.log" 2>&1

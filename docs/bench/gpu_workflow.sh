@@ -20,7 +20,7 @@ py=${PYTHON:-python3}
 # OVERLAP=off|host|full sets runtime.overlap in the run's config (default: the config's, auto);
 # PARAKEET_ATTENTION=sdpa|manual the Parakeet scorer's runtime.attention (default: auto).
 size=${SIZE:-real}
-profile=${PROFILE:-h200x8}
+profile=${PROFILE:-a100x8}
 takes=${TAKES:-64}
 frames=${FRAMES:-188}
 mkdir -p "$out" "$work/project"

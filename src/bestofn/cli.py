@@ -124,7 +124,7 @@ def _listen_import(args) -> int:
 
 
 def _parity(args_rest: list[str]) -> int:
-    from bestofn.moss.parity import parity_main
+    from bestofn.lab.parity import parity_main
 
     return parity_main(args_rest)
 

@@ -1,0 +1,12 @@
+"""Backends: one adapter per model family, chosen by name in the config (registry.py) or by an
+import path ``package.module:Class``. Each adapter carries its facts (rate, weights, columns).
+
+base.py             the three roles: Generator, Restorer, Scorer
+registry.py         names -> import paths (naming one backend imports no other's libraries)
+
+generators          piper.py (embedded default), moss_fast.py (our engine), moss_hf.py and
+                    moss_hf_delay.py (the published MOSS-TTS code, Local and Delay)
+restorers           resample.py (embedded default: pass-through, soxr), sidon.py (Sidon)
+scorers             duration.py, whisper_asr.py (embedded ASR), parakeet.py (production ASR),
+                    dnsmos.py, resemblyzer_sim.py, voiceclap.py, empathic.py
+"""

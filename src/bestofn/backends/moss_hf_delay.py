@@ -7,7 +7,7 @@ configuration, processing, inference_utils). What is ours around them:
 
 - per-take seeds: the published ``generate`` draws with torch's global RNG through the
   module function ``sample_token``; for the call it is replaced by
-  ``bestofn.moss.delay_parity.PublishedDelayDraws`` (the same per-take uniforms as moss-fast's
+  ``bestofn.lab.delay_parity.PublishedDelayDraws`` (the same per-take uniforms as moss-fast's
   Delay engine; the published penalty function still applies a penalty other than 1.0);
 - frame budget: ``max_new_tokens`` = budget + n_vq + 1 rows (audio_start, frames, the delay
   tail, audio_end); a take is its first audio block, de-delayed with the processor's
@@ -119,7 +119,7 @@ class MossHFDelayGenerator(MossHFGenerator):
 
     @contextlib.contextmanager
     def _draws(self, seeds):
-        from bestofn.moss.delay_parity import PublishedDelayDraws
+        from bestofn.lab.delay_parity import PublishedDelayDraws
 
         original = self.module.sample_token
         self.module.sample_token = PublishedDelayDraws(seeds, penalty=self.penalty)

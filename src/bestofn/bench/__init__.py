@@ -1,1 +1,1 @@
-"""Benchmarks: python -m bestofn.bench <name>."""
+"""The command ``python -m bestofn.bench <name>``; the benchmarks are in ``bestofn.lab.bench``."""

@@ -1,24 +1,12 @@
-"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec} [options]."""
+"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec} [options].
+
+The recorded command of every benchmark figure; it forwards to ``bestofn.lab.bench``, so the
+product's packages never import the lab.
+"""
 
 import sys
 
-
-def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("generate", "scorers", "pipeline", "serve", "codec"):
-        print(__doc__, file=sys.stderr)
-        return 2
-    if argv[0] == "generate":
-        from bestofn.bench.generate import main as bench
-    elif argv[0] == "pipeline":
-        from bestofn.bench.pipeline import main as bench
-    elif argv[0] == "serve":
-        from bestofn.bench.serve import main as bench
-    elif argv[0] == "codec":
-        from bestofn.bench.codec import main as bench
-    else:
-        from bestofn.bench.scorers import main as bench
-    return bench(argv[1:]) or 0
-
+from bestofn.lab.bench.__main__ import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -19,7 +19,6 @@ whisper.py      Whisper-Small shapes shared by the two Whisper-based scorers
 voiceclap.py    a STAND-IN VoiceCLAP embedder (remote code in remote/voiceclap) + the two heads
 empathic.py     BUD-E-Whisper encoder dir + Empathic-Insight head files
 weights.py      `bestofn fake-weights DIR`: all of the above + a complete production config
-faults.py       backends that fail on purpose (worker-contract and take-check tests)
 
 Random weights make noise: every score they give is meaningless. They exist to run the real
 loading code and the real shapes, in CI (``size="tiny"``) and on GPUs (``size="real"``).

@@ -271,7 +271,7 @@ def write_all(
             out=out,
             size=size,
             seed=seed,
-            profile="local" if size == "tiny" else "h200x8",
+            profile="local" if size == "tiny" else "a100x8",
             emotions=_yaml(out / "emotions.tsv"),
             prompts=_yaml(out / "prompts.tsv"),
             model_dir=_yaml(opts["moss-tts-local + codec"]["model_dir"]),

@@ -147,7 +147,13 @@ def _read_nul(path: str) -> list[str]:
 def find_bundle(job_id: str) -> tuple[int, list[tuple[str, str]]] | None:
     """The pid and targets of this SLURM job's Snakemake (the one driving slurm-jobstep).
 
-    It runs on this node (the batch step); its command line lists the bundle's jobs."""
+    It runs on this node (the batch step); its command line lists the bundle's jobs, where the
+    executor interface writes them as checked against (else None: no bundle to stage)."""
+    from bestofn.snakemake_speedups import target_jobs_cli_shape
+
+    if not target_jobs_cli_shape():
+        log.warning("--target-jobs is not written as bestofn.snakemake_speedups checked: no bundle")
+        return None
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue

@@ -1,0 +1,1 @@
+"""Benchmarks: python -m bestofn.bench <name>."""

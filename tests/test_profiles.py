@@ -1,0 +1,29 @@
+"""Every profile sets what the workflow relies on (DESIGN.md, "Group identity"):
+
+- ``force-use-threads``: group jobs are run: blocks, run in Snakemake's threads (no Python
+  process per group);
+- ``replace-workflow-config``: --configfile replaces config/config.yaml, so a production config
+  does not inherit the embedded default's backend options;
+- ``rerun-triggers`` without ``code``: editing bestofn never reruns finished groups."""
+
+import pytest
+import yaml
+from conftest import REPO
+
+PROFILES = sorted(p.parent.name for p in (REPO / "profiles").glob("*/config.yaml"))
+
+
+def test_the_profiles_are_the_documented_ones():
+    assert PROFILES == ["a100x8", "local", "slurm"]
+    readme = (REPO / "README.md").read_text()
+    assert all(f"`profiles/{name}`" in readme for name in PROFILES)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_sets_what_the_workflow_relies_on(name):
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    assert profile.get("force-use-threads") is True, name
+    assert profile.get("replace-workflow-config") is True, name
+    triggers = profile.get("rerun-triggers")
+    assert triggers and "code" not in triggers, (name, triggers)
+    assert {"params", "input"} <= set(triggers), (name, triggers)  # a group's identity
