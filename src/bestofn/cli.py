@@ -117,6 +117,12 @@ def _ab(args) -> int:
     return ab_main(args)
 
 
+def _export(args) -> int:
+    from bestofn.export.command import main as export_main
+
+    return export_main(args)
+
+
 def _parity(args_rest: list[str]) -> int:
     from bestofn.moss.parity import parity_main
 
@@ -268,6 +274,19 @@ def main(argv: list[str] | None = None) -> int:
         help="untimed runs of the first group per side before timing (compile, CUDA graphs)",
     )
     p.set_defaults(func=_ab)
+
+    p = sub.add_parser(
+        "export",
+        help="the selection as training data: hf, webdataset, lhotse or nemo",
+        description="Writes the selected (or passing, or all) takes of RESULTS as a Hugging "
+        "Face dataset, WebDataset shards, or Lhotse or NeMo manifests, with a dataset card. "
+        "Every option defaults to the config's export: section. Exit 2 on bad input (nothing "
+        "written).",
+    )
+    from bestofn.export.command import add_arguments as export_arguments
+
+    export_arguments(p)
+    p.set_defaults(func=_export)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
     args = ap.parse_args(argv)
