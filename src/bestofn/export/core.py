@@ -90,7 +90,9 @@ def _check_sources(results: Path, table: pa.Table, settings: ExportSettings):
     unless --skip-broken (then they are dropped and listed)."""
     cols = table.select(["group_id", "take", "flac_path", "sample_rate", "channels", "duration_s"])
     keep, paths, stats, skipped = [], [], [], []
-    for i, (gid, take, flac, rate, ch, dur) in enumerate(zip(*cols.to_pydict().values())):
+    for i, (gid, take, flac, rate, ch, dur) in enumerate(
+        zip(*cols.to_pydict().values(), strict=True)
+    ):
         path = taudio.source_path(results, gid, flac)
         try:
             taudio.check_file(path, taudio.Expected(rate, ch, dur))
@@ -221,7 +223,7 @@ def _write_units(writer, units, tmp: Path, meta: pa.Table, sources, settings):
             continue
         rows = part.select(["sample_rate", "channels", "duration_s"]).to_pylist()
         try:
-            audio = [_audio_of(sources[i], r, settings) for i, r in zip(u.rows, rows)]
+            audio = [_audio_of(sources[i], r, settings) for i, r in zip(u.rows, rows, strict=True)]
         except taudio.BrokenTake as e:
             gids = part.column("group_id").to_pylist()
             raise ExportError(f"{e} (a take of group(s) {sorted(set(gids))})") from None

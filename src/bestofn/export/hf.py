@@ -48,7 +48,9 @@ class HFWriter:
         part = with_audio_facts(part, audio)
         names = [
             f"{take_key(g, t)}.flac"
-            for g, t in zip(part.column("group_id").to_pylist(), part.column("take").to_pylist())
+            for g, t in zip(
+                part.column("group_id").to_pylist(), part.column("take").to_pylist(), strict=True
+            )
         ]
         col = pa.StructArray.from_arrays(
             [pa.array([a[0] for a in audio], pa.binary()), pa.array(names, pa.string())],

@@ -30,8 +30,14 @@ class LhotseWriter:
         pass
 
     def finish(self, tmp, meta: pa.Table, units, settings) -> pa.Table:
-        from lhotse import AudioSource, CutSet, Recording, RecordingSet, SupervisionSegment
-        from lhotse import SupervisionSet
+        from lhotse import (
+            AudioSource,
+            CutSet,
+            Recording,
+            RecordingSet,
+            SupervisionSegment,
+            SupervisionSet,
+        )
         from lhotse.cut import MonoCut, MultiCut
 
         meta = with_exported_files(tmp, meta, units, settings)

@@ -27,7 +27,7 @@ class WebDatasetWriter:
     def write_shard(self, path, part: pa.Table, audio: list[tuple], settings) -> None:
         part = with_audio_facts(part, audio)
         with self.wds.TarWriter(str(path)) as sink:
-            for row, a in zip(json_rows(part), audio):
+            for row, a in zip(json_rows(part), audio, strict=True):
                 key = take_key(row["group_id"], row["take"])
                 sink.write({"__key__": key, "flac": a[0], "json": dumps(row).encode()})
 
