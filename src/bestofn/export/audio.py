@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import soundfile as sf
@@ -22,15 +21,14 @@ class BrokenTake(Exception):
     """A take whose FLAC is missing or does not match its row (message says how)."""
 
 
-def source_path(results: Path, group_id: str, flac_path: str) -> Path:
+def source_path(results: str, group_id: str, flac_path: str) -> str:
     """The take's FLAC under ``results``: flac_path is recorded relative to the workflow
     directory (``<results>/groups/<group_id>/takes/NNN.flac``), so its tail from
-    ``groups/<group_id>/`` is joined to the results directory the export was given."""
+    ``groups/<group_id>/`` is joined to the results directory the export was given. (Strings,
+    not Paths: this runs once per take.)"""
     marker = f"groups/{group_id}/"
     at = flac_path.rfind(marker)
-    if at < 0:
-        return Path(flac_path)
-    return results / flac_path[at:]
+    return flac_path if at < 0 else os.path.join(results, flac_path[at:])
 
 
 def streaminfo(head: bytes) -> tuple[int, int, int]:
@@ -60,16 +58,31 @@ def check_header(head: bytes, want: Expected) -> None:
         raise BrokenTake(f"FLAC has {frames} frames, the row says {want.duration_s:.4f} s")
 
 
-def stat_key(path: Path) -> str:
-    """The file's identity for incremental exports (size and mtime; a group is replaced, never
-    edited in place, so a rewritten take always changes these)."""
-    st = os.stat(path)
+def probe(path: str, want: Expected) -> str:
+    """Check the take's FLAC header against its row, without reading the rest; returns the
+    file's identity for incremental exports (size and mtime: a group is replaced, never edited
+    in place, so a rewritten take always changes them)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise BrokenTake(f"{path} is missing") from None
+    except OSError as e:
+        raise BrokenTake(f"{path} does not open: {e}") from None
+    try:
+        head, st = os.read(fd, 42), os.fstat(fd)
+    finally:
+        os.close(fd)
+    try:
+        check_header(head, want)
+    except BrokenTake as e:
+        raise BrokenTake(f"{path}: {e}") from None
     return f"{st.st_size}:{st.st_mtime_ns}"
 
 
-def read_checked(path: Path, want: Expected) -> bytes:
+def read_checked(path: str, want: Expected) -> bytes:
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise BrokenTake(f"{path} is missing") from None
     except OSError as e:
@@ -81,22 +94,7 @@ def read_checked(path: Path, want: Expected) -> bytes:
     return data
 
 
-def check_file(path: Path, want: Expected) -> None:
-    """The pass-through check without reading the whole file (for linked audio files)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(42)
-    except FileNotFoundError:
-        raise BrokenTake(f"{path} is missing") from None
-    except OSError as e:
-        raise BrokenTake(f"{path} does not read: {e}") from None
-    try:
-        check_header(head, want)
-    except BrokenTake as e:
-        raise BrokenTake(f"{path}: {e}") from None
-
-
-def converted(path: Path, want: Expected, rate: int | None, channels: int | None):
+def converted(path: str, want: Expected, rate: int | None, channels: int | None):
     """(FLAC bytes, rate, channels, frames) of the take at ``rate``/``channels``."""
     try:
         audio, sr = sf.read(str(path), dtype="float32", always_2d=True)

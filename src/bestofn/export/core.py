@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,10 @@ from bestofn.export.card import write_card
 from bestofn.export.formats import writer_for
 from bestofn.export.rows import open_database, select_rows, split_of
 from bestofn.export.settings import MARKER, ExportError, ExportSettings
+
+# Units written at once: two keep both cores of a small box busy (reading the next takes while
+# one shard is written); more only adds memory (a shard's audio is held while it is written).
+WRITE_THREADS = 2
 
 
 @dataclass
@@ -90,13 +95,13 @@ def _check_sources(results: Path, table: pa.Table, settings: ExportSettings):
     unless --skip-broken (then they are dropped and listed)."""
     cols = table.select(["group_id", "take", "flac_path", "sample_rate", "channels", "duration_s"])
     keep, paths, stats, skipped = [], [], [], []
+    root = str(results)
     for i, (gid, take, flac, rate, ch, dur) in enumerate(
         zip(*cols.to_pydict().values(), strict=True)
     ):
-        path = taudio.source_path(results, gid, flac)
+        path = taudio.source_path(root, gid, flac)
         try:
-            taudio.check_file(path, taudio.Expected(rate, ch, dur))
-            stats.append(taudio.stat_key(path))
+            stats.append(taudio.probe(path, taudio.Expected(rate, ch, dur)))
         except taudio.BrokenTake as e:
             if not settings.skip_broken:
                 raise ExportError(
@@ -207,32 +212,48 @@ def export_results(
 
 
 def _write_units(writer, units, tmp: Path, meta: pa.Table, sources, settings):
+    """Link each unchanged unit from the export being replaced (and each passed-through take
+    of a per-take format from its group); write the others on WRITE_THREADS threads (file
+    reads, parquet and tar writes, FLAC codecs and soxr run without the GIL)."""
     old = _old_units(settings.out) if settings.out.exists() else {}
-    written = reused = 0
+    passthrough = settings.sample_rate is None and settings.channels is None
+    made: set[Path] = set()
+    todo, reused = [], 0
     for u in units:
         dst = tmp / u.relpath
-        dst.parent.mkdir(parents=True, exist_ok=True)
+        if dst.parent not in made:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            made.add(dst.parent)
         if old.get(u.relpath) == u.fingerprint and (settings.out / u.relpath).is_file():
             _link_or_copy(settings.out / u.relpath, dst)
             reused += 1
-            continue
-        written += 1
-        part = meta.take(pa.array(u.rows, pa.int64()))
-        if writer.unit == "take" and settings.sample_rate is None and settings.channels is None:
-            _link_or_copy(sources[u.rows[0]], dst)  # passed through: the group's own file
-            continue
-        rows = part.select(["sample_rate", "channels", "duration_s"]).to_pylist()
-        try:
-            audio = [_audio_of(sources[i], r, settings) for i, r in zip(u.rows, rows, strict=True)]
-        except taudio.BrokenTake as e:
-            gids = part.column("group_id").to_pylist()
-            raise ExportError(f"{e} (a take of group(s) {sorted(set(gids))})") from None
-        if writer.unit == "take":
-            dst.write_bytes(audio[0][0])
+        elif writer.unit == "take" and passthrough:
+            _link_or_copy(sources[u.rows[0]], dst)  # the group's own file
         else:
-            writer.write_shard(dst, part, audio, settings)
-        _fsync(dst)
-    return written, reused
+            todo.append(u)
+    pool = ThreadPoolExecutor(WRITE_THREADS)
+    try:
+        for _ in pool.map(lambda u: _write_unit(writer, u, tmp, meta, sources, settings), todo):
+            pass
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return len(units) - reused, reused
+
+
+def _write_unit(writer, u: Unit, tmp: Path, meta: pa.Table, sources, settings) -> None:
+    dst = tmp / u.relpath
+    part = meta.take(pa.array(u.rows, pa.int64()))
+    rows = part.select(["sample_rate", "channels", "duration_s"]).to_pylist()
+    try:
+        audio = [_audio_of(sources[i], r, settings) for i, r in zip(u.rows, rows, strict=True)]
+    except taudio.BrokenTake as e:
+        gids = part.column("group_id").to_pylist()
+        raise ExportError(f"{e} (a take of group(s) {sorted(set(gids))})") from None
+    if writer.unit == "take":
+        dst.write_bytes(audio[0][0])
+    else:
+        writer.write_shard(dst, part, audio, settings)
+    _fsync(dst)
 
 
 def _counts(meta: pa.Table) -> dict:
