@@ -107,7 +107,7 @@ def test_hf_loads_back_with_datasets(demo, tmp_path, capsys):
     out = tmp_path / "hf"
     assert export(demo, out, "--format", "hf", *SPLIT) == 0
     assert "wrote 2 shard(s), reused 0" in capsys.readouterr().out
-    ds = load_dataset(str(out))
+    ds = load_dataset(str(out), cache_dir=str(tmp_path / "hf_cache"))
     selection = by_take(db_rows(demo, "SELECT * FROM selection"))
     assert {s: ds[s].num_rows for s in ds} == {"train": 2, "test": 2}
     assert set(ds["test"]["prompt_id"]) == {"p1"} and set(ds["train"]["prompt_id"]) == {"p2"}

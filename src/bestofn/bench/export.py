@@ -118,6 +118,7 @@ def one_export(results: Path, out: Path, fmt: str, which: str, overwrite: bool) 
         "d = dict(rows=r.rows, written=r.written, reused=r.reused, export_s=round(r.seconds, 2))\n"
         "print('SUMMARY ' + json.dumps(d))\n"
     )
+    load = os.getloadavg()[0]  # the box is shared: how busy it was as this export started
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     out_text = proc.stdout.read()
@@ -129,8 +130,9 @@ def one_export(results: Path, out: Path, fmt: str, which: str, overwrite: bool) 
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     return dict(format=fmt, which=which, overwrite=overwrite, wall_s=round(wall, 2),
                 takes_per_s=round(summary["rows"] / summary["export_s"], 1),
+                cpu_s=round(usage.ru_utime + usage.ru_stime, 2),
                 peak_rss_mb=usage.ru_maxrss // 1024,
-                export_mb=round(size / 2**20, 1), **summary)  # fmt: skip
+                export_mb=round(size / 2**20, 1), load_1min=round(load, 1), **summary)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -175,10 +177,23 @@ def main(argv: list[str]) -> int:
         run(fmt, "passing", groups=f"first {args.groups - args.added}")
         build_db(root, results)
         run(fmt, "passing", overwrite=True, groups=f"all {args.groups} (re-export)")
+    # the rate past the fixed cost (Python and the format's library starting, the queries):
+    # between the selected and the passing export of each format
+    for fmt in args.formats.split(","):
+        pair = {r["which"]: r for r in rows if r["format"] == fmt and "groups" not in r}
+        if {"selected", "passing"} <= pair.keys():
+            a, b = pair["selected"], pair["passing"]
+            rate = (b["rows"] - a["rows"]) / max(b["export_s"] - a["export_s"], 1e-9)
+            cpu = (b["cpu_s"] - a["cpu_s"]) / max(b["rows"] - a["rows"], 1)
+            rows.append(dict(format=fmt, marginal_takes_per_s=round(rate, 1),
+                             marginal_cpu_ms_per_take=round(1000 * cpu, 3)))  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+    load = os.getloadavg()
     doc = dict(
         command="python -m bestofn.bench export " + " ".join(argv),
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         host=platform.node(), cpus=os.cpu_count(), python=platform.python_version(),
+        load_average_at_end=[round(x, 1) for x in load],
         settings=vars(args), rows=rows,
     )  # fmt: skip
     if args.out:

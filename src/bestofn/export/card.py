@@ -168,7 +168,9 @@ def write_card(path, con, meta: pa.Table, settings, selection, writer, counts, s
         writer.load_lines(out_name, splits),
         "```",
         "",
-        "Columns: " + ", ".join(f"`{n}`" for n in meta.column_names) + ".",
+        "Columns: "
+        + ", ".join(f"`{n}`" for n in getattr(writer, "columns", meta.column_names))
+        + ".",
         "",
     ]
     path.write_text("\n".join(body))

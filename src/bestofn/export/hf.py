@@ -55,6 +55,7 @@ class HFWriter:
         features = Features.from_arrow_schema(pa.schema(fields))
         features["audio"] = Audio(sampling_rate=rate)
         self.schema = features.arrow_schema
+        self.columns = self.schema.names
         self.rate = rate
 
     def write_shard(self, path, part: pa.Table, audio: list[tuple], settings) -> None:

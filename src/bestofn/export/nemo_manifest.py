@@ -41,15 +41,17 @@ class NemoWriter:
                 f.flush()
                 os.fsync(f.fileno())
             self.splits.append(split)
+        self.relative = settings.paths == "relative"
         return meta
 
     def card_yaml(self, splits: list[str]) -> dict:
         return {}
 
     def load_lines(self, out: str, splits: list[str]) -> str:
+        prefix = f'"{out}/" + ' if self.relative else ""
         return (
             "import json, soundfile\n"
             f'rows = [json.loads(line) for line in open("{out}/{splits[0]}_manifest.json")]\n'
-            f'audio, rate = soundfile.read("{out}/" + rows[0]["audio_filepath"])  # or give '
+            f'audio, rate = soundfile.read({prefix}rows[0]["audio_filepath"])  # or give '
             "the manifest to NeMo as manifest_filepath"
         )
