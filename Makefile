@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
-EXTRAS ?= embedded,production,dev
+EXTRAS ?= embedded,production,export,dev
 
 .PHONY: install demo test lint
 

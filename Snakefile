@@ -10,6 +10,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/generate.smk"
 include: "workflow/rules/select.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/export.smk"
 
 
 rule all:

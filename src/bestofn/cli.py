@@ -123,6 +123,12 @@ def _listen_import(args) -> int:
     return import_main(args.files, args.results, args.database)
 
 
+def _export(args) -> int:
+    from bestofn.export.command import main as export_main
+
+    return export_main(args)
+
+
 def _parity(args_rest: list[str]) -> int:
     from bestofn.lab.parity import parity_main
 
@@ -290,6 +296,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default="results", help="results directory (default: results)")
     p.add_argument("--database", help="default: RESULTS/bestofn.duckdb")
     p.set_defaults(func=_listen_import)
+
+    p = sub.add_parser(
+        "export",
+        help="the selection as training data: hf, webdataset, lhotse or nemo",
+        description="Writes the selected (or passing, or all) takes of RESULTS as a Hugging "
+        "Face dataset, WebDataset shards, or Lhotse or NeMo manifests, with a dataset card. "
+        "Every option defaults to the config's export: section. Exit 2 on bad input (nothing "
+        "written).",
+    )
+    from bestofn.export.command import add_arguments as export_arguments
+
+    export_arguments(p)
+    p.set_defaults(func=_export)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
     args = ap.parse_args(argv)

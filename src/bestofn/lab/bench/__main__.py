@@ -1,22 +1,25 @@
-"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec} [options]."""
+"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec,export} [options]."""
 
+import importlib
 import sys
+
+# One module per benchmark, each with main(argv); imported only when asked for (they pull in
+# torch, NeMo or the export libraries).
+COMMANDS = {
+    "generate": "bestofn.lab.bench.generate",
+    "scorers": "bestofn.lab.bench.scorers",
+    "pipeline": "bestofn.lab.bench.pipeline",
+    "serve": "bestofn.lab.bench.serve",
+    "codec": "bestofn.lab.bench.codec",
+    "export": "bestofn.lab.bench.export",
+}
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("generate", "scorers", "pipeline", "serve", "codec"):
+    if not argv or argv[0] not in COMMANDS:
         print(__doc__, file=sys.stderr)
         return 2
-    if argv[0] == "generate":
-        from bestofn.lab.bench.generate import main as bench
-    elif argv[0] == "pipeline":
-        from bestofn.lab.bench.pipeline import main as bench
-    elif argv[0] == "serve":
-        from bestofn.lab.bench.serve import main as bench
-    elif argv[0] == "codec":
-        from bestofn.lab.bench.codec import main as bench
-    else:
-        from bestofn.lab.bench.scorers import main as bench
+    bench = importlib.import_module(COMMANDS[argv[0]]).main
     return bench(argv[1:]) or 0
 
 

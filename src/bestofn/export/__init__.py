@@ -1,0 +1,14 @@
+"""The selection as training data: `bestofn export` and the Snakemake target `export`.
+
+``export_results`` reads the DuckDB tables (``takes``, ``selection``, ``groups``) through SQL,
+picks the takes (the selected one per group, every passing one with its rank, or all), splits
+them by a seeded hash of the prompt (or group) id, and hands them, in shards, to one writer per
+format: ``hf`` (parquet shards with an ``Audio`` column), ``webdataset`` (tar shards),
+``lhotse`` (recordings, supervisions, cuts) and ``nemo`` (JSON-lines manifests). The export is
+written into a hidden sibling and renamed into place; a re-export links the shards whose rows
+and audio did not change from the previous one (``bestofn_export.json`` holds their
+fingerprints) and writes only the others."""
+
+from bestofn.export.core import ExportError, ExportSettings, export_results
+
+__all__ = ["ExportError", "ExportSettings", "export_results"]

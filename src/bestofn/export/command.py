@@ -1,0 +1,103 @@
+"""`bestofn export`: its options (each defaults to the config's ``export:`` field) and run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bestofn.export.settings import FORMATS, WHICH, ExportError, ExportSettings
+
+
+def add_arguments(p) -> None:
+    p.add_argument("results", nargs="?", help="results directory (default: the config's)")
+    p.add_argument("--format", help=f"one of {', '.join(FORMATS)} (default: export.format)")
+    p.add_argument("--out", help="export directory (default: export.out)")
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--base", default=".", help="directory the config's results is relative to")
+    p.add_argument("--which", help=f"{', '.join(WHICH)} (default: export.which)")
+    p.add_argument("--where", help="extra DuckDB filter over the takes columns, score, rank")
+    p.add_argument(
+        "--split",
+        help="NAME=SHARE,...: e.g. train=0.9,validation=0.05,test=0.05 (default: "
+        "export.split.fractions); one name: no split",
+    )
+    p.add_argument("--split-by", choices=["prompt", "group"], help="hash key (export.split.by)")
+    p.add_argument("--split-seed", type=int, help="seed of the split hash (export.split.seed)")
+    p.add_argument("--shard-size", type=int, help="takes per shard (export.shard_size)")
+    p.add_argument("--resample", type=int, help="rate in Hz, with soxr (export.sample_rate)")
+    p.add_argument("--channels", type=int, help="1 or 2 (export.channels)")
+    p.add_argument("--paths", choices=["relative", "absolute"], help="audio paths in manifests")
+    p.add_argument(
+        "--skip-broken",
+        action="store_true",
+        default=None,
+        help="leave out (and list) takes whose FLAC is missing or broken",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing export (shards whose rows and audio are unchanged are reused)",
+    )
+
+
+def load_config(path: str | Path) -> dict:
+    """The config, validated against the schema, with its defaults."""
+    import jsonschema
+    import yaml
+
+    from bestofn import schemas
+
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f)
+    except OSError as e:
+        raise ExportError(f"config {path}: {e}") from None
+    errors = sorted(
+        jsonschema.Draft202012Validator(schemas.schema("config")).iter_errors(config), key=str
+    )
+    if errors:
+        where = ".".join(str(p) for p in errors[0].absolute_path) or "(top level)"
+        raise ExportError(f"{path}: config field {where}: {errors[0].message}")
+    return schemas.apply_defaults(config)
+
+
+def _fractions(spec: str | None) -> dict | None:
+    if spec is None:
+        return None
+    out = {}
+    for part in spec.split(","):
+        name, _, share = part.partition("=")
+        try:
+            out[name.strip()] = float(share) if share else 1.0
+        except ValueError:
+            raise ExportError(f"--split {spec!r}: NAME=SHARE,... with numbers") from None
+    return out
+
+
+def main(args) -> int:
+    from bestofn.export.core import export_results
+
+    try:
+        config = load_config(args.config)
+        results = Path(args.results or Path(args.base) / config["results"])
+        settings = ExportSettings.from_config(
+            config["export"],
+            format=args.format,
+            out=args.out,
+            which=args.which,
+            where=args.where,
+            fractions=_fractions(args.split),
+            split_by=args.split_by,
+            split_seed=args.split_seed,
+            shard_size=args.shard_size,
+            sample_rate=args.resample,
+            channels=args.channels,
+            paths=args.paths,
+            skip_broken=args.skip_broken,
+            overwrite=args.overwrite,
+        )
+        export_results(results, settings, config["selection"])
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,117 @@
+"""What an export is asked to do: the config's ``export:`` section (defaults from the schema)
+with the command line's options on top, checked before anything is read or written."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FORMATS = ("hf", "webdataset", "lhotse", "nemo")
+WHICH = ("selected", "passing", "all")
+MARKER = "bestofn_export.json"  # in every export: settings, counts, unit fingerprints
+
+
+class ExportError(ValueError):
+    """Bad export input or a take that cannot be exported; nothing was written."""
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    format: str
+    out: Path
+    which: str = "selected"
+    where: str | None = None
+    split_by: str = "prompt"
+    split_seed: int = 0
+    fractions: dict = field(default_factory=lambda: {"train": 1.0})
+    shard_size: int = 1000
+    sample_rate: int | None = None
+    channels: int | None = None
+    paths: str = "relative"
+    skip_broken: bool = False
+    overwrite: bool = False
+    card: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, export: dict, **overrides) -> ExportSettings:
+        """``export``: the config's export section with the schema's defaults applied;
+        ``overrides``: the command line's options (None: not given)."""
+        split = export["split"]
+        values = dict(
+            format=export["format"],
+            out=export["out"],
+            which=export["which"],
+            where=export["where"],
+            split_by=split["by"],
+            split_seed=split["seed"],
+            fractions=dict(split["fractions"]),
+            shard_size=export["shard_size"],
+            sample_rate=export["sample_rate"],
+            channels=export["channels"],
+            paths=export["paths"],
+            skip_broken=export["skip_broken"],
+            card=dict(export["card"]),
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        values["out"] = Path(values["out"])
+        return cls(**values)
+
+    def check(self) -> None:
+        if self.format not in FORMATS:
+            raise ExportError(
+                f"unknown export format {self.format!r}; one of: {', '.join(FORMATS)}"
+            )
+        if self.which not in WHICH:
+            raise ExportError(f"--which {self.which!r}: one of {', '.join(WHICH)}")
+        if self.split_by not in ("prompt", "group"):
+            raise ExportError(f"split by {self.split_by!r}: 'prompt' or 'group'")
+        if not self.fractions or sum(self.fractions.values()) <= 0:
+            raise ExportError(f"split fractions {self.fractions}: give at least one share > 0")
+        for name, share in self.fractions.items():
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) or share < 0:
+                raise ExportError(
+                    f"split {name}={share}: names are letters, digits and _, shares >= 0"
+                )
+        if self.shard_size < 1:
+            raise ExportError(f"--shard-size {self.shard_size}: at least 1")
+        if self.channels not in (None, 1, 2):
+            raise ExportError(f"--channels {self.channels}: 1 or 2")
+        if self.sample_rate is not None and self.sample_rate < 1000:
+            raise ExportError(f"--resample {self.sample_rate}: a rate in Hz (e.g. 24000)")
+        if self.paths not in ("relative", "absolute"):
+            raise ExportError(f"--paths {self.paths!r}: 'relative' or 'absolute'")
+
+    def check_out_dir(self, results: Path) -> None:
+        """The out dir may not be in the results' groups, nor hold the results, nor replace a
+        directory that is not an export, nor an export unless --overwrite."""
+        out, res = self.out.resolve(), results.resolve()
+        groups = res / "groups"
+        if out == groups or groups in out.parents:
+            raise ExportError(
+                f"--out {self.out} is inside {results}/groups: give a directory outside"
+            )
+        if out == res or out in res.parents:
+            raise ExportError(f"--out {self.out} holds the results {results}: give a new directory")
+        if out.exists():
+            if not out.is_dir() or (any(out.iterdir()) and not (out / MARKER).is_file()):
+                raise ExportError(
+                    f"--out {self.out} exists and is not a bestofn export (no {MARKER}): "
+                    "refusing to replace it"
+                )
+            if not self.overwrite and any(out.iterdir()):
+                raise ExportError(
+                    f"--out {self.out} already holds an export: pass --overwrite to replace it "
+                    "(unchanged shards are reused)"
+                )
+
+    def recorded(self) -> dict:
+        """The settings as the export's bestofn_export.json and card record them."""
+        d = asdict(self)
+        d["out"] = str(self.out)
+        d.pop("overwrite")
+        return d
+
+    def audio_key(self) -> str:
+        """What changes the bytes of an exported audio file."""
+        return f"rate={self.sample_rate};channels={self.channels}"
