@@ -15,7 +15,7 @@ docs/bench/parakeet_calibrated_gpu.sh; every row is the product's code:
 - ``resample``: ``bestofn.audio.mono_at`` of the same number of 48-kHz stereo takes to 16 kHz,
   soxr (host, 8 threads) and torch (the device), as the pipeline's score stage calls it;
   ``snr_db``: torch against soxr on these takes (white noise: the transition band above
-  0.85 of 8 kHz, where the two filters differ, is included; tones: tests/test_audio_gpu.py).
+  0.8 of 8 kHz, where the two filters differ, is included; tones: tests/test_audio_gpu.py).
 
     PYTHONPATH=src python3 docs/bench/parakeet_calibrated.py --out OUT [--size real]
         [--device cuda] [--clips 64] [--batch 64] [--seconds 15] [--repeats 3]
