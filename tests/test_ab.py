@@ -173,3 +173,32 @@ def test_decode_row_only_when_both_sides_time_their_decode():
     rows = speed_rows({**side, "decode_s_per_clip": 0.2}, {**side, "decode_s_per_clip": 0.05})
     (row,) = [r for r in rows if r["metric"] == "decode_s_per_clip"]
     assert (row["a"], row["b"]) == (0.2, 0.05) and row["delta"] == pytest.approx(-0.15)
+
+
+def test_scorers_resampler_torch_vs_soxr(tmp_path, capsys):
+    """The resampler dial (config/ab_thresholds_resampler.yaml's row, on the embedded
+    default's columns): every scorer's input from soxr (A) or the torch filter (B), on the CPU.
+    The takes are the same; the scores move by the filters' difference only, within the
+    thresholds."""
+    configs = []
+    for name, resampler in (("a", "soxr"), ("b", "torch")):
+        config = yaml.safe_load(yaml.safe_dump(DEFAULT))
+        config["takes"] = 2
+        for s in config["models"]["scorers"]:
+            s["runtime"] = {**(s.get("runtime") or {}), "resampler": resampler}
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        configs.append(tmp_path / f"{name}.yaml")
+    th = write_thresholds(
+        tmp_path / "th.yaml",
+        {
+            "wer": {"max_increase": 0.005},
+            "speaker_sim": {"max_decrease": 0.005},
+            "dnsmos_ovrl": {"max_decrease": 0.02},
+        },
+    )
+    out = tmp_path / "ab.parquet"
+    assert run_cli(tmp_path, *configs, th, out, "--warmup", "0") == 0
+    rows = {r["metric"]: r for r in pq.read_table(out).to_pylist()}
+    assert rows["duration_s"]["delta"] == 0.0  # same takes
+    assert rows["speaker_sim"]["delta"] != 0.0  # another filter: not bit-identical
+    assert all(rows[m]["verdict"] == "PASS" for m in ("wer", "speaker_sim", "dnsmos_ovrl"))

@@ -191,3 +191,32 @@ def test_attention_defaults_and_bad_value(tiny_nemo):
     assert s.attention == "manual"  # the CPU default: as the checkpoint ships
     with pytest.raises(ValueError, match="attention must be auto, sdpa or manual"):
         parakeet.ParakeetScorer(model_path=str(tiny_nemo), attention="flash", hash_weights=False)
+
+
+def test_decodings_give_the_same_transcripts(tiny_nemo):
+    """runtime.decoding: NeMo's label loop with CUDA graphs (the CUDA default; on a CPU NeMo
+    runs it without graphs), the same loop eager (the CPU default), and the per-utterance loop
+    give the same transcripts; each says in the provenance which it ran, and its NeMo decoding
+    config carries the keys."""
+    takes = _takes()
+    out = {}
+    for decoding in ("label_looping", "cuda_graphs", "greedy"):
+        s = parakeet.ParakeetScorer(
+            model_path=str(tiny_nemo), decoding=decoding, hash_weights=False, batch_size=8
+        )
+        strategy, loop_labels, graphs = parakeet.DECODINGS[decoding]
+        cfg = s.model.cfg.decoding
+        assert (cfg.strategy, cfg.greedy.loop_labels, cfg.greedy.use_cuda_graph_decoder) == (
+            strategy, loop_labels, graphs
+        )  # fmt: skip
+        assert s.provenance()["decoding"] == decoding
+        out[decoding] = s.transcribe(takes, 16000)
+    assert out["cuda_graphs"] == out["label_looping"] == out["greedy"]
+    assert any(out["greedy"])
+
+
+def test_decoding_default_and_bad_value(tiny_nemo):
+    s = parakeet.ParakeetScorer(model_path=str(tiny_nemo), hash_weights=False)
+    assert s.decoding == "label_looping"  # the CPU default: what the CPU always ran
+    with pytest.raises(ValueError, match="decoding must be auto, cuda_graphs"):
+        parakeet.ParakeetScorer(model_path=str(tiny_nemo), decoding="beam", hash_weights=False)

@@ -251,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip MOSS-TTS-Delay-v1.5/ (the 8B Delay model: about 17 GB at real size)",
     )
+    p.add_argument(
+        "--parakeet",
+        choices=["plain", "calibrated"],
+        default="plain",
+        help="which Parakeet DIR/config.yaml points at: the plain random one, or the "
+        "CALIBRATION beside it whose joint emits speech's token rate (for speed figures)",
+    )
     p.set_defaults(func=_fake_weights)
 
     p = sub.add_parser(

@@ -304,17 +304,19 @@ def score_stage(work: GroupWork, backends: Backends, defer_host: bool = False) -
     after its GPU work and finishes its host work (text normalisation, WER) in its own thread;
     ``write_stage`` collects it. The columns are the same either way."""
     with work.timer("score"), torch_threads(backends.cpu_threads):
-        # Resample once per rate that scorers ask for; every scorer asking for 16 kHz shares it.
-        at_rate: dict[int, list[np.ndarray]] = {}
+        # Resample once per rate (and runtime.resampler) that scorers ask for; every scorer
+        # asking for 16 kHz with the same resampler shares it.
+        at_rate: dict[tuple[int, str], list[np.ndarray]] = {}
         for scorer in backends.scorers:
             with work.timer(f"score:{scorer.name}"):
                 want = scorer.input_sample_rate
                 if want is None:
                     inputs, rate = work.audios, work.sr
                 else:
-                    if want not in at_rate:
-                        at_rate[want] = mono_at(work.audios, work.sr, want)
-                    inputs, rate = at_rate[want], want
+                    key = (want, getattr(scorer, "resampler", "soxr"))
+                    if key not in at_rate:
+                        at_rate[key] = mono_at(work.audios, work.sr, want, key[1], work.device)
+                    inputs, rate = at_rate[key], want
                 if defer_host and hasattr(scorer, "score_deferred"):
                     work.deferred[scorer.name] = scorer.score_deferred(inputs, rate, work.spec)
                     continue

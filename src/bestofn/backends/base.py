@@ -75,6 +75,13 @@ class Scorer(Backend):
     # When set, the pipeline hands this scorer mono audio at this rate, resampled once per
     # group and shared by every scorer asking for the same rate.
     input_sample_rate: ClassVar[int | None] = None
+    # How the pipeline resamples for it: soxr on the host or torch on the device
+    # (``runtime.resampler`` of any scorer, taken by the registry, bestofn.audio_gpu).
+    resampler: str = "soxr"
+
+    @classmethod
+    def known_options(cls) -> frozenset[str]:
+        return super().known_options() | {"resampler"}
 
     def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec) -> dict[str, list]:
         """Return one list per column in ``columns``, each ``len(audios)`` long."""

@@ -15,9 +15,11 @@ thread of the scorer while the next batch is on the GPU; ``score_deferred`` retu
 last batch's GPU work and leaves the text work of the group to finish there (the fused worker
 collects it while the next group runs). Takes are sorted by duration before batching
 (``batch_size``, default 128), so each batch pads little. ``compile`` (on CUDA) runs the
-encoder through ``torch.compile`` under bf16 autocast; NeMo's CUDA-graph greedy decoder is
-kept either way. ``attention`` picks the encoder's self-attention: NeMo's SDPA path (the CUDA
-default) or its manual float32 softmax (the CPU default, as the checkpoint ships).
+encoder through ``torch.compile`` under bf16 autocast. ``decoding`` picks NeMo's own greedy TDT
+decoder (``DECODINGS``): label-looping with CUDA graphs (the CUDA default), the same loop
+without graphs (the CPU default: graphs need CUDA), or the per-utterance loop. ``attention``
+picks the encoder's self-attention: NeMo's SDPA path (the CUDA default) or its manual float32
+softmax (the CPU default, as the checkpoint ships).
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ DEFAULT_MODEL = "nvidia/parakeet-tdt-0.6b-v3"
 SAMPLE_RATE = 16000  # what the model's preprocessor expects
 _DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16"}
 _DTYPES.update({"float32": "float32", "fp32": "float32"})
+# runtime.decoding -> NeMo's decoding config (strategy, greedy.loop_labels,
+# greedy.use_cuda_graph_decoder), keys as NeMo 3.0.0 reads them (GreedyBatchedTDTInfer: for
+# TDT, greedy_batch is always label-looping; use_cuda_graph_decoder asks its computer for CUDA
+# graphs). NeMo's graph path runs the joint outside our autocast, the eager path inside it: on
+# CUDA the two can give other transcripts, so the choice is in the provenance.
+DECODINGS = {
+    "cuda_graphs": ("greedy_batch", True, True),
+    "label_looping": ("greedy_batch", True, False),
+    "greedy": ("greedy", False, False),  # one utterance at a time (GreedyTDTInfer)
+}
 # What runs under autocast: FastConformer (conv2d subsampling, depthwise conv, attention,
 # layer norm), the LSTM prediction net, the joint.
 AUTOCAST_OPS = ("conv2d", "depthwise_conv1d", "conv1d", "linear", "layer_norm", "lstm", "embedding")
@@ -123,11 +135,12 @@ class ParakeetScorer(Scorer):
         pad_min_duration: float = 1.0,  # seconds; as NeMo's transcribe() (centred zero padding)
         compile: bool | str = False,  # torch.compile the encoder (CUDA only; "auto": on CUDA)
         attention: str = "auto",  # encoder self-attention: sdpa | manual | auto (sdpa on CUDA)
+        decoding: str = "auto",  # cuda_graphs | label_looping | greedy | auto (graphs on CUDA)
         hf_cache_dir: str | None = None,  # default: the Hugging Face cache (HF_HUB_CACHE)
         hash_weights: bool = True,
         hash_memo_dir: str | None = None,  # where file hashes are memoised across workers
     ):
-        self._configure(device, batch_size, dtype, pad_min_duration, compile, attention)
+        self._configure(device, batch_size, dtype, pad_min_duration, compile, attention, decoding)
         self.source = "model_path" if model_path else f"hf-cache:{model_name}"
         self.nemo_path = resolve_nemo_file(model_path, model_name, hf_cache_dir)
         model = load_nemo_asr(self.nemo_path, device)
@@ -138,7 +151,7 @@ class ParakeetScorer(Scorer):
     def from_modules(cls, model, device: str = "cpu", **options) -> ParakeetScorer:
         """A scorer around a NeMo transducer model already in memory (``bestofn.fakes.parakeet``,
         tests). ``options``: the constructor's batch_size, dtype, pad_min_duration, compile,
-        attention."""
+        attention, decoding."""
         self = cls.__new__(cls)
         self._configure(device, **options)
         self.source, self.nemo_path, self._sha256 = "in-memory model", None, None
@@ -153,6 +166,7 @@ class ParakeetScorer(Scorer):
         pad_min_duration: float = 1.0,
         compile: bool | str = False,
         attention: str = "auto",
+        decoding: str = "auto",
     ) -> None:
         import torch
 
@@ -182,6 +196,14 @@ class ParakeetScorer(Scorer):
         # passes. Encoder alone on an H200, batch 128: 0.00188 -> 0.00177 s/clip; outputs move
         # by bf16 rounding (max |diff| 0.02, as a change of batch size does; PERFORMANCE.md).
         self.attention = ("sdpa" if is_cuda else "manual") if attention == "auto" else attention
+        if decoding != "auto" and decoding not in DECODINGS:
+            raise ValueError(
+                f"parakeet: decoding must be auto, {', '.join(DECODINGS)}; got {decoding!r}"
+            )
+        # CPU keeps the eager label loop it always ran (NeMo has no CUDA graphs there)
+        self.decoding = (
+            ("cuda_graphs" if is_cuda else "label_looping") if decoding == "auto" else decoding
+        )
         self._encoder = None  # the (compiled) encoder forward, set in _attach
         self._text_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parakeet-text")
 
@@ -222,7 +244,7 @@ class ParakeetScorer(Scorer):
 
     def _prepare_for_inference(self) -> None:
         """What NeMo's transcribe() does around each call, done once: no dither, no pad_to,
-        greedy batched decoding (label-looping, CUDA graphs where available)."""
+        NeMo's greedy TDT decoding as ``self.decoding`` names it (``DECODINGS``)."""
         from omegaconf import open_dict
 
         featurizer = getattr(self.model.preprocessor, "featurizer", None)
@@ -231,16 +253,17 @@ class ParakeetScorer(Scorer):
                 featurizer.dither = 0.0
             if hasattr(featurizer, "pad_to"):
                 featurizer.pad_to = 0
-        # Ask for the CUDA-graph label-looping decoder explicitly rather than trusting the
-        # checkpoint's saved decoding config: on an H200 (random weights, 64 x 15 s clips) greedy
-        # transcription took 0.0081 s/clip with it and 0.0437 without. On CPU NeMo falls back.
+        # Set the decoder explicitly rather than trusting the checkpoint's saved decoding
+        # config: on an H200 (random weights, 64 x 15 s clips) greedy transcription took
+        # 0.0081 s/clip with the CUDA-graph label loop and 0.0437 without.
+        strategy, loop_labels, graphs = DECODINGS[self.decoding]
         decoding_cfg = self.model.cfg.decoding
         with open_dict(decoding_cfg):
-            decoding_cfg.strategy = "greedy_batch"
+            decoding_cfg.strategy = strategy
             if decoding_cfg.get("greedy") is None:
                 decoding_cfg.greedy = {}
-            decoding_cfg.greedy.loop_labels = True
-            decoding_cfg.greedy.use_cuda_graph_decoder = True
+            decoding_cfg.greedy.loop_labels = loop_labels
+            decoding_cfg.greedy.use_cuda_graph_decoder = graphs
         self.model.change_decoding_strategy(decoding_cfg, verbose=False)
         for p in self.model.parameters():
             p.requires_grad_(False)
@@ -351,7 +374,7 @@ class ParakeetScorer(Scorer):
             "model_path": str(self.nemo_path) if self.nemo_path else None,
             "model_sha256": self._sha256,
             "model_class": type(self.model).__name__,
-            "decoding": "greedy_batch",
+            "decoding": self.decoding,
             "dtype": self.dtype,
             "batch_size": self.batch_size,
             "compiled_encoder": self.compile,

@@ -76,5 +76,17 @@ def backend_class(role: str, name: str) -> type:
 
 
 def build(role: str, name: str, options: dict | None = None, device: str = "cpu"):
-    """Instantiate backend ``name`` for ``role`` with its config ``options``."""
-    return backend_class(role, name)(device=device, **(options or {}))
+    """Instantiate backend ``name`` for ``role`` with its config ``options``. A scorer's
+    ``resampler`` (runtime) is the pipeline's, not the constructor's: set on the instance and
+    added to its provenance (the resampled input can change its scores)."""
+    options = dict(options or {})
+    if role != "scorer":
+        return backend_class(role, name)(device=device, **options)
+    from bestofn.audio_gpu import resolve_resampler
+
+    resampler = resolve_resampler(options.pop("resampler", None), device)
+    scorer = backend_class(role, name)(device=device, **options)
+    scorer.resampler = resampler
+    own = scorer.provenance
+    scorer.provenance = lambda: {**own(), "resampler": resampler}
+    return scorer

@@ -14,6 +14,8 @@ complete production config that points at them.
                                                 skipped with --no-delay
     DIR/w2v-bert-2.0/, DIR/sidon_raw_weight/    Sidon: base encoder, LoRA adapter, decoder
     DIR/parakeet-tdt-0.6b-v3/*.nemo             Parakeet-TDT (NeMo archive)
+    DIR/parakeet-tdt-0.6b-v3-CALIBRATED/        the same, its joint calibrated to speech's token
+                                                rate (a CALIBRATION; --parakeet calibrated)
     DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: STAND-IN embedder (remote code), heads
     DIR/BUD-E-Whisper/, Empathic-Insight-Voice-Plus/
 
@@ -151,6 +153,9 @@ weights: the real loading code runs on them, and the audio and scores they make 
   adapter, the DAC decoder state dict (weight norm).
 - `parakeet-tdt-0.6b-v3/` (parakeet): a FastConformer-TDT `.nemo` with a tokenizer trained on
   random words.
+- `parakeet-tdt-0.6b-v3-CALIBRATED/`: a **CALIBRATION**, not a model: the same weights with the
+  joint's output biases set so that greedy decoding emits speech's token rate (its
+  CALIBRATION.md). `config.yaml` points at the {parakeet} one.
 - `voiceclap-commercial/`, `voiceclap-heads/` (voiceclap): a **STAND-IN** embedder (our remote
   code with VoiceCLAP's shapes and API), and the two heads in the published format.
 - `BUD-E-Whisper/`, `Empathic-Insight-Voice-Plus/` (empathic-insight): a Whisper checkpoint and
@@ -210,11 +215,13 @@ def write_all(
     log=print,
     p_stop=None,
     delay: bool = True,
+    parakeet_variant: str = "plain",
 ) -> Path:
     """Write every production backend's random checkpoint, the sheets and ``config.yaml`` into
     ``out_dir``; returns the config's path. ``p_stop``: MOSS stop probability per frame
     (default ``moss.P_STOP[size]``). ``moss_code``: a copy of moss_tts_local_v1.5/ or of
-    moss_tts_delay/, or a list of both. ``delay``: also write MOSS-TTS-Delay-v1.5/."""
+    moss_tts_delay/, or a list of both. ``delay``: also write MOSS-TTS-Delay-v1.5/.
+    ``parakeet_variant``: the Parakeet the config points at (plain | calibrated)."""
     from bestofn.fakes import (
         empathic,
         moss,
@@ -226,6 +233,11 @@ def write_all(
     )
 
     check_size(size)
+    if parakeet_variant not in ("plain", "calibrated"):
+        raise ValueError(
+            f"fake-weights: --parakeet must be plain or calibrated, got {parakeet_variant!r}"
+        )
+    calibrated = parakeet_variant == "calibrated"
     out = Path(out_dir).expanduser().resolve()
     codes = [moss_code] if isinstance(moss_code, (str, Path)) else list(moss_code or [])
     for code in codes:
@@ -277,7 +289,9 @@ def write_all(
             model_dir=_yaml(opts["moss-tts-local + codec"]["model_dir"]),
             codec_dir=_yaml(opts["moss-tts-local + codec"]["codec_dir"]),
             **{k: _yaml(v) for k, v in opts["sidon"].items()},
-            parakeet_path=_yaml(opts["parakeet"]["model_path"]),
+            parakeet_path=_yaml(
+                opts["parakeet"]["calibrated_model_path" if calibrated else "model_path"]
+            ),
             voiceclap_options=voiceclap_options,
             **{k: _yaml(v) for k, v in opts["empathic-insight"].items()},
             **RUN[size],
@@ -293,6 +307,7 @@ def write_all(
             p_stop=moss.P_STOP[size] if p_stop is None else p_stop,
             w2v_layers=sidon.DISK_LAYERS[size],
             n_heads=f"{emotion_heads} + {quality_heads}",
+            parakeet=parakeet_variant,
             delay=DELAY_README.format(
                 moss_hf=" too: remote code copied in" if delay_code else ": add --moss-code DIR"
             )
@@ -310,6 +325,7 @@ def main(args) -> int:
         config = write_all(
             args.dir, args.size, args.seed, args.moss_code, p_stop=args.p_stop,
             delay=not getattr(args, "no_delay", False),
+            parakeet_variant=getattr(args, "parakeet", "plain"),
         )  # fmt: skip
     except (OSError, ValueError) as e:
         print(f"error: {e}")
