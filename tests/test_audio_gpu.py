@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bestofn.audio import mono_at
-from bestofn.audio_gpu import resample_batch, resolve_resampler
+from bestofn.audio_gpu import resample_batch
+from bestofn.audio_gpu import scorer_input as mono_at
+from bestofn.backends.base import resolve_resampler
 
 pytest.importorskip("torch")
 

@@ -23,18 +23,11 @@ def to_mono(audio: np.ndarray) -> np.ndarray:
     return mono
 
 
-def mono_at(
-    audios: list[np.ndarray], sr: int, want: int, resampler: str = "soxr", device: str = "cpu"
-) -> list[np.ndarray]:
-    """Mono copies of a group's takes at ``want`` Hz: with soxr on a thread pool (soxr releases
-    the GIL; on the H200 box 48k->16k cost 6 ms per 15 s take serially), or with ``resampler``
-    'torch' in one batch on ``device`` (``bestofn.audio_gpu``)."""
+def mono_at(audios: list[np.ndarray], sr: int, want: int) -> list[np.ndarray]:
+    """Mono copies of a group's takes at ``want`` Hz with soxr, on a thread pool (soxr releases
+    the GIL; on the H200 box 48k->16k cost 6 ms per 15 s take serially). The scorers' GPU
+    alternative is ``bestofn.audio_gpu.scorer_input``."""
     from concurrent.futures import ThreadPoolExecutor
-
-    if resampler == "torch":
-        from bestofn.audio_gpu import resample_batch
-
-        return resample_batch(audios, sr, want, device)
 
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         return list(pool.map(lambda a: resample(to_mono(a), sr, want), audios))

@@ -18,21 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-RESAMPLERS = ("auto", "soxr", "torch")
-
-
-def resolve_resampler(value: str | None, device: str) -> str:
-    """``runtime.resampler`` of a scorer: auto -> torch on CUDA, soxr elsewhere."""
-    if value is None:
-        from bestofn.schemas import schema
-
-        backend = schema("config")["$defs"]["backend"]["properties"]["runtime"]
-        value = backend["properties"]["resampler"]["default"]
-    if value not in RESAMPLERS:
-        raise ValueError(f"runtime.resampler must be one of {', '.join(RESAMPLERS)}; got {value!r}")
-    if value == "auto":
-        return "torch" if str(device).startswith("cuda") else "soxr"
-    return value
+from bestofn.audio import mono_at
 
 
 def resample_batch(audios: list[np.ndarray], sr_in: int, sr_out: int, device: str) -> list:
@@ -59,3 +45,13 @@ def resample_batch(audios: list[np.ndarray], sr_in: int, sr_out: int, device: st
     n_out = [out_length(n, sr_in, sr_out) for n in lengths]
     host = y.cpu().numpy()
     return [host[i, :n].copy() for i, n in enumerate(n_out)]
+
+
+def scorer_input(
+    audios: list[np.ndarray], sr: int, want: int, resampler: str = "soxr", device: str = "cpu"
+) -> list[np.ndarray]:
+    """Mono copies of a group's takes at ``want`` Hz, by the scorer's resolved ``resampler``:
+    'soxr' on the host (``bestofn.audio.mono_at``) or 'torch' in one batch on ``device``."""
+    if resampler == "torch":
+        return resample_batch(audios, sr, want, device)
+    return mono_at(audios, sr, want)

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from bestofn import __version__
-from bestofn.audio import mono_at
+from bestofn.audio_gpu import scorer_input
 from bestofn.backends import registry
 from bestofn.backends.base import Generator, Restorer, Scorer, Take
 from bestofn.groupio import TAKES, take_name, write_group
@@ -315,7 +315,7 @@ def score_stage(work: GroupWork, backends: Backends, defer_host: bool = False) -
                 else:
                     key = (want, getattr(scorer, "resampler", "soxr"))
                     if key not in at_rate:
-                        at_rate[key] = mono_at(work.audios, work.sr, want, key[1], work.device)
+                        at_rate[key] = scorer_input(work.audios, work.sr, want, key[1], work.device)
                     inputs, rate = at_rate[key], want
                 if defer_host and hasattr(scorer, "score_deferred"):
                     work.deferred[scorer.name] = scorer.score_deferred(inputs, rate, work.spec)

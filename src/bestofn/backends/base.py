@@ -86,3 +86,22 @@ class Scorer(Backend):
     def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec) -> dict[str, list]:
         """Return one list per column in ``columns``, each ``len(audios)`` long."""
         raise NotImplementedError
+
+
+# A scorer's ``runtime.resampler``: how the pipeline brings its input to the scorer's rate
+# (bestofn.audio_gpu.scorer_input). Resolved here, where every scorer is built.
+RESAMPLERS = ("auto", "soxr", "torch")
+
+
+def resolve_resampler(value: str | None, device: str) -> str:
+    """``runtime.resampler`` of a scorer: auto -> torch on CUDA, soxr elsewhere."""
+    if value is None:
+        from bestofn.schemas import schema
+
+        backend = schema("config")["$defs"]["backend"]["properties"]["runtime"]
+        value = backend["properties"]["resampler"]["default"]
+    if value not in RESAMPLERS:
+        raise ValueError(f"runtime.resampler must be one of {', '.join(RESAMPLERS)}; got {value!r}")
+    if value == "auto":
+        return "torch" if str(device).startswith("cuda") else "soxr"
+    return value

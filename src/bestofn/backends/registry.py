@@ -82,7 +82,7 @@ def build(role: str, name: str, options: dict | None = None, device: str = "cpu"
     options = dict(options or {})
     if role != "scorer":
         return backend_class(role, name)(device=device, **options)
-    from bestofn.audio_gpu import resolve_resampler
+    from bestofn.backends.base import resolve_resampler
 
     resampler = resolve_resampler(options.pop("resampler", None), device)
     scorer = backend_class(role, name)(device=device, **options)
