@@ -28,6 +28,7 @@ import torch
 from bestofn.backends.base import Generator, Take
 from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
+from bestofn.moss.delay import DELAY_TEXT_TEMPERATURE
 from bestofn.moss.local_loop import local_attention_path
 from bestofn.moss.model import decode_attention_path
 from bestofn.moss.options import COMMON_DEFAULTS
@@ -45,7 +46,6 @@ DEFAULTS = {
     # Delay only: the delay slot (the model's "stop") is banned before this many frames
     "delay_min_frames": 0,
 }
-DELAY_TEXT_TEMPERATURE = 1.5  # the published Delay generate's default (Local's head: 1.0)
 
 
 # What runs with weights cast to the model dtype: embeddings, attention, linear layers.

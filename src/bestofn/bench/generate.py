@@ -23,7 +23,8 @@ from bestofn.moss import model as moss_model
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.config import MossLocalConfig, local_v15_config
 from bestofn.moss.engine import MossLocalEngine
-from bestofn.moss.parity import load_reference_class, make_prompts
+from bestofn.moss.parity import make_prompts
+from bestofn.moss.reference_code import load_reference_class
 from bestofn.moss.sampling import SamplingParams
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}

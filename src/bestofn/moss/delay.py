@@ -40,6 +40,8 @@ from bestofn.moss.kv_cache import BackboneCache
 from bestofn.moss.model import BackboneLayer, RMSNorm, decode_backbone
 
 MODEL_TYPE = "moss_tts_delay"
+# the text head's temperature in the published Delay generate (Local's stop head: 1.0)
+DELAY_TEXT_TEMPERATURE = 1.5
 
 
 @dataclass
