@@ -37,7 +37,13 @@ from bestofn.moss.checkpoint import (
 )
 from bestofn.moss.config import HfJsonConfig, qwen3_fields, qwen3_hf_dict
 from bestofn.moss.kv_cache import BackboneCache
-from bestofn.moss.model import BackboneLayer, EnginePaths, RMSNorm, decode_backbone
+from bestofn.moss.model import (
+    BackboneLayer,
+    Qwen3Backbone,
+    RMSNorm,
+    decode_backbone,
+    prefill_attention_mask,
+)
 from bestofn.moss.options import engine_defaults
 
 MODEL_TYPE = "moss_tts_delay"
@@ -171,7 +177,7 @@ def distinct_prompts(ids: torch.Tensor, mask: torch.Tensor):
 # ---- network -------------------------------------------------------------------------------
 
 
-class MossDelayModel(EnginePaths, nn.Module):
+class MossDelayModel(Qwen3Backbone, nn.Module):
     has_local = False  # no local transformer: fused and decode_attention are its paths
 
     def __init__(self, c: MossDelayConfig):
@@ -210,11 +216,6 @@ class MossDelayModel(EnginePaths, nn.Module):
         k = torch.arange(self.config.n_vq, device=ids.device)
         return x + self.audio_embed[k, ids[..., 1:]].sum(-2)
 
-    def _rope(self, pos: torch.Tensor, dtype):
-        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     def prefill(
         self,
         ids: torch.Tensor,
@@ -237,11 +238,7 @@ class MossDelayModel(EnginePaths, nn.Module):
         pos = torch.arange(T, device=ids.device).expand(U, T)
         x = self.embed_rows(ids).to(self.text_head.dtype)
         cos, sin = self._rope(pos, x.dtype)
-        attn_mask = None
-        if not bool(mask.all()):
-            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-            keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=ids.device)
-            attn_mask = causal & keys
+        attn_mask = prefill_attention_mask(mask)
         for i, layer in enumerate(self.layers):
             x = layer.prefill(x, cos, sin, attn_mask, cache.k[i][:U], cache.v[i][:U])
         if last_only:

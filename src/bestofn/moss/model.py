@@ -314,11 +314,23 @@ class LocalBlock(nn.Module):
         )  # fmt: skip
 
 
-class EnginePaths:
-    """The kernel paths a model runs: moss-fast's runtime options ``fused``,
-    ``decode_attention``, ``local_attention`` (Local only) and ``compile_mode`` (defaults in the
-    config schema). They live on the model object, not in module globals, so two models in one
-    process (``bestofn ab``'s A and B) can run different paths."""
+def prefill_attention_mask(mask: torch.Tensor) -> torch.Tensor | None:
+    """[B, 1, T, T] causal mask of left-padded prompts (mask [B, T] bool), None if none is
+    padded. Padded queries see themselves, so no softmax row is empty (their output is unused)."""
+    if bool(mask.all()):
+        return None
+    T = mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=mask.device)
+    return causal & keys
+
+
+class Qwen3Backbone:
+    """What both MOSS models (Local, and Delay in bestofn.moss.delay) share around their Qwen3
+    backbone: its RoPE, and the kernel paths the model runs, moss-fast's runtime options
+    ``fused``, ``decode_attention``, ``local_attention`` (Local only) and ``compile_mode``
+    (defaults in the config schema). The paths live on the model object, not in module
+    globals, so two models in one process (``bestofn ab``'s A and B) can run different ones."""
 
     has_local = True  # a local transformer (MossLocalModel); the Delay model has none
 
@@ -369,6 +381,11 @@ class EnginePaths:
     def eager_steps(self) -> None:
         self._use_impls(dict(IMPLS, local_frame=local_frame))
 
+    def _rope(self, pos: torch.Tensor, dtype):
+        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
     def _use_impls(self, impls: dict) -> None:
         mods = (*self.layers, *self.local_blocks) if self.has_local else self.layers
         for mod in mods:
@@ -377,7 +394,7 @@ class EnginePaths:
             self._local_frame_fn = impls["local_frame"]
 
 
-class MossLocalModel(EnginePaths, nn.Module):
+class MossLocalModel(Qwen3Backbone, nn.Module):
     def __init__(self, c: MossLocalConfig):
         super().__init__()
         self.config = c
@@ -430,11 +447,6 @@ class MossLocalModel(EnginePaths, nn.Module):
         audio = (audio * valid.unsqueeze(-1).to(audio.dtype)).sum(-2)
         return self.embed_tokens(text) + audio
 
-    def _rope(self, pos: torch.Tensor, dtype):
-        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     # ---- backbone ----------------------------------------------------------------------------
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, cache: BackboneCache):
@@ -444,12 +456,7 @@ class MossLocalModel(EnginePaths, nn.Module):
         pos = (mask.long().cumsum(-1) - 1).clamp_(min=0)
         x = self.embed_rows(ids).to(self.audio_embed.dtype)
         cos, sin = self._rope(pos, x.dtype)
-        attn_mask = None
-        if not bool(mask.all()):
-            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-            # Padded queries see themselves, so no softmax row is empty (their output is unused).
-            keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=ids.device)
-            attn_mask = causal & keys
+        attn_mask = prefill_attention_mask(mask)
         for i, layer in enumerate(self.layers):
             x = layer.prefill(x, cos, sin, attn_mask, cache.k[i], cache.v[i])
         cache.key_mask[:, :T].copy_(mask)
