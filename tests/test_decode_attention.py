@@ -22,41 +22,37 @@ def _inputs(B=3, kv=2, group=4, L=37, D=16, seed=0):
     return q, k, v, bias, keep
 
 
-def test_matmul_path_equals_sdpa(monkeypatch):
+def test_matmul_path_equals_sdpa():
     q, k, v, bias, _ = _inputs()
-    monkeypatch.setattr(model, "DECODE_ATTENTION", "matmul")
-    ours = model.decode_attention(q, k, v, bias, 0.25)
+    ours = model.decode_attention(q, k, v, bias, 0.25, "matmul")
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_masked_slots_have_no_weight(monkeypatch):
+def test_masked_slots_have_no_weight():
     q, k, v, bias, keep = _inputs(seed=1)
-    monkeypatch.setattr(model, "DECODE_ATTENTION", "matmul")
-    before = model.decode_attention(q, k, v, bias, 0.25)
+    before = model.decode_attention(q, k, v, bias, 0.25, "matmul")
     v2 = v.clone()
     v2[~keep[:, None, :, None].expand_as(v)] = 1e6  # poison only the masked slots
     k2 = k.clone()
     k2[~keep[:, None, :, None].expand_as(k)] = 1e3
-    torch.testing.assert_close(model.decode_attention(q, k2, v2, bias, 0.25), before)
+    torch.testing.assert_close(model.decode_attention(q, k2, v2, bias, 0.25, "matmul"), before)
 
 
 @pytest.mark.parametrize("mode", ["matmul", "sdpa"])
-def test_non_contiguous_kv_views(monkeypatch, mode):
+def test_non_contiguous_kv_views(mode):
     # The fused cache keeps K and V side by side ([B, kv, L, 2, D]); attention reads views.
     q, k, v, bias, _ = _inputs(seed=2)
     kv = torch.stack([k, v], dim=3)
-    monkeypatch.setattr(model, "DECODE_ATTENTION", mode)
-    got = model.decode_attention(q, kv[..., 0, :], kv[..., 1, :], bias, 0.25)
-    torch.testing.assert_close(got, model.decode_attention(q, k, v, bias, 0.25))
+    got = model.decode_attention(q, kv[..., 0, :], kv[..., 1, :], bias, 0.25, mode)
+    torch.testing.assert_close(got, model.decode_attention(q, k, v, bias, 0.25, mode))
 
 
-def test_triton_path_needs_cuda_tensors_else_sdpa(monkeypatch):
-    """BESTOFN_MOSS_DECODE_ATTN=triton runs the Triton kernel on CUDA tensors only; on the CPU
-    the same call gives SDPA's result (parity and the CPU tests go through there)."""
+def test_triton_path_needs_cuda_tensors_else_sdpa():
+    """decode_attention: triton runs the Triton kernel on CUDA tensors only; on the CPU the
+    same call gives SDPA's result (parity and the CPU tests go through there)."""
     q, k, v, bias, _ = _inputs(seed=3)
-    monkeypatch.setattr(model, "DECODE_ATTENTION", "triton")
-    got = model.decode_attention(q, k, v, bias, 0.25)
+    got = model.decode_attention(q, k, v, bias, 0.25, "triton")
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
@@ -94,14 +90,12 @@ def test_triton_kernel_equals_sdpa_in_the_interpreter(monkeypatch):
 def test_provenance_names_the_attention_path(monkeypatch):
     from bestofn.moss import decode_kernel
 
-    monkeypatch.setattr(model, "DECODE_ATTENTION", "auto")
-    assert model.decode_attention_path("cpu") == "sdpa"
+    assert model.decode_attention_path("cpu", "auto") == "sdpa"
     monkeypatch.setattr(decode_kernel, "_KERNELS", {"partial": object(), "merge": object()})
-    assert model.decode_attention_path("cuda:0").startswith("triton split-K")
+    assert model.decode_attention_path("cuda:0", "auto").startswith("triton split-K")
     monkeypatch.setattr(decode_kernel, "_KERNELS", {"partial": None})  # Triton missing
-    assert model.decode_attention_path("cuda:0") == "sdpa"
-    monkeypatch.setattr(model, "DECODE_ATTENTION", "matmul")
-    assert model.decode_attention_path("cuda:0") == "matmul"
+    assert model.decode_attention_path("cuda:0", "auto") == "sdpa"
+    assert model.decode_attention_path("cuda:0", "matmul") == "matmul"
 
 
 def test_kernel_refuses_shapes_whose_offsets_pass_int32():

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from bestofn.backends.moss_hf import check_checkpoint  # noqa: E402
+from bestofn.backends.moss_hf_common import check_checkpoint  # noqa: E402
 from bestofn.fakes import moss  # noqa: E402
 from bestofn.moss.checkpoint import load_model, weight_files  # noqa: E402
 

@@ -257,3 +257,55 @@ def test_random_tiny_build_runs():
     gen = build("cpu", size="tiny", max_frames=6, min_frames=2)
     codes, stopped, budget = gen.generate_codes(GroupSpec("e", "p", "a b", n_takes=2))
     assert budget == 6 and len(codes) == 2 and all(c.shape[1] == CFG.n_vq for c in codes)
+
+
+# ---- kernel paths: moss-fast runtime options, not environment variables ------------------------
+
+
+def test_kernel_paths_are_schema_options_checked_with_their_field():
+    import jsonschema
+
+    from bestofn.moss.local_loop import LOCAL_ATTENTION_MODES
+    from bestofn.moss.model import DECODE_ATTENTION_MODES
+    from bestofn.moss.options import engine_defaults
+    from bestofn.schemas import schema
+
+    sch = schema("config")
+    props = sch["$defs"]["moss_fast_runtime"]["properties"]
+    assert tuple(props["decode_attention"]["enum"]) == DECODE_ATTENTION_MODES
+    assert tuple(props["local_attention"]["enum"]) == LOCAL_ATTENTION_MODES
+    assert engine_defaults() == {
+        "fused": True, "decode_attention": "auto", "local_attention": "auto", "compile_mode": None
+    }  # fmt: skip
+
+    def errors(runtime, backend="moss-fast"):
+        cfg = {"emotions": "e.tsv", "prompts": "p.tsv", "takes": 2,
+               "models": {"generator": {"backend": backend, "runtime": runtime}},
+               "selection": {"filter": "true", "score": "1"}}  # fmt: skip
+        return [
+            (".".join(map(str, e.absolute_path)), e.message)
+            for e in jsonschema.Draft202012Validator(sch).iter_errors(cfg)
+        ]
+
+    assert errors({"decode_attention": "sdpa", "fused": False, "batch_size": 8}) == []
+    [(where, message)] = errors({"local_attention": "fast"})
+    assert where == "models.generator.runtime.local_attention" and "'fast'" in message
+    assert errors({"compile_mode": "max-autotune"})  # its CUDA graphs would nest in ours
+    assert errors({"local_attention": "fast"}, backend="piper") == []  # moss-fast's only
+
+
+def test_backend_sets_the_kernel_paths_on_its_model_and_names_them():
+    from bestofn.fakes.moss import build
+
+    paths = dict(fused=False, decode_attention="matmul", local_attention="reduce")
+    gen = build("cpu", size="tiny", **paths)
+    m = gen.model
+    assert not m.fused_local and not m.fused_backbone
+    assert m.local_attention == "reduce" and {layer.attention for layer in m.layers} == {"matmul"}
+    prov = gen.provenance()
+    assert prov["decode_attention"] == "matmul" and prov["local_attention"] == "reduce"
+    assert prov["settings"]["fused"] is False and prov["settings"]["compile_mode"] is None
+    other = build("cpu", size="tiny")  # the same process: the defaults, not the first's paths
+    assert other.model.fused_local and other.model.layers[0].attention == "auto"
+    with pytest.raises(ValueError, match="runtime.decode_attention is 'fast'"):
+        build("cpu", size="tiny", decode_attention="fast")

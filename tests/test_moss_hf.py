@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bestofn.backends import moss_hf
+from bestofn.backends import moss_hf, moss_hf_common
 from bestofn.moss.budget import FrameBudget, count_words, frame_budget
+from bestofn.moss.published_draws import LocalDraws
 from bestofn.spec import GroupSpec
 
 REF_CODE = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_local_v1.5"
@@ -58,7 +59,7 @@ class _NoPenaltyModel:
 
 def _draw_sequence(seeds, calls=26, n_vq=12, vocab=50):
     torch = pytest.importorskip("torch")
-    draws = moss_hf._TakeDraws(_NoPenaltyModel(), seeds, n_vq=n_vq, device="cpu")
+    draws = LocalDraws(_NoPenaltyModel(), seeds, n_vq=n_vq, device="cpu")
     logits = torch.zeros(len(seeds), vocab)  # uniform: the draw alone decides
     out = [
         draws(logits=logits, do_sample=True, temperature=1.0, top_k=0, top_p=1.0)
@@ -80,9 +81,9 @@ def test_torchaudio_standin_only_while_loading(tmp_path):
     torch = pytest.importorskip("torch")
     import soundfile as sf
 
-    if moss_hf._torchaudio_works():
+    if moss_hf_common._torchaudio_works():
         pytest.skip("a working torchaudio is installed: the stand-in is not used")
-    with moss_hf._torchaudio_importable():
+    with moss_hf_common._torchaudio_importable():
         import torchaudio
 
         sf.write(tmp_path / "a.wav", np.zeros((2400, 2), np.float32), 24000)
@@ -90,7 +91,7 @@ def test_torchaudio_standin_only_while_loading(tmp_path):
         assert sr == 24000 and wav.shape == (2, 2400)
         up = torchaudio.functional.resample(torch.ones(2, 2400), 24000, 48000)
         assert up.shape == (2, 4800)
-    assert not moss_hf._torchaudio_works()  # the rest of the worker still sees no torchaudio
+    assert not moss_hf_common._torchaudio_works()  # the rest of the worker still sees no torchaudio
 
 
 # ---- checkpoint errors (no model needed) -------------------------------------------------------
@@ -223,7 +224,7 @@ def test_draws_follow_the_reference_distribution(gen):
     n = 6000
     logits = torch.tensor([[2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -3.0]]).repeat(n, 1)
     previous = torch.tensor([[0, 0, 2]]).repeat(n, 1)  # penalised codes
-    draws = moss_hf._TakeDraws(gen.model, list(range(n)), gen.n_vq, "cpu")
+    draws = LocalDraws(gen.model, list(range(n)), gen.n_vq, "cpu")
     got = draws(logits=logits, do_sample=True, temperature=1.7, top_k=5, top_p=0.8,
                 previous_token_ids=previous, repetition_penalty=1.3)  # fmt: skip
     m = gen.model

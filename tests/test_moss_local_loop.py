@@ -93,7 +93,7 @@ def test_local_positions_give_the_same_hidden_as_local_step(cfg):
     for j in range(cfg.n_vq):
         x = torch.randn(B, cfg.hidden_size, generator=g)
         a = m.local_step(x, j, old)
-        b = local_position(m, x, j, new.kv, cos3, sin3)
+        b = local_position(m, x, j, new.kv, cos3, sin3, "sdpa")
         assert torch.equal(a, b), f"position {j}: max|diff| {(a - b).abs().max():.3e}"
         for k in range(cfg.n_vq):
             assert torch.equal(m.audio_logits(a, k), m.audio_logits(b, k))
@@ -128,15 +128,14 @@ def test_fused_frame_gives_the_unfused_loops_codes(cfg, params):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reduce_local_attention_matches_sdpa_on_the_cache_views(monkeypatch, dtype):
+def test_reduce_local_attention_matches_sdpa_on_the_cache_views(dtype):
     # the fused loop's K/V are strided views of one [B, L, 2, heads, D] cache
     g = torch.Generator().manual_seed(4)
     B, L, heads, D = 3, 7, 4, 16
     kv = torch.randn(B, L + 2, 2, heads, D, generator=g).to(dtype)
     keys, values = kv[:, :L, 0].transpose(1, 2), kv[:, :L, 1].transpose(1, 2)
     q = (3 * torch.randn(B, heads, 1, D, generator=g)).to(dtype)
-    monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", "reduce")
-    got = local_loop.local_attention(q, keys, values)
+    got = local_loop.local_attention(q, keys, values, "reduce")
     assert got.dtype == dtype and got.shape == (B, heads, 1, D)
     exact = F.scaled_dot_product_attention(q.double(), keys.double(), values.double())
     tol = 1e-6 if dtype == torch.float32 else 8e-3  # float32 maths, one rounding to bf16
@@ -147,16 +146,15 @@ def test_reduce_local_attention_matches_sdpa_on_the_cache_views(monkeypatch, dty
     keys_one[:, :, -1] = 1.0
     q_one[..., :] = 100.0
     torch.testing.assert_close(
-        local_loop.local_attention(q_one, keys_one, values), values[:, :, -1:]
+        local_loop.local_attention(q_one, keys_one, values, "reduce"), values[:, :, -1:]
     )
 
 
-def test_local_attention_path_defaults_to_sdpa_on_cpu_and_reduce_on_cuda(monkeypatch):
-    monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", "auto")
-    assert local_loop.local_attention_path("cpu") == "sdpa"
-    assert local_loop.local_attention_path("cuda:0") == "reduce"
-    monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", "sdpa")
-    assert local_loop.local_attention_path("cuda:0") == "sdpa"
+def test_local_attention_path_defaults_to_sdpa_on_cpu_and_reduce_on_cuda():
+    assert local_loop.local_attention_path("cpu", "auto") == "sdpa"
+    assert local_loop.local_attention_path("cuda:0", "auto") == "reduce"
+    assert local_loop.local_attention_path("cuda:0", "sdpa") == "sdpa"
+    assert local_loop.local_attention_path("cpu", "reduce") == "reduce"
 
 
 @pytest.mark.parametrize(
@@ -164,7 +162,7 @@ def test_local_attention_path_defaults_to_sdpa_on_cpu_and_reduce_on_cuda(monkeyp
     [SamplingParams(do_sample=False), SamplingParams(temperature=1.7, top_p=0.8, top_k=5)],
     ids=["greedy", "sampled"],
 )
-def test_fused_frame_with_reduce_attention_draws_the_sdpa_codes(monkeypatch, params):
+def test_fused_frame_with_reduce_attention_draws_the_sdpa_codes(params):
     # float32 on the CPU: the two attentions differ by rounding only, far below what moves a
     # draw of these tiny models; a wrong scale or softmax axis changes the codes
     m = _model(CFG)
@@ -172,7 +170,7 @@ def test_fused_frame_with_reduce_attention_draws_the_sdpa_codes(monkeypatch, par
     ids, seeds = _prompt(CFG, 4), [21, 22, 23, 24]
     outs = {}
     for path in ("sdpa", "reduce"):
-        monkeypatch.setattr(local_loop, "LOCAL_ATTENTION", path)
+        m.set_paths(local_attention=path)  # moss-fast's runtime option local_attention
         engine = MossLocalEngine(m, use_cuda_graphs=False, compile=False)
         outs[path] = engine.generate(ids, None, seeds, 12, params)
     for a, b in zip(outs["sdpa"].codes, outs["reduce"].codes, strict=True):

@@ -28,9 +28,10 @@ import torch
 from bestofn.backends.base import Generator, Take
 from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
+from bestofn.moss.delay import DELAY_TEXT_TEMPERATURE
 from bestofn.moss.local_loop import local_attention_path
 from bestofn.moss.model import decode_attention_path
-from bestofn.moss.options import COMMON_DEFAULTS
+from bestofn.moss.options import COMMON_DEFAULTS, check_engine_options, engine_defaults
 from bestofn.moss.sampling import SamplingParams
 from bestofn.spec import GroupSpec
 
@@ -44,8 +45,10 @@ DEFAULTS = {
     "architecture": "auto",  # auto (from config.json) | local | delay
     # Delay only: the delay slot (the model's "stop") is banned before this many frames
     "delay_min_frames": 0,
+    # the kernel paths (runtime: fused, decode_attention, local_attention, compile_mode): the
+    # config schema's $defs.moss_fast_runtime declares them and their defaults
+    **engine_defaults(),
 }
-DELAY_TEXT_TEMPERATURE = 1.5  # the published Delay generate's default (Local's head: 1.0)
 
 
 # What runs with weights cast to the model dtype: embeddings, attention, linear layers.
@@ -139,6 +142,7 @@ class MossFastGenerator(Generator):
             raise ValueError(
                 f"moss-fast: option weights is {o['weights']!r}; known: {', '.join(WEIGHTS)}"
             )
+        check_engine_options(o)
         self.device = device
         self.budget = FrameBudget.from_options(o)
         on_gpu = torch.device(device).type == "cuda"
@@ -162,6 +166,9 @@ class MossFastGenerator(Generator):
 
             if not is_quantized(model):
                 model = quantize_backbone_(model, self.device)
+        # the kernel paths this backend's options name, on the model (before any cache exists:
+        # the cache layout follows ``fused``)
+        model.set_paths(o["fused"], o["decode_attention"], o["local_attention"])
         self.model, self.prompt_builder = model, prompt_builder
         self.config = model.config
         from bestofn.moss.delay import MossDelayModel
@@ -176,6 +183,7 @@ class MossFastGenerator(Generator):
             model,
             use_cuda_graphs=_auto(o["cuda_graphs"], on_gpu),
             compile=_auto(o["compile"], on_gpu),
+            compile_mode=o["compile_mode"],
         )
         if self.is_delay and "text_temperature" not in self._given:
             o["text_temperature"] = DELAY_TEXT_TEMPERATURE
@@ -333,13 +341,12 @@ class MossFastGenerator(Generator):
             "config_sha256": hashlib.sha256(cfg.encode()).hexdigest(),
             "weights_sha256": self._weight_hashes(),
             "dtype": str(self.dtype),
-            # the Delay engine's attention is its own (bestofn.moss.delay)
-            "decode_attention": "delay engine"
+            # the paths that ran (the settings say what was asked for); Delay has no local
+            # transformer
+            "decode_attention": decode_attention_path(self.device, o["decode_attention"]),
+            "local_attention": "none (Delay)"
             if self.is_delay
-            else decode_attention_path(self.device),
-            "local_attention": "delay engine"
-            if self.is_delay
-            else local_attention_path(self.device),
+            else local_attention_path(self.device, o["local_attention"]),
             "sampling": self.params.to_dict(),
             "frame_budget": self.budget.as_dict(),
             "settings": settings,

@@ -1,13 +1,14 @@
 """MOSS-TTS v1.5 Delay (8B) through its published code (``moss-hf`` on a Delay checkpoint).
 
 ``MossHFGenerator`` hands a checkpoint whose config.json says ``model_type: moss_tts_delay``
-to this class. The model, its prompt processor and its ``generate`` are the published ones,
-loaded from the checkpoint directory with ``trust_remote_code`` (moss_tts_delay/: modeling,
-configuration, processing, inference_utils). What is ours around them:
+to this class (both derive from ``bestofn.backends.moss_hf_common.MossHFBase``). The model,
+its prompt processor and its ``generate`` are the published ones, loaded from the checkpoint
+directory with ``trust_remote_code`` (moss_tts_delay/: modeling, configuration, processing,
+inference_utils). What is ours around them:
 
 - per-take seeds: the published ``generate`` draws with torch's global RNG through the
   module function ``sample_token``; for the call it is replaced by
-  ``bestofn.lab.delay_parity.PublishedDelayDraws`` (the same per-take uniforms as moss-fast's
+  ``bestofn.moss.published_draws.DelayDraws`` (the same per-take uniforms as moss-fast's
   Delay engine; the published penalty function still applies a penalty other than 1.0);
 - frame budget: ``max_new_tokens`` = budget + n_vq + 1 rows (audio_start, frames, the delay
   tail, audio_end); a take is its first audio block, de-delayed with the processor's
@@ -26,47 +27,26 @@ from pathlib import Path
 
 import numpy as np
 
-from bestofn.backends.moss_hf import (
-    DEFAULTS,
+from bestofn.backends.moss_hf_common import (
     SAMPLING_KEYS,
-    MossHFGenerator,
-    _default_cache_dir,
+    MossHFBase,
     _torchaudio_importable,
-    check_checkpoint,
 )
-from bestofn.moss.budget import FrameBudget
+from bestofn.moss.delay import DELAY_TEXT_TEMPERATURE
+from bestofn.moss.published_draws import DelayDraws
 from bestofn.spec import GroupSpec
 
-DELAY_TEXT_TEMPERATURE = 1.5  # the published Delay generate's default
 
-
-class MossHFDelayGenerator(MossHFGenerator):
+class MossHFDelayGenerator(MossHFBase):
     def __init__(self, device: str = "cpu", **options):
-        unknown = set(options) - set(DEFAULTS)
-        if unknown:
-            raise TypeError(
-                f"moss-hf: unknown options {sorted(unknown)}; known: {sorted(DEFAULTS)}"
-            )
-        self.options = {**DEFAULTS, **options}
-        if "text_temperature" not in options:
-            self.options["text_temperature"] = DELAY_TEXT_TEMPERATURE
+        self._configure(device, options, text_temperature=DELAY_TEXT_TEMPERATURE)
         o = self.options
-        if o["instruction"] not in ("none", "emotion", "emotion_description"):
-            raise ValueError(f"moss-hf: bad instruction mode {o['instruction']!r}")
-        self.budget = FrameBudget.from_options(o)
-        self.device = device
-        self._model_files = check_checkpoint(o["model_dir"], "model_dir", tokenizer=True)
         if not o["codec_dir"] or not (Path(o["codec_dir"]).expanduser() / "config.json").is_file():
             raise FileNotFoundError(
                 f"moss-hf: {o['codec_dir']}/config.json not found (config field: codec_dir)"
             )
-        self.cache_dir = Path(o["cache_dir"] or _default_cache_dir()).expanduser()
-        self.model_dir = self.load_dir = Path(o["model_dir"]).expanduser()
         self.codec_dir = Path(o["codec_dir"]).expanduser()
-        if o["lora"]:
-            from bestofn.moss.lora import merged_weights_dir
-
-            self.load_dir = merged_weights_dir(self.model_dir, Path(o["lora"]), self.cache_dir)
+        self._weights_dir()
         self._load()
         self._ref_codes: dict[tuple, object] = {}
 
@@ -119,10 +99,8 @@ class MossHFDelayGenerator(MossHFGenerator):
 
     @contextlib.contextmanager
     def _draws(self, seeds):
-        from bestofn.lab.delay_parity import PublishedDelayDraws
-
         original = self.module.sample_token
-        self.module.sample_token = PublishedDelayDraws(seeds, penalty=self.penalty)
+        self.module.sample_token = DelayDraws(seeds, penalty=self.penalty)
         try:
             yield
         finally:

@@ -137,21 +137,12 @@ def published_config(size: str) -> dict:
 # random tensors in the published key layout
 
 
-def random_tensors(
-    cfg: MossLocalConfig, seed: int = 0, std: float = 0.2
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Published-layout tensors with random values (float32, CPU), one at a time, so a 4B
-    checkpoint is written without holding it in memory. The stop head is biased towards
-    "continue" (through ln_f's bias) so greedy decodes run for a while and only some rows stop."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape, scale=std):
-        return torch.randn(*shape, generator=g) * scale
-
+def qwen3_layer_tensors(cfg, prefix: str, rnd) -> Iterator[tuple[str, torch.Tensor]]:
+    """The Qwen3 backbone's layers and final norm under ``prefix`` (published key names; Local
+    and Delay share them), drawn in this order from ``rnd(*shape, scale=...)``."""
     H, D = cfg.hidden_size, cfg.head_dim
-    yield "transformer.embed_tokens.weight", rnd(cfg.vocab_size, H, scale=1.0)
     for i in range(cfg.num_layers):
-        p = f"transformer.layers.{i}."
+        p = f"{prefix}layers.{i}."
         yield p + "self_attn.q_proj.weight", rnd(cfg.num_heads * D, H)
         yield p + "self_attn.k_proj.weight", rnd(cfg.num_kv_heads * D, H)
         yield p + "self_attn.v_proj.weight", rnd(cfg.num_kv_heads * D, H)
@@ -163,7 +154,23 @@ def random_tensors(
         yield p + "mlp.gate_proj.weight", rnd(cfg.intermediate_size, H)
         yield p + "mlp.up_proj.weight", rnd(cfg.intermediate_size, H)
         yield p + "mlp.down_proj.weight", rnd(H, cfg.intermediate_size)
-    yield "transformer.norm.weight", 1 + rnd(H, scale=0.1)
+    yield prefix + "norm.weight", 1 + rnd(H, scale=0.1)
+
+
+def random_tensors(
+    cfg: MossLocalConfig, seed: int = 0, std: float = 0.2
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Published-layout tensors with random values (float32, CPU), one at a time, so a 4B
+    checkpoint is written without holding it in memory. The stop head is biased towards
+    "continue" (through ln_f's bias) so greedy decodes run for a while and only some rows stop."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=std):
+        return torch.randn(*shape, generator=g) * scale
+
+    H = cfg.hidden_size
+    yield "transformer.embed_tokens.weight", rnd(cfg.vocab_size, H, scale=1.0)
+    yield from qwen3_layer_tensors(cfg, "transformer.", rnd)
     for i in range(cfg.local_layers):
         p = f"local_transformer.h.{i}."
         for name, (o, n) in {
@@ -357,14 +364,20 @@ def write_model(
 def add_remote_code(model_dir, code_dir) -> Path:
     """Copy the MOSS remote code (a checkpoint, or the moss_tts_local_v1.5 folder of
     OpenMOSS/MOSS-TTS) into ``model_dir``, so moss-hf's ``trust_remote_code`` load finds it."""
+    expected = "OpenMOSS/MOSS-TTS moss_tts_local_v1.5/ or a MOSS-TTS-Local checkpoint"
+    return copy_remote_code(model_dir, code_dir, REMOTE_CODE_FILES, "MOSS", expected)
+
+
+def copy_remote_code(model_dir, code_dir, files, what: str, expected: str) -> Path:
+    """Copy ``files`` of the published code from ``code_dir`` into ``model_dir`` (Local and
+    Delay each name theirs); a missing one fails first, naming every one missing."""
     model_dir, code_dir = Path(model_dir), Path(code_dir)
-    missing = [n for n in REMOTE_CODE_FILES if not (code_dir / n).is_file()]
+    missing = [n for n in files if not (code_dir / n).is_file()]
     if missing:
         raise FileNotFoundError(
-            f"MOSS remote code missing in {code_dir}: {missing} (expected a copy of "
-            "OpenMOSS/MOSS-TTS moss_tts_local_v1.5/ or a MOSS-TTS-Local checkpoint)"
+            f"{what} remote code missing in {code_dir}: {missing} (expected a copy of {expected})"
         )
-    for name in REMOTE_CODE_FILES:
+    for name in files:
         shutil.copy2(code_dir / name, model_dir / name)
     return model_dir
 

@@ -17,13 +17,13 @@ remote code is not ours: ``add_remote_code`` copies it from a copy of ``moss_tts
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from bestofn.fakes import check_size
+from bestofn.fakes.moss import copy_remote_code, qwen3_layer_tensors, write_safetensors
 from bestofn.moss.delay import MossDelayConfig
 
 SIZES = {
@@ -109,26 +109,13 @@ def random_tensors(
     def rnd(*shape, scale=std):
         return torch.randn(*shape, generator=g) * scale
 
-    H, D, V1 = cfg.hidden_size, cfg.head_dim, cfg.audio_vocab_size + 1
+    H, V1 = cfg.hidden_size, cfg.audio_vocab_size + 1
     p = "language_model."
     embed = rnd(cfg.vocab_size, H, scale=1.0)
     if start_audio:
         embed[:, 0] += 30.0
     yield p + "embed_tokens.weight", embed
-    for i in range(cfg.num_layers):
-        q = f"{p}layers.{i}."
-        yield q + "self_attn.q_proj.weight", rnd(cfg.num_heads * D, H)
-        yield q + "self_attn.k_proj.weight", rnd(cfg.num_kv_heads * D, H)
-        yield q + "self_attn.v_proj.weight", rnd(cfg.num_kv_heads * D, H)
-        yield q + "self_attn.o_proj.weight", rnd(H, cfg.num_heads * D)
-        yield q + "self_attn.q_norm.weight", 1 + rnd(D, scale=0.1)
-        yield q + "self_attn.k_norm.weight", 1 + rnd(D, scale=0.1)
-        yield q + "input_layernorm.weight", 1 + rnd(H, scale=0.1)
-        yield q + "post_attention_layernorm.weight", 1 + rnd(H, scale=0.1)
-        yield q + "mlp.gate_proj.weight", rnd(cfg.intermediate_size, H)
-        yield q + "mlp.up_proj.weight", rnd(cfg.intermediate_size, H)
-        yield q + "mlp.down_proj.weight", rnd(H, cfg.intermediate_size)
-    yield p + "norm.weight", 1 + rnd(H, scale=0.1)
+    yield from qwen3_layer_tensors(cfg, p, rnd)
     for k in range(cfg.n_vq):
         yield f"emb_ext.{k}.weight", rnd(V1, H, scale=1.0 / cfg.n_vq**0.5)
     text_head = rnd(cfg.vocab_size, H, scale=1.0 / H**0.5)
@@ -169,8 +156,6 @@ def write_model(out_dir, size: str = "tiny", seed: int = 0, codec_dir=None,
                 cfg: MossDelayConfig | None = None, shard_bytes="auto",
                 always_continue: bool = False) -> Path:  # fmt: skip
     """A Delay checkpoint directory with random weights (float32 tiny, bfloat16 real)."""
-    from bestofn.fakes.moss import write_safetensors
-
     tiny = check_size(size)
     cfg = cfg or size_config(size)
     out = Path(out_dir)
@@ -193,16 +178,8 @@ def write_model(out_dir, size: str = "tiny", seed: int = 0, codec_dir=None,
 
 def add_remote_code(model_dir, code_dir) -> Path:
     """Copy the published Delay code (a copy of ``moss_tts_delay/``) into ``model_dir``."""
-    model_dir, code_dir = Path(model_dir), Path(code_dir)
-    missing = [n for n in REMOTE_CODE_FILES if not (code_dir / n).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"MOSS Delay remote code missing in {code_dir}: {missing} (expected a copy of "
-            "OpenMOSS/MOSS-TTS moss_tts_delay/)"
-        )
-    for name in REMOTE_CODE_FILES:
-        shutil.copy2(code_dir / name, model_dir / name)
-    return model_dir
+    expected = "OpenMOSS/MOSS-TTS moss_tts_delay/"
+    return copy_remote_code(model_dir, code_dir, REMOTE_CODE_FILES, "MOSS Delay", expected)
 
 
 def is_delay_code(code_dir) -> bool:

@@ -19,22 +19,21 @@ which per-take seeds cannot reproduce; ours is per take and per codebook.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
 from bestofn.moss.delay import MossDelayConfig, load_delay_model, undo_delay
 from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
-from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams, sample_tokens, take_uniform
+from bestofn.moss.published_draws import DelayDraws
+from bestofn.lab.reference_code import flag, import_reference_module, report
+from bestofn.moss.sampling import SamplingParams
 
 RTOL = 1e-4
 
 
 def load_reference_module(ref_dir: Path):
     """The reference modeling module, imported as a package from the folder copy."""
-    from bestofn.lab.parity import import_reference_module
-
     return import_reference_module(ref_dir, "_moss_delay_reference_")
 
 
@@ -53,43 +52,6 @@ def make_prompts(cfg: MossDelayConfig, lengths: list[int], text_rows=(), seed: i
             ids[b, -1, 0] = cfg.audio_start_token_id
         mask[b, T - n :] = True
     return ids, mask
-
-
-class PublishedDelayDraws:
-    """Stands in for the published module's ``sample_token`` during one ``generate`` (parity
-    here, per-take seeds in moss-hf). It reads which rows (and codebooks) are being sampled
-    from the caller's masks, and draws their numbers from the per-take uniforms. ``penalty``:
-    the published penalty function, applied as the published ``sample_token`` does (None:
-    a penalty other than 1.0 is refused)."""
-
-    def __init__(self, seeds, penalty=None):
-        self.seeds = torch.as_tensor(seeds, dtype=torch.long)
-        self.penalty = penalty
-
-    def __call__(self, logits, prev_tokens=None, repetition_penalty=1.0, top_p=None,
-                 top_k=None, do_sample=True):  # fmt: skip
-        if repetition_penalty != 1.0:
-            if self.penalty is None:
-                raise ValueError("parity: the reference's batch-pooled penalty is not compared")
-            logits = self.penalty(logits, prev_tokens, repetition_penalty)
-        loc = sys._getframe(1).f_locals
-        need = "sampling_text_mask" if prev_tokens is None else "sampling_audio_mask"
-        if need not in loc or "time_step" not in loc:
-            raise RuntimeError("parity: reference generate changed (no sampling masks found)")
-        t, dev = int(loc["time_step"]), logits.device
-        if prev_tokens is None:  # text channel
-            rows = loc["sampling_text_mask"].nonzero()[:, 0]
-            offs = torch.zeros_like(rows)
-        elif prev_tokens.dim() == 2:  # codebook 0
-            rows = loc["sampling_audio_mask"][:, 0].nonzero()[:, 0]
-            offs = torch.ones_like(rows)
-        else:  # codebooks 1.., row-major as the boolean index takes them
-            nz = loc["sampling_audio_mask"][:, 1:].nonzero()
-            rows, offs = nz[:, 0], 2 + nz[:, 1]
-        u = take_uniform(self.seeds.to(dev)[rows], t * STEPS_PER_FRAME + offs.to(dev))
-        return sample_tokens(logits, u, temperature=1.0, top_k=int(top_k or 0),
-                             top_p=float(top_p if top_p is not None else 1.0),
-                             do_sample=do_sample)  # fmt: skip
 
 
 @torch.inference_mode()
@@ -125,7 +87,7 @@ def _close(name, r, f):
     scale = r[finite].abs().max().item()
     err = (r[finite].float() - f[finite].float()).abs().max().item()
     good = same_inf and err <= RTOL * max(1.0, scale)
-    return good, f"{name}: max|diff|={err:.3e} (scale {scale:.2f}, tol {RTOL:g}x) {_flag(good)}"
+    return good, f"{name}: max|diff|={err:.3e} (scale {scale:.2f}, tol {RTOL:g}x) {flag(good)}"
 
 
 def _compare(mod, ref, fast, engines, lengths, text_rows, steps, device):
@@ -159,7 +121,7 @@ def _compare(mod, ref, fast, engines, lengths, text_rows, steps, device):
             text_temperature=1.5, text_top_p=1.0, text_top_k=50, audio_temperature=1.7,
             audio_top_p=0.8, audio_top_k=5)  # fmt: skip
         original = mod.sample_token, mod.tqdm
-        mod.sample_token, mod.tqdm = PublishedDelayDraws(seeds), lambda it, **_: it  # no bar
+        mod.sample_token, mod.tqdm = DelayDraws(seeds), lambda it, **_: it  # no bar
         try:
             ref_out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, **kw)
         finally:
@@ -183,7 +145,7 @@ def _compare(mod, ref, fast, engines, lengths, text_rows, steps, device):
             lines.append(
                 f"{label}{tag}: {n_ref} steps, rows {'identical' if rows_same else 'DIFFER'}, "
                 f"de-delayed codes {'identical' if codes_same else 'DIFFER'} "
-                f"(codebook-0 codes per row {audio}) {_flag(good)}"
+                f"(codebook-0 codes per row {audio}) {flag(good)}"
             )
     return ok, lines
 
@@ -194,15 +156,10 @@ def _starts(ref_out):
         yield int(start_length), rows
 
 
-def _flag(good: bool) -> str:
-    return "ok" if good else "MISMATCH"
-
-
 def delay_parity_main(args, tmp: Path) -> int:
-    """Called by ``bestofn.moss.parity.parity_main`` with its parsed arguments."""
+    """Called by ``bestofn.lab.parity.parity_main`` with its parsed arguments."""
     from bestofn.fakes.moss import write_safetensors
     from bestofn.fakes.moss_delay import published_config, random_state_dict, tiny_config
-    from bestofn.lab.parity import report
 
     if args.checkpoint is None:
         import json

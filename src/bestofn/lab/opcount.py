@@ -12,7 +12,7 @@ ops one eager frame step runs. torch.profiler records them; we count, per frame:
 
 ``python -m bestofn.lab.opcount`` prints both for the whole frame step and for its local loop
 (stop head + 12 codebooks), tiny and real-shaped (one backbone layer, real local transformer and
-heads), unfused (BESTOFN_MOSS_FUSED=0: the local loop piece by piece, the backbone with
+heads), unfused (runtime fused: false: the local loop piece by piece, the backbone with
 separate K/V writes and separate residual/norm kernels) and fused. Compiled variants
 (``--compiled``) count what runs after torch.compile (Inductor's C++ kernels on CPU show up as
 one op each).

@@ -11,11 +11,8 @@ the real loading path (config.json + safetensors key names, tied heads) of both 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -24,36 +21,13 @@ from bestofn.fakes.moss import random_state_dict, save_checkpoint, tiny_config
 from bestofn.moss.checkpoint import load_model
 from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.engine import MossLocalEngine
-from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams, sample_tokens, take_uniform
+from bestofn.moss.published_draws import LocalDraws
+from bestofn.lab.reference_code import flag, load_reference_class, report
+from bestofn.moss.sampling import SamplingParams
 
 # fp32 on both sides; the two implementations order float ops differently (fused projections,
 # GQA without expansion), so we allow a small relative error, not bit equality.
 RTOL = 1e-4
-
-
-def import_reference_module(ref_dir: Path, prefix: str):
-    """``modeling_moss_tts`` of a reference code folder copy, imported as a package named
-    ``prefix`` + a hash of the folder, without running its __init__ (which imports the
-    processor and torchaudio, not needed here)."""
-    name = prefix + hashlib.sha1(str(ref_dir.resolve()).encode()).hexdigest()[:8]
-    if name not in sys.modules:
-        pkg = types.ModuleType(name)
-        pkg.__path__ = [str(ref_dir)]
-        sys.modules[name] = pkg
-    return importlib.import_module(f"{name}.modeling_moss_tts")
-
-
-def load_reference_class(ref_dir: Path):
-    """The reference model class of a copy of moss_tts_local_v1.5/."""
-    return import_reference_module(ref_dir, "_moss_local_reference_").MossTTSLocalModel
-
-
-def report(ok: bool, lines: list, what: str) -> int:
-    """Print the check lines and the verdict line ``parity: PASS|FAIL (what)``; exit code."""
-    for line in lines:
-        print("  " + line)
-    print(f"parity: {'PASS' if ok else 'FAIL'} ({what})")
-    return 0 if ok else 1
 
 
 def make_prompts(cfg: MossLocalConfig, lengths: list[int], seed: int = 0):
@@ -119,7 +93,7 @@ def _compare(ref, fast, lengths, frames, device):
     good = err <= RTOL * max(1.0, scale)
     ok &= good
     lines.append(
-        f"prefill hidden: max|diff|={err:.3e} (scale {scale:.2f}, tol {RTOL:g}x) {_flag(good)}"
+        f"prefill hidden: max|diff|={err:.3e} (scale {scale:.2f}, tol {RTOL:g}x) {flag(good)}"
     )
 
     r_local, _ = ref._decode_local_hidden_states_with_cache(r_hidden[:, -1:, :])
@@ -134,7 +108,7 @@ def _compare(ref, fast, lengths, frames, device):
         err = (r.float() - f.float()).abs().max().item()
         good = err <= RTOL * max(1.0, scale)
         ok &= good
-        lines.append(f"{name}: max|diff|={err:.3e} (scale {scale:.2f}) {_flag(good)}")
+        lines.append(f"{name}: max|diff|={err:.3e} (scale {scale:.2f}) {flag(good)}")
 
     # 2. greedy decode
     ref_out = ref.generate(
@@ -153,33 +127,10 @@ def _compare(ref, fast, lengths, frames, device):
             ok &= same
             lines.append(
                 f"greedy row {b}{label}: reference {rc.shape[0]} frames, moss-fast "
-                f"{fc.shape[0]} frames, codes {'identical' if same else 'DIFFER'} {_flag(same)}"
+                f"{fc.shape[0]} frames, codes {'identical' if same else 'DIFFER'} {flag(same)}"
             )
     good, more = _sampled_compare(ref, fast, engine, ids, mask, frames)
     return ok & good, lines + more
-
-
-class _ReferenceDraws:
-    """Replaces the reference model's ``_sample_next_token`` so its draws come from the same
-    per-take uniforms as moss-fast's (penalty and filtering still the reference's own). The
-    reference calls it once per frame for the stop head, then once per codebook, in order."""
-
-    def __init__(self, ref, seeds, n_vq):
-        self.ref, self.n_vq, self.calls = ref, n_vq, 0
-        self.seeds = torch.as_tensor(seeds, dtype=torch.long)
-
-    def __call__(self, logits, do_sample, temperature, top_k, top_p, previous_token_ids=None,
-                 repetition_penalty=1.0):  # fmt: skip
-        frame, step = divmod(self.calls, self.n_vq + 1)
-        self.calls += 1
-        scores = self.ref._apply_repetition_penalty(
-            logits.float(), previous_token_ids, repetition_penalty
-        )
-        u = take_uniform(self.seeds.to(scores.device), frame * STEPS_PER_FRAME + step)
-        return sample_tokens(
-            scores, u, temperature=float(temperature), top_k=int(top_k or 0),
-            top_p=float(top_p), do_sample=do_sample,
-        )  # fmt: skip
 
 
 def _sampled_compare(ref, fast, engine, ids, mask, frames):
@@ -188,7 +139,7 @@ def _sampled_compare(ref, fast, engine, ids, mask, frames):
     cfg = fast.config
     p = SamplingParams(temperature=1.7, top_p=0.8, top_k=5, repetition_penalty=1.3)
     seeds = [101 + 7 * b for b in range(ids.shape[0])]
-    ref._sample_next_token = _ReferenceDraws(ref, seeds, cfg.n_vq)
+    ref._sample_next_token = LocalDraws(ref, seeds, cfg.n_vq, ids.device)
     try:
         ref_out = ref.generate(
             input_ids=ids, attention_mask=mask, max_new_frames=frames, do_sample=True,
@@ -205,13 +156,9 @@ def _sampled_compare(ref, fast, engine, ids, mask, frames):
     n = [len(c) for c in fast_out.codes]
     line = (
         f"sampled decode (T 1.7, top-k 5, top-p 0.8, penalty 1.3), per-take seeds: "
-        f"{sum(same)}/{len(same)} rows identical, frames {n} {_flag(all(same))}"
+        f"{sum(same)}/{len(same)} rows identical, frames {n} {flag(all(same))}"
     )
     return all(same), [line]
-
-
-def _flag(good: bool) -> str:
-    return "ok" if good else "MISMATCH"
 
 
 def parity_main(argv=None) -> int:

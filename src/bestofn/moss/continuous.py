@@ -15,6 +15,8 @@ What makes a row independent of its neighbours and of when it joined:
   uniforms alone or joined mid-flight (``bestofn.moss.sampling``);
 - attention reads only the row's own slots (its key mask); free rows attend one dummy slot.
 
+The states, graph capture and sampling are the engine shell's (bestofn.moss.engine_shell), and a
+frame's local loop is the Local engine's (``bestofn.moss.engine.local_codes``).
 Shapes stay bucketed so CUDA graphs (and compiled code) are reused: the batch is a power of two
 (grown at least 4x at a time, never shrunk within a run: the occupied rows are copied into the
 larger state), the cache length a power of two >= 256, and the attention window a 64-slot
@@ -29,8 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from bestofn.moss.engine import local_codes
+from bestofn.moss.engine_shell import StateCache, StepState, round_up, run_captured
 from bestofn.moss.model import decode_attention
-from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams, apply_repetition_penalty
+from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams
 
 
 @dataclass
@@ -52,12 +56,13 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-class RowState:
+class RowState(StepState):
     """Every buffer a frame step reads and writes, per row slot, for one (batch, max_len)."""
 
     def __init__(self, model, batch: int, max_len: int, cap: int):
         c = model.config
         dev = model.audio_embed.device
+        super().__init__(dev)
         self.batch, self.max_len, self.cap = batch, max_len, cap
         self.cache = model.new_backbone_cache(batch, max_len)  # its write_idx is unused
         self.local = model.new_local_cache(batch)
@@ -76,16 +81,8 @@ class RowState:
         self.out = torch.zeros(batch, cap, c.n_vq, **long)  # frames since the last sync
         self.out_n = torch.zeros(batch, **long)
         self.seen = torch.zeros(c.n_vq, batch, c.audio_vocab, dtype=torch.bool, device=dev)
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.temperature = torch.ones((), **f32)
-        self.top_p = torch.ones((), **f32)
-        self.penalty = torch.ones((), **f32)
-        self.text_temperature = torch.ones((), **f32)
-        self.text_top_p = torch.ones((), **f32)
         self.pad_row = torch.full((1 + c.n_vq,), c.audio_pad_code, **long)
         self.pad_row[0] = c.pad_token_id
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self.graph_pool = None
 
     def clear(self, p: SamplingParams) -> None:
         """Every row free."""
@@ -99,11 +96,7 @@ class RowState:
         self.alive.zero_()
         self.finished.fill_(True)
         self.seen.zero_()
-        self.temperature.fill_(p.temperature)
-        self.top_p.fill_(p.top_p)
-        self.penalty.fill_(p.repetition_penalty)
-        self.text_temperature.fill_(p.text_temperature)
-        self.text_top_p.fill_(p.text_top_p)
+        self.set_sampling(p)
 
     def free(self, b: int) -> None:
         self.finished[b] = True
@@ -113,11 +106,7 @@ class RowState:
     def copy_rows_from(self, old: RowState, idx: torch.Tensor) -> None:
         """Rows ``idx`` of ``old`` into the same rows here (a state at least as large)."""
         L0 = old.max_len
-        if self.cache.kv is not None and old.cache.kv is not None:  # K and V side by side
-            self.cache.kv[:, idx, :, :L0] = old.cache.kv[:, idx]
-        else:
-            self.cache.k[:, idx, :, :L0] = old.cache.k[:, idx]
-            self.cache.v[:, idx, :, :L0] = old.cache.v[:, idx]
+        self.cache.copy_rows(idx, old.cache, idx)
         self.cache.key_mask[idx] = False
         self.cache.key_mask[idx, :L0] = old.cache.key_mask[idx]
         self.cache.pos[idx] = old.cache.pos[idx]
@@ -141,9 +130,8 @@ class ContinuousDecoder:
         self.model = engine.model
         self.config = engine.config
         self.device = engine.device
-        self.max_states = max_states
         self.min_len = min_len
-        self._states: dict[tuple[int, int, int], RowState] = {}
+        self._states = StateCache(max_states)
         self.joined_running = 0  # requests that joined a decode already running (for /health)
 
     # ---- the frame step (captured as a CUDA graph) -------------------------------------------
@@ -173,7 +161,8 @@ class ContinuousDecoder:
                 c.kv[i].scatter_(2, idx, kv.unsqueeze(2))
                 kv_l = c.kv[i][:, :, :L]
                 q = q.reshape(B, n_kv, layer.n_heads // n_kv, D)
-                out = decode_attention(q, kv_l[..., 0, :], kv_l[..., 1, :], bias, layer.scale)
+                k, v = kv_l[..., 0, :], kv_l[..., 1, :]
+                out = decode_attention(q, k, v, bias, layer.scale, layer.attention)
                 x, hn = layer.impl["backbone_post_attn_norm"](
                     x, out.reshape(B, -1), layer.o_proj.weight,
                     layer.post_attention_layernorm.weight, layer.gate_up.weight,
@@ -187,7 +176,8 @@ class ContinuousDecoder:
                 c.k[i].scatter_(2, idx, k.unsqueeze(2))
                 c.v[i].scatter_(2, idx, v.unsqueeze(2))
                 q = q.reshape(B, layer.n_kv, layer.n_heads // layer.n_kv, D)
-                out = decode_attention(q, c.k[i][:, :, :L], c.v[i][:, :, :L], bias, layer.scale)
+                k, v = c.k[i][:, :, :L], c.v[i][:, :, :L]
+                out = decode_attention(q, k, v, bias, layer.scale, layer.attention)
                 x = layer._post(x, out.reshape(B, -1))
             hn = m.norm(x)
         step = s.alive.long()
@@ -199,18 +189,8 @@ class ContinuousDecoder:
         """Local transformer + sampling for one frame of the rows in ``act`` (others untouched)."""
         m, c, e = self.model, self.config, self.engine
         u = e._uniform(s.seeds[:, None], s.frame[:, None] * STEPS_PER_FRAME + s.steps[None, :])
-        penalty = p.repetition_penalty != 1.0
-        if getattr(m, "fused_local", False):  # the local loop as one compiled function
-            seen = s.seen.clone() if penalty and act is not s.every_row else None
-            stop_idx, codes = m.local_frame(
-                h, u, s.local, s.seen, s.temperature, s.top_p, s.penalty, s.text_temperature,
-                s.text_top_p, top_k=p.top_k, text_top_k=p.text_top_k, do_sample=p.do_sample,
-                use_penalty=penalty,
-            )  # fmt: skip
-            if seen is not None:  # a join step: rows not joining keep what they had seen
-                s.seen.copy_(torch.where(act[None, :, None], s.seen, seen))
-        else:
-            stop_idx, codes = self._local_loop(s, p, h, u, act, penalty)
+        joining = None if act is s.every_row else act  # a join step: only the joiners
+        stop_idx, codes = local_codes(m, e._sample, s, p, h, u, joining)
         cont = (stop_idx == 0) & ~s.finished & act
         n_after = s.n_frames + cont.long()
         done = s.finished | (stop_idx == 1) | (n_after >= s.limit)
@@ -225,75 +205,25 @@ class ContinuousDecoder:
         s.alive.copy_(torch.where(act, cont, s.alive))
         s.frame.add_(act.long())
 
-    def _local_loop(self, s: RowState, p: SamplingParams, h, u, act, penalty: bool):
-        """The local loop piece by piece (``model.fused_local`` off): (stop [B], codes)."""
-        m, c, e = self.model, self.config, self.engine
-        local = m.local_step(h, 0, s.local)
-        stop_idx = e._sample(
-            m.stop_logits(local), u[:, 0], temperature=s.text_temperature,
-            top_k=p.text_top_k, top_p=s.text_top_p, do_sample=p.do_sample,
-        )  # fmt: skip
-        codes = []
-        for k in range(c.n_vq):
-            logits = m.audio_logits(local, k)
-            if penalty:
-                logits = apply_repetition_penalty(logits, s.seen[k], s.penalty)
-            code = e._sample(
-                logits, u[:, 1 + k], temperature=s.temperature, top_k=p.top_k,
-                top_p=s.top_p, do_sample=p.do_sample,
-            )  # fmt: skip
-            if penalty:
-                hit = torch.zeros_like(s.seen[k]).scatter_(1, code.unsqueeze(1), act.unsqueeze(1))
-                s.seen[k] |= hit
-            codes.append(code)
-            if k + 1 < c.n_vq:
-                local = m.local_step(m.audio_embed[k][code].to(local.dtype), k + 1, s.local)
-        return stop_idx, torch.stack(codes, dim=-1)
-
     def _frame_step(self, s: RowState, p: SamplingParams, kv_len: int) -> None:
         m = self.model
         x = m.embed_rows(s.row).to(m.audio_embed.dtype)
         self._heads(s, p, self._backbone(s, x, kv_len), s.every_row)
 
     def _run_step(self, s: RowState, p: SamplingParams, kv_len: int) -> None:
-        if not self.engine.use_cuda_graphs:
-            self._frame_step(s, p, kv_len)
-            return
         key = (p.top_k, p.text_top_k, p.do_sample, p.repetition_penalty != 1.0, kv_len)
-        graph = s.graphs.get(key)
-        if graph is not None:
-            graph.replay()
-            return
-        # As MossLocalEngine._run_step: a real step on a side stream warms up, then the capture
-        # (which does not execute) records the step that the next replay runs.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._frame_step(s, p, kv_len)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: as in engine.py (other worker threads may make CUDA calls meanwhile).
-        with torch.cuda.graph(graph, pool=s.graph_pool, capture_error_mode="thread_local"):
-            self._frame_step(s, p, kv_len)
-        s.graph_pool = s.graph_pool or graph.pool()
-        s.graphs[key] = graph
+        run_captured(s, key, lambda: self._frame_step(s, p, kv_len), self.engine.use_cuda_graphs)
 
     # ---- states ------------------------------------------------------------------------------
 
     def _state(self, batch: int, max_len: int, cap: int) -> RowState:
         """The smallest kept state that fits (its CUDA graphs too), else a new one."""
-        fits = [
-            k for k, s in self._states.items()
-            if s.batch >= batch and s.max_len >= max_len and s.cap == cap
-        ]  # fmt: skip
-        key = min(fits) if fits else (batch, max_len, cap)
-        s = self._states.pop(key, None)
-        if s is None:
-            while len(self._states) >= self.max_states:  # drop the oldest (and its graphs)
-                self._states.pop(next(iter(self._states)))
-            s = RowState(self.model, batch, max_len, cap)
-        self._states[key] = s  # most recently used last
-        return s
+
+        def fits(s):
+            return s.batch >= batch and s.max_len >= max_len and s.cap == cap
+
+        key = (batch, max_len, cap)
+        return self._states.get_fitting(fits, key, lambda: RowState(self.model, *key))
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -325,11 +255,7 @@ class ContinuousDecoder:
             ids = torch.stack([joins[n].prompt for n in members]).to(dev)
             tmp = m.new_backbone_cache(len(members), T)
             h = m.prefill(ids, torch.ones(ids.shape[:2], dtype=torch.bool, device=dev), tmp)
-            if s.cache.kv is not None and tmp.kv is not None:  # K and V side by side
-                s.cache.kv[:, idx, :, :T] = tmp.kv
-            else:
-                s.cache.k[:, idx, :, :T] = tmp.k
-                s.cache.v[:, idx, :, :T] = tmp.v
+            s.cache.copy_rows(idx, tmp)
             s.cache.key_mask[idx] = False
             s.cache.key_mask[idx, :T] = True
             s.cache.pos[idx] = T
@@ -354,15 +280,17 @@ class ContinuousDecoder:
     def run(
         self,
         pull: Callable[[int], list[Join]],
-        params: SamplingParams | None = None,
-        cancelled: Callable[[object], bool] | None = None,
-        every: int = 4,
-        max_batch: int = 64,
+        params: SamplingParams | None,
+        cancelled: Callable[[object], bool] | None,
+        every: int,
+        max_batch: int,
     ) -> Iterator[list[RowUpdate]]:
         """Decode until no row is left and ``pull(room)`` (up to ``room`` new requests, never
         blocking) has nothing. Yields, every ``every`` frames, one ``RowUpdate`` per occupied
         row (a row's last one has ``finished``); a request whose ``cancelled(key)`` turns true
-        is dropped at the next sync without a last update."""
+        (None: none is) is dropped at the next sync without a last update. ``max_batch``: rows
+        decoding at once; no default here: the caller passes the speech service's configured
+        value (one decoder serves an engine across runs, so it is a run's argument)."""
         p = params or SamplingParams()
         every, max_batch = max(1, int(every)), max(1, int(max_batch))
         cap = every + 1  # frames a row can produce between two syncs, with room to spare
@@ -387,7 +315,7 @@ class ContinuousDecoder:
             # their first ``every`` frames come out together (time to first audio)
             for _ in range(every - 1 if joins and every > 1 else every):
                 top = max(r.base + r.steps for r in rows.values())  # highest write slot
-                kv_len = min(s.max_len, -(-(top + 1) // 64) * 64)
+                kv_len = min(s.max_len, round_up(top + 1))
                 self._run_step(s, p, kv_len)
                 for r in rows.values():
                     r.steps += 1

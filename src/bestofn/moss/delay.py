@@ -37,9 +37,18 @@ from bestofn.moss.checkpoint import (
 )
 from bestofn.moss.config import HfJsonConfig, qwen3_fields, qwen3_hf_dict
 from bestofn.moss.kv_cache import BackboneCache
-from bestofn.moss.model import BackboneLayer, RMSNorm, decode_backbone
+from bestofn.moss.model import (
+    BackboneLayer,
+    Qwen3Backbone,
+    RMSNorm,
+    decode_backbone,
+    prefill_attention_mask,
+)
+from bestofn.moss.options import engine_defaults
 
 MODEL_TYPE = "moss_tts_delay"
+# the text head's temperature in the published Delay generate (Local's stop head: 1.0)
+DELAY_TEXT_TEMPERATURE = 1.5
 
 
 @dataclass
@@ -168,7 +177,9 @@ def distinct_prompts(ids: torch.Tensor, mask: torch.Tensor):
 # ---- network -------------------------------------------------------------------------------
 
 
-class MossDelayModel(nn.Module):
+class MossDelayModel(Qwen3Backbone, nn.Module):
+    has_local = False  # no local transformer: fused and decode_attention are its paths
+
     def __init__(self, c: MossDelayConfig):
         super().__init__()
         self.config = c
@@ -179,11 +190,10 @@ class MossDelayModel(nn.Module):
         self.audio_embed = nn.Parameter(torch.zeros(c.n_vq, V1, H))  # emb_ext, stacked
         self.text_head = nn.Parameter(torch.zeros(c.vocab_size, H))  # lm_heads.0
         self.audio_heads = nn.Parameter(torch.zeros(c.n_vq, V1, H))  # lm_heads.1..n_vq
-        # Local's fused backbone decode (K+V in one cache write, residual add + next norm in one
-        # piece); BESTOFN_MOSS_FUSED=0 keeps the per-piece layers
-        from bestofn.moss.local_loop import fused_default
-
-        self.fused_backbone = fused_default()
+        # Local's backbone decode paths (fused: K+V in one cache write, residual add + next norm
+        # in one piece); the backend sets them from its runtime options, until then the defaults
+        d = engine_defaults()
+        self.set_paths(fused=d["fused"], decode_attention=d["decode_attention"])
         self.build_buffers()
 
     def build_buffers(self, device=None) -> None:
@@ -195,21 +205,6 @@ class MossDelayModel(nn.Module):
         pad = torch.tensor([c.audio_pad_code], device=device)
         self.register_buffer("pad_idx", pad, persistent=False)
 
-    def compile_steps(self, **kw) -> None:
-        """torch.compile'd per-token pieces (the same functions Local compiles)."""
-        import torch._dynamo
-
-        from bestofn.moss.model import IMPLS
-
-        # batch sizes differ between groups: a compiled variant per shape
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        compiled = getattr(self, "_compiled_impls", None)
-        if compiled is None:
-            compiled = {n: torch.compile(fn, dynamic=False, **kw) for n, fn in IMPLS.items()}
-            self._compiled_impls = compiled
-        for layer in self.layers:
-            layer.impl = compiled
-
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [..., 1 + n_vq] -> [..., H]: text embedding + every channel's code embedding
         (pad codes included: the published model embeds them with their own row)."""
@@ -220,11 +215,6 @@ class MossDelayModel(nn.Module):
             return x
         k = torch.arange(self.config.n_vq, device=ids.device)
         return x + self.audio_embed[k, ids[..., 1:]].sum(-2)
-
-    def _rope(self, pos: torch.Tensor, dtype):
-        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def prefill(
         self,
@@ -248,11 +238,7 @@ class MossDelayModel(nn.Module):
         pos = torch.arange(T, device=ids.device).expand(U, T)
         x = self.embed_rows(ids).to(self.text_head.dtype)
         cos, sin = self._rope(pos, x.dtype)
-        attn_mask = None
-        if not bool(mask.all()):
-            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-            keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=ids.device)
-            attn_mask = causal & keys
+        attn_mask = prefill_attention_mask(mask)
         for i, layer in enumerate(self.layers):
             x = layer.prefill(x, cos, sin, attn_mask, cache.k[i][:U], cache.v[i][:U])
         if last_only:

@@ -1,10 +1,14 @@
 """The MOSS-TTS Delay decode loop: batched prefill, then one fixed-shape step per row.
 
 One step = one backbone step on the previous row, the text head and the 32 codebook heads on
-its hidden, and their sampling. The published ``generate`` (moss_tts_delay/modeling_moss_tts.py)
-keeps per-row counters that decide, every step, what each row may emit; they are kept here as
-device tensors with the same rules, so the step has no host sync and no data-dependent shape
-and is captured once as a CUDA graph on cuda (eager on cpu):
+its hidden, and their sampling. Delay is one strategy on the engine shell
+(bestofn.moss.engine_shell: states, CUDA graphs, the sync loop); this module says what a Delay
+state holds (``DelayState``) and what one step does.
+
+The published ``generate`` (moss_tts_delay/modeling_moss_tts.py) keeps per-row counters that
+decide, every step, what each row may emit; they are kept here as device tensors with the same
+rules, so the step has no host sync and no data-dependent shape and is captured once as a CUDA
+graph on cuda (eager on cpu):
 
 - ``audio_len``: rows since the audio block started; codebook k is sampled once it exceeds k
   (so codebook k of frame f lands in row f + k: the delay pattern);
@@ -32,13 +36,12 @@ from dataclasses import dataclass
 import torch
 
 from bestofn.moss.delay import MossDelayModel, undo_delay
-from bestofn.moss.engine import GenerationOutput
+from bestofn.moss.engine_shell import EngineShell, GenerationOutput, StepState, run_captured
 from bestofn.moss.sampling import (
     STEPS_PER_FRAME,
     SamplingParams,
     apply_repetition_penalty,
     sample_tokens_fused,
-    take_uniform,
 )
 
 INF = 1 << 40  # "no tail running" (the reference uses int64 max; only comparisons matter)
@@ -65,12 +68,13 @@ class DelayBudget:
         return self.max_frames + n_vq + 1
 
 
-class DelayState:
+class DelayState(StepState):
     """Every buffer one step reads or writes, for a fixed (batch, cache length, steps)."""
 
     def __init__(self, model: MossDelayModel, batch: int, max_len: int, max_steps: int):
         c = model.config
         dev = model.text_head.device
+        super().__init__(dev)
         self.batch, self.max_len, self.max_steps = batch, max_len, max_steps
         self.cache = model.new_backbone_cache(batch, max_len)
         long = dict(dtype=torch.long, device=dev)
@@ -91,12 +95,6 @@ class DelayState:
         self.finished = torch.zeros(batch, **boolean)
         self.history = torch.full((batch, max_steps + 1, 1 + c.n_vq), c.audio_pad_code, **long)
         self.seen = torch.zeros(batch, c.n_vq, c.audio_vocab + 1, **boolean)
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.temperature = torch.ones((), **f32)
-        self.top_p = torch.ones((), **f32)
-        self.penalty = torch.ones((), **f32)
-        self.text_temperature = torch.ones((), **f32)
-        self.text_top_p = torch.ones((), **f32)
         self.min_frames = torch.zeros((), **long)
         self.max_frames = torch.zeros((), **long)
         # text-head masks: outside audio these four are banned; inside only gen/delay allowed
@@ -116,8 +114,6 @@ class DelayState:
         self.col_delay[c.audio_assistant_delay_slot_token_id] = True
         self.col_im_end = torch.zeros(V, **boolean)
         self.col_im_end[c.im_end_token_id] = True
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        self.graph_pool = None
 
     def buffers(self) -> list[torch.Tensor]:
         return [*self.cache.tensors(), self.seeds, self.step, self.row, self.alive,
@@ -126,30 +122,12 @@ class DelayState:
                 self.seen]  # fmt: skip
 
 
-class MossDelayEngine:
-    def __init__(
-        self,
-        model: MossDelayModel,
-        use_cuda_graphs: bool | None = None,
-        compile: bool | None = None,
-        sync_every: int = 8,
-        max_states: int = 2,
-    ):
-        self.model = model.eval()
-        self.config = model.config
-        self.device = model.text_head.device
-        on_gpu = self.device.type == "cuda"
-        self.use_cuda_graphs = on_gpu if use_cuda_graphs is None else use_cuda_graphs
-        self.compiled = on_gpu if compile is None else compile
-        # the fused sampler: the same draws as sample_tokens, bit for bit, in fewer kernels
-        self._sample, self._uniform = sample_tokens_fused, take_uniform
-        if self.compiled:
-            model.compile_steps()
-            self._sample = torch.compile(sample_tokens_fused, dynamic=False)
-            self._uniform = torch.compile(take_uniform, dynamic=False)
-        self.sync_every = sync_every
-        self.max_states = max_states
-        self._states: dict[tuple[int, int, int], DelayState] = {}
+class MossDelayEngine(EngineShell):
+    # the fused sampler: the same draws as sample_tokens, bit for bit, in fewer kernels
+    sampler = staticmethod(sample_tokens_fused)
+
+    def new_state(self, batch: int, max_len: int, max_steps: int) -> DelayState:
+        return DelayState(self.model, batch, max_len, max_steps)
 
     # ---- one step (captured as a CUDA graph) ---------------------------------------------
 
@@ -244,23 +222,6 @@ class MossDelayEngine:
 
     # ---- public API ----------------------------------------------------------------------
 
-    def _state_for(self, batch: int, prompt_len: int, max_steps: int) -> DelayState:
-        need_len = prompt_len + max_steps + 1
-        fits = [
-            s
-            for s in self._states.values()
-            if s.batch == batch and s.max_len >= need_len and s.max_steps >= max_steps
-        ]
-        if fits:
-            return min(fits, key=lambda s: s.max_len)
-        max_len = -(-need_len // 64) * 64
-        ms = -(-max_steps // 64) * 64
-        while len(self._states) >= self.max_states:
-            self._states.pop(next(iter(self._states)))
-        state = DelayState(self.model, batch, max_len, ms)
-        self._states[(batch, max_len, ms)] = state
-        return state
-
     @torch.inference_mode()
     def generate(
         self,
@@ -299,22 +260,13 @@ class MossDelayEngine:
         dev = self.device
         h = self.model.prefill(input_ids.to(dev), attention_mask.to(dev), s.cache, last_only=True)
         self._heads_and_sampling(s, p, b, h)
-        steps = 1
-        while steps < max_steps:
-            if steps % self.sync_every == 0 and bool(s.finished.all()):
-                break
-            kv_len = min(s.max_len, -(-(T + steps) // 64) * 64)
-            self._run_step(s, p, b, kv_len)
-            steps += 1
+        step = lambda kv_len: self._run_step(s, p, b, kv_len)  # noqa: E731
+        *_, (steps, _) = self._loop(s, T, max_steps, step)  # it yields only at its end here
         return s, steps
 
     def _reset(self, s: DelayState, p: SamplingParams, b: DelayBudget, seeds, input_ids):
         c = self.config
-        s.cache.reset()
-        seeds = torch.as_tensor(seeds, dtype=torch.long)
-        if seeds.shape != (s.batch,):
-            raise ValueError(f"need one seed per row ({s.batch}), got {tuple(seeds.shape)}")
-        s.seeds.copy_(seeds)
+        super()._reset(s, p, seeds)
         s.step.zero_()
         # where the prompt leaves each row (the published generate's continuation rule)
         text = input_ids[..., 0].cpu()
@@ -335,35 +287,13 @@ class MossDelayEngine:
         s.alive.fill_(True)
         s.history.fill_(c.audio_pad_code)
         s.seen.zero_()
-        s.temperature.fill_(p.temperature)
-        s.top_p.fill_(p.top_p)
-        s.penalty.fill_(p.repetition_penalty)
-        s.text_temperature.fill_(p.text_temperature)
-        s.text_top_p.fill_(p.text_top_p)
         s.min_frames.fill_(b.min_frames)
         s.max_frames.fill_(b.max_frames)
 
     def _run_step(self, s: DelayState, p: SamplingParams, b: DelayBudget, kv_len: int) -> None:
-        if not self.use_cuda_graphs:
-            self._step(s, p, b, kv_len)
-            return
         key = (p.top_k, p.text_top_k, p.do_sample, p.repetition_penalty != 1.0, b.min_frames > 0,
                b.enforce, b.force_audio_start, b.stop_at_audio_end, kv_len)  # fmt: skip
-        graph = s.graphs.get(key)
-        if graph is None:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self._step(s, p, b, kv_len)  # warm-up: a real step
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the worker's overlap threads may make CUDA calls meanwhile
-            with torch.cuda.graph(graph, pool=s.graph_pool, capture_error_mode="thread_local"):
-                self._step(s, p, b, kv_len)  # captured, not run: the next replay is step + 1
-            s.graph_pool = s.graph_pool or graph.pool()
-            s.graphs[key] = graph
-            return
-        graph.replay()
+        run_captured(s, key, lambda: self._step(s, p, b, kv_len), self.use_cuda_graphs)
 
     def _collect(self, s: DelayState, steps: int, input_ids) -> GenerationOutput:
         c = self.config

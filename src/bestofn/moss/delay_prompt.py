@@ -15,49 +15,24 @@ runs its ``normalize_tts_text`` first).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from bestofn.moss.delay import MossDelayConfig, apply_delay
-from bestofn.moss.prompt import USER_INST_CLOSE, USER_INST_OPEN, load_tokenizer, user_inst_fields
+from bestofn.moss.delay import apply_delay
+from bestofn.moss.prompt import USER_INST_CLOSE, USER_INST_OPEN, PromptRows
 
 
-class DelayPromptBuilder:
-    def __init__(self, cfg: MossDelayConfig, encode, id_to_token):
-        """encode: text (special tokens written as text) -> ids; id_to_token: id -> text."""
-        self.cfg, self.encode, self.token = cfg, encode, id_to_token
+class DelayPromptBuilder(PromptRows):
+    """MOSS-TTS Delay: the chat string tokenized at once (needs ``id_to_token``), references
+    in the delay pattern."""
 
-    @classmethod
-    def from_tokenizer_json(cls, path: str | Path, cfg: MossDelayConfig) -> DelayPromptBuilder:
-        tok = load_tokenizer(path)
-        return cls(cfg, lambda text: tok.encode(text, add_special_tokens=False).ids,
-                   tok.id_to_token)  # fmt: skip
-
-    def rows(
-        self,
-        text: str,
-        *,
-        language: str | None = None,
-        instruction: str | None = None,
-        tokens: int | None = None,
-        quality: str | None = None,
-        sound_event: str | None = None,
-        ambient_sound: str | None = None,
-        references: list[torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        """The prompt as [T, 1 + n_vq] rows; references: codec codes [T_ref, n_vq] each."""
+    def _rows(self, text: str, fields: str, references: list[torch.Tensor]) -> torch.Tensor:
         c = self.cfg
         start, end = self.token(c.audio_start_token_id), self.token(c.audio_end_token_id)
         slot = self.token(c.audio_user_slot_token_id)
-        refs = [r[:, : c.n_vq] for r in references or []]
+        refs = [r[:, : c.n_vq] for r in references]
         blocks = [f"{start}{slot * (len(r) + c.n_vq - 1)}{end}" if len(r) else f"{start}{end}"
                   for r in refs]  # fmt: skip
         reference = "\n".join(f"[S{i + 1}]:\n{b}" for i, b in enumerate(blocks)) or "None"
-        fields = user_inst_fields(
-            instruction=instruction, tokens=tokens, quality=quality, sound_event=sound_event,
-            ambient_sound=ambient_sound, language=language,
-        )  # fmt: skip
         content = f"{USER_INST_OPEN}{reference}{fields}{text}{USER_INST_CLOSE}"
         im_start, im_end = self.token(c.im_start_token_id), self.token(c.im_end_token_id)
         chat = f"{im_start}user\n{content}{im_end}\n{im_start}assistant\n"

@@ -41,6 +41,20 @@ class BackboneCache:
         self.pos.zero_()
         self.write_idx.zero_()
 
+    def copy_rows(self, rows: torch.Tensor, src: BackboneCache, src_rows=None) -> None:
+        """K/V of ``src`` (its rows ``src_rows``, default all, its whole length) into rows
+        ``rows`` of this cache, slots [0, src.max_len): a prefill joining a running batch."""
+        L = src.max_len
+
+        def pick(t):
+            return t if src_rows is None else t[:, src_rows]
+
+        if self.kv is not None and src.kv is not None:  # K and V side by side: one copy
+            self.kv[:, rows, :, :L] = pick(src.kv)
+        else:
+            self.k[:, rows, :, :L] = pick(src.k)
+            self.v[:, rows, :, :L] = pick(src.v)
+
     def tensors(self) -> list[torch.Tensor]:
         kv = [self.k, self.v] if self.kv is None else [self.kv]
         return [*kv, self.key_mask, self.pos, self.write_idx]

@@ -16,56 +16,47 @@ LayerNorm), and the per-position work itself does fewer ops:
 - the sampler is ``sample_tokens_fused`` (one cumulative sum, one ``searchsorted``; same draws).
 
 Eager on CPU it gives bit-identical codes to the unfused loop (tests/test_moss_local_loop.py);
-``bestofn parity`` runs through it by default. ``BESTOFN_MOSS_FUSED=0`` (or ``model.fused_local =
-False``) selects the unfused loop, kept for side-by-side benchmarks.
+``bestofn parity`` runs through it by default. moss-fast's runtime option ``fused: false`` (or
+``model.set_paths(fused=False)``) selects the unfused loop, kept for side-by-side benchmarks.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
 
 from bestofn.moss.sampling import apply_repetition_penalty, sample_tokens_fused
 
-# Attention of the local transformer's new position over its <= n_vq + 1 cached positions.
+# Attention of the local transformer's new position over its <= n_vq + 1 cached positions
+# (moss-fast's runtime option local_attention; its default is in the config schema).
 # "sdpa": one SDPA call. "reduce": the two products written as float32 multiply-and-sum
 # reductions, which torch.compile turns into one or two small kernels inside the fused local
 # frame. Why: on an H200 the SDPA call ran cutlass/flash kernels of ~40 us each for a dozen
-# keys (11 per frame, ~0.44 ms of a 6.5 ms frame step; docs/PERFORMANCE.md). "auto", the
-# default: reduce on CUDA, SDPA elsewhere (the CPU stays bit for bit what parity checked).
-LOCAL_ATTENTION = os.environ.get("BESTOFN_MOSS_LOCAL_ATTN", "auto")
-if LOCAL_ATTENTION not in ("auto", "sdpa", "reduce"):
-    raise ValueError(f"BESTOFN_MOSS_LOCAL_ATTN={LOCAL_ATTENTION!r}: use auto, sdpa or reduce")
+# keys (11 per frame, ~0.44 ms of a 6.5 ms frame step; docs/PERFORMANCE.md). "auto": reduce on
+# CUDA, SDPA elsewhere (the CPU stays bit for bit what parity checked).
+LOCAL_ATTENTION_MODES = ("auto", "sdpa", "reduce")
 
 
-def local_attention_path(device) -> str:
-    """The local attention a model on ``device`` runs (for provenance): sdpa or reduce."""
+def local_attention_path(device, mode: str) -> str:
+    """The local attention a model on ``device`` runs with ``mode``: sdpa or reduce."""
     on_cuda = str(device).startswith("cuda")
-    if LOCAL_ATTENTION == "reduce" or (LOCAL_ATTENTION == "auto" and on_cuda):
+    if mode == "reduce" or (mode == "auto" and on_cuda):
         return "reduce"
     return "sdpa"
 
 
-def local_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def local_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, path: str):
     """q [B, heads, 1, D]; keys, values [B, heads, L, D] (strided views) -> [B, heads, 1, D].
-    Softmax attention with SDPA's default scale; "reduce" computes it in float32 throughout
-    (SDPA's fused kernels round the probabilities to the input dtype before P.V), so the two
-    agree to the input dtype's rounding, not bit for bit."""
-    if local_attention_path(q.device) == "sdpa":
+    Softmax attention with SDPA's default scale; ``path`` "reduce" computes it in float32
+    throughout (SDPA's fused kernels round the probabilities to the input dtype before P.V),
+    so the two agree to the input dtype's rounding, not bit for bit."""
+    if path == "sdpa":
         return F.scaled_dot_product_attention(q, keys, values)
     scale = q.shape[-1] ** -0.5
     scores = (q.float() * keys.float()).sum(-1) * scale  # [B, heads, L]
     probs = torch.softmax(scores, dim=-1)
     out = (probs.unsqueeze(-1) * values.float()).sum(-2, keepdim=True)  # [B, heads, 1, D]
     return out.to(q.dtype)
-
-
-def fused_default() -> bool:
-    """The fused local loop is on unless BESTOFN_MOSS_FUSED is 0/false/no/off."""
-    flag = os.environ.get("BESTOFN_MOSS_FUSED", "1").strip().lower()
-    return flag not in ("0", "false", "no", "off")
 
 
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,8 +79,9 @@ def swap_pairs(x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
 
 
-def block_step(x, j: int, blk, kv, cos3, sin3, rope: bool):
-    """One local block at position j (a Python int). x [B, H]; kv [B, L, 2, heads, D]."""
+def block_step(x, j: int, blk, kv, cos3, sin3, rope: bool, attention: str):
+    """One local block at position j (a Python int). x [B, H]; kv [B, L, 2, heads, D];
+    attention: the local attention path (sdpa or reduce)."""
     B, H = x.shape
     h = F.layer_norm(x, (H,), blk.ln_1.weight, blk.ln_1.bias, blk.eps)
     qkv = F.linear(h, blk.c_attn.weight, blk.c_attn.bias).unflatten(-1, (3, blk.n_heads, -1))
@@ -102,19 +94,19 @@ def block_step(x, j: int, blk, kv, cos3, sin3, rope: bool):
         keys = kv[:, : j + 1, 0].transpose(1, 2)  # [B, heads, j+1, D], a view
         values = kv[:, : j + 1, 1].transpose(1, 2)
         q = qkv[:, 0].unsqueeze(2)  # [B, heads, 1, D]
-        out = local_attention(q, keys, values).reshape(B, -1)
+        out = local_attention(q, keys, values, attention).reshape(B, -1)
     x = x + F.linear(out, blk.c_proj.weight, blk.c_proj.bias)
     h = F.layer_norm(x, (H,), blk.ln_2.weight, blk.ln_2.bias, blk.eps)
     h = F.linear(h, blk.fc_in.weight, blk.fc_in.bias)
     return x + F.linear(blk.act(h), blk.fc_out.weight, blk.fc_out.bias)
 
 
-def local_position(m, x, j: int, kv, cos3, sin3):
+def local_position(m, x, j: int, kv, cos3, sin3, attention: str):
     """The local transformer at position j: x [B, H] -> final-LayerNorm hidden [B, H]."""
     if m.local_wpe is not None:
         x = x + m.local_wpe.weight[j]
     for i, blk in enumerate(m.local_blocks):
-        x = block_step(x, j, blk, kv[i], cos3, sin3, blk.use_rope)
+        x = block_step(x, j, blk, kv[i], cos3, sin3, blk.use_rope, attention)
     return F.layer_norm(x, (x.shape[-1],), m.local_ln_f.weight, m.local_ln_f.bias, m.local_ln_f.eps)
 
 
@@ -136,12 +128,14 @@ def local_frame(
     text_top_k: int,
     do_sample: bool,
     use_penalty: bool,
+    attention: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """h [B, H] backbone hidden; u [B, 1 + n_vq] this frame's uniforms; kv the local K/V
     ([layers, B, L, 2, heads, D]); seen [n_vq, B, V] the repetition-penalty memory (updated in
-    place when use_penalty). Returns (stop index [B], codes [B, n_vq])."""
+    place when use_penalty); attention: the local attention path (sdpa or reduce). Returns
+    (stop index [B], codes [B, n_vq])."""
     n_vq = m.config.n_vq
-    local = local_position(m, h, 0, kv, cos3, sin3)
+    local = local_position(m, h, 0, kv, cos3, sin3, attention)
     stop = sample_tokens_fused(
         m.stop_logits(local), u[:, 0], temperature=text_temperature, top_k=text_top_k,
         top_p=text_top_p, do_sample=do_sample,
@@ -160,5 +154,5 @@ def local_frame(
         codes.append(code)
         if k + 1 < n_vq:
             x = F.embedding(code, m.audio_embed[k]).to(local.dtype)
-            local = local_position(m, x, k + 1, kv, cos3, sin3)
+            local = local_position(m, x, k + 1, kv, cos3, sin3, attention)
     return stop, torch.stack(codes, dim=-1)

@@ -11,55 +11,56 @@ decision is a 2-row head over [assistant_slot, audio_end].
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.kv_cache import BackboneCache, LocalCache
-from bestofn.moss.local_loop import fused_default, local_frame, rope_tables
+from bestofn.moss.local_loop import (
+    LOCAL_ATTENTION_MODES,
+    local_attention_path,
+    local_frame,
+    rope_tables,
+)
+from bestofn.moss.options import engine_defaults
 
-# Attention of one new token per row over the KV cache. "sdpa" (the default): one SDPA call
-# with the key mask. "matmul" (BESTOFN_MOSS_DECODE_ATTN=matmul): two batched matmuls around a
-# float32 softmax. The profile of a Delay 8B step on an H200 showed the SDPA call in cuDNN's
-# flash kernel at 73 us per layer, so matmul was tried; measured side by side on the H200 it
-# was slower (Delay 0.0287 vs 0.0266 s/clip, Local 0.0215 vs 0.0210; docs/PERFORMANCE.md), so
-# it stays an option for the bench only. "triton": a split-K (flash-decoding) kernel
-# (bestofn.moss.decode_kernel says why). "auto", the default: triton on CUDA where Triton
-# imports and the head dim suits it (a power of 2 >= 16), else SDPA. Measured side by side on
-# an H200 (docs/PERFORMANCE.md, call D): Local 0.0209 -> 0.0191 s/clip; parity passes through it.
-DECODE_ATTENTION = os.environ.get("BESTOFN_MOSS_DECODE_ATTN", "auto")
-if DECODE_ATTENTION not in ("auto", "matmul", "sdpa", "triton"):
-    raise ValueError(
-        f"BESTOFN_MOSS_DECODE_ATTN={DECODE_ATTENTION!r}: use auto, sdpa, matmul or triton"
-    )
+# Attention of one new token per row over the KV cache (the engine option decode_attention;
+# its default is in the config schema). "sdpa": one SDPA call with the key mask. "matmul": two
+# batched matmuls around a float32 softmax. The profile of a Delay 8B step on an H200 showed the
+# SDPA call in cuDNN's flash kernel at 73 us per layer, so matmul was tried; measured side by
+# side on the H200 it was slower (Delay 0.0287 vs 0.0266 s/clip, Local 0.0215 vs 0.0210;
+# docs/PERFORMANCE.md), so it stays an option for the bench only. "triton": a split-K
+# (flash-decoding) kernel (bestofn.moss.decode_kernel says why). "auto": triton on CUDA where
+# Triton imports and the head dim suits it (a power of 2 >= 16), else SDPA. Measured side by
+# side on an H200 (docs/PERFORMANCE.md, call D): Local 0.0209 -> 0.0191 s/clip; parity passes.
+DECODE_ATTENTION_MODES = ("auto", "sdpa", "matmul", "triton")
 
 
-def decode_attention_path(device) -> str:
-    """The decode attention a model on ``device`` runs (for provenance): triton (where the
-    head dim suits it), sdpa or matmul."""
-    if DECODE_ATTENTION in ("auto", "triton") and str(device).startswith("cuda"):
+def decode_attention_path(device, mode: str) -> str:
+    """The decode attention a model on ``device`` runs with ``mode`` (for provenance): triton
+    (where the head dim suits it), sdpa or matmul."""
+    if mode in ("auto", "triton") and str(device).startswith("cuda"):
         from bestofn.moss import decode_kernel
 
         if decode_kernel.available():
             return "triton split-K (sdpa where the head dim is not a power of 2 >= 16)"
         return "sdpa"
-    return "matmul" if DECODE_ATTENTION == "matmul" else "sdpa"
+    return "matmul" if mode == "matmul" else "sdpa"
 
 
-def decode_attention(q, k, v, key_bias, scale):
+def decode_attention(q, k, v, key_bias, scale, mode: str):
     """q [B, kv, group, D] (a kv head's query heads as its 'rows'); k, v [B, kv, L, D];
-    key_bias [B, 1, 1, L], 0 for slots to attend and -inf elsewhere -> [B, kv, group, D]."""
-    if DECODE_ATTENTION in ("auto", "triton") and q.is_cuda:
+    key_bias [B, 1, 1, L], 0 for slots to attend and -inf elsewhere -> [B, kv, group, D].
+    ``mode``: one of DECODE_ATTENTION_MODES."""
+    if mode in ("auto", "triton") and q.is_cuda:
         from bestofn.moss import decode_kernel
 
         # SDPA where Triton is missing or the shape is not the kernel's (the tiny test models'
         # head dim 8): same results up to float rounding
         if decode_kernel.available() and decode_kernel.supports(q, k, v):
             return decode_kernel.decode_attention_triton(q, k, v, key_bias, scale)
-    if DECODE_ATTENTION != "matmul":
+    if mode != "matmul":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias, scale=scale)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + key_bias
     return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
@@ -200,6 +201,7 @@ class BackboneLayer(nn.Module):
         self.scale = c.head_dim**-0.5
         self.eps = c.rms_norm_eps
         self.impl = IMPLS  # swapped for compiled versions by MossLocalModel.compile_steps()
+        self.attention = engine_defaults()["decode_attention"]  # set_paths() sets it
 
     def _qk_norm_weight(self):
         # [heads + kv_heads, D]: q_norm's weight for query heads, k_norm's for key heads. Built
@@ -256,7 +258,7 @@ class BackboneLayer(nn.Module):
         # Grouped-query attention without expanding K/V: each kv head attends with its group of
         # query heads as a 'sequence' of `group` queries -> one fused attention kernel.
         q = q.reshape(B, self.n_kv, self.n_heads // self.n_kv, self.head_dim)
-        out = decode_attention(q, k_cache, v_cache, key_bias, self.scale)
+        out = decode_attention(q, k_cache, v_cache, key_bias, self.scale, self.attention)
         return self._post(x, out.reshape(B, -1))
 
     def decode_fused(self, x, hn, cos, sin, key_bias, write_idx, kv_cache, w_next):
@@ -270,7 +272,8 @@ class BackboneLayer(nn.Module):
         )  # fmt: skip
         kv_cache.index_copy_(2, write_idx, kv.unsqueeze(2))
         q = q.reshape(B, self.n_kv, self.n_heads // self.n_kv, self.head_dim)
-        out = decode_attention(q, kv_cache[..., 0, :], kv_cache[..., 1, :], key_bias, self.scale)
+        k, v = kv_cache[..., 0, :], kv_cache[..., 1, :]
+        out = decode_attention(q, k, v, key_bias, self.scale, self.attention)
         return self.impl["backbone_post_attn_norm"](
             x, out.reshape(B, -1), self.o_proj.weight, self.post_attention_layernorm.weight,
             self.gate_up.weight, self.down_proj.weight, w_next, self.eps,
@@ -311,7 +314,87 @@ class LocalBlock(nn.Module):
         )  # fmt: skip
 
 
-class MossLocalModel(nn.Module):
+def prefill_attention_mask(mask: torch.Tensor) -> torch.Tensor | None:
+    """[B, 1, T, T] causal mask of left-padded prompts (mask [B, T] bool), None if none is
+    padded. Padded queries see themselves, so no softmax row is empty (their output is unused)."""
+    if bool(mask.all()):
+        return None
+    T = mask.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=mask.device).tril()
+    keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=mask.device)
+    return causal & keys
+
+
+class Qwen3Backbone:
+    """What both MOSS models (Local, and Delay in bestofn.moss.delay) share around their Qwen3
+    backbone: its RoPE, and the kernel paths the model runs, moss-fast's runtime options
+    ``fused``, ``decode_attention``, ``local_attention`` (Local only) and ``compile_mode``
+    (defaults in the config schema). The paths live on the model object, not in module
+    globals, so two models in one process (``bestofn ab``'s A and B) can run different ones."""
+
+    has_local = True  # a local transformer (MossLocalModel); the Delay model has none
+
+    def set_paths(self, fused=None, decode_attention=None, local_attention=None) -> None:
+        """Set the paths given (None: leave one as it is). ``fused`` off: the pre-fusion code
+        paths (side-by-side benchmarks); caches made afterwards follow the backbone setting."""
+        if fused is not None:
+            # the backbone decode with K+V in one cache write and each residual add fused with
+            # the next RMSNorm (needs a cache made while it is on: K/V side by side)
+            self.fused_backbone = bool(fused)
+            if self.has_local:  # the whole local loop of a frame as one function
+                self.fused_local = bool(fused)
+        if decode_attention is not None:
+            if decode_attention not in DECODE_ATTENTION_MODES:
+                known = ", ".join(DECODE_ATTENTION_MODES)
+                raise ValueError(f"decode_attention {decode_attention!r}: use {known}")
+            self.decode_attention = decode_attention
+            for layer in self.layers:
+                layer.attention = decode_attention
+        if local_attention is not None and self.has_local:
+            if local_attention not in LOCAL_ATTENTION_MODES:
+                known = ", ".join(LOCAL_ATTENTION_MODES)
+                raise ValueError(f"local_attention {local_attention!r}: use {known}")
+            self.local_attention = local_attention
+
+    def set_fused(self, on: bool) -> None:
+        self.set_paths(fused=on)
+
+    def compile_steps(self, mode: str | None = None) -> None:
+        """Use torch.compile'd versions of the per-token pieces (fuses the elementwise chains:
+        norms, RoPE, SiLU-gating, residuals). One compiled graph per piece, shared by layers.
+        ``mode``: an Inductor mode (runtime option compile_mode), e.g.
+        max-autotune-no-cudagraphs (Triton GEMM templates with fused epilogues; longer compile).
+        Not "max-autotune": its own CUDA graphs would nest inside the engine's captured step."""
+        import torch._dynamo
+
+        # Batch sizes differ between groups; allow a compiled variant per shape.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        by_mode = self.__dict__.setdefault("_compiled_impls", {})
+        if mode not in by_mode:
+            kw = {"mode": mode} if mode else {}
+            compiled = {n: torch.compile(fn, dynamic=False, **kw) for n, fn in IMPLS.items()}
+            if self.has_local:
+                compiled["local_frame"] = torch.compile(local_frame, dynamic=False, **kw)
+            by_mode[mode] = compiled
+        self._use_impls(by_mode[mode])
+
+    def eager_steps(self) -> None:
+        self._use_impls(dict(IMPLS, local_frame=local_frame))
+
+    def _rope(self, pos: torch.Tensor, dtype):
+        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _use_impls(self, impls: dict) -> None:
+        mods = (*self.layers, *self.local_blocks) if self.has_local else self.layers
+        for mod in mods:
+            mod.impl = impls
+        if self.has_local:
+            self._local_frame_fn = impls["local_frame"]
+
+
+class MossLocalModel(Qwen3Backbone, nn.Module):
     def __init__(self, c: MossLocalConfig):
         super().__init__()
         self.config = c
@@ -326,12 +409,9 @@ class MossLocalModel(nn.Module):
         self.audio_embed = nn.Parameter(torch.zeros(c.n_vq, c.audio_vocab, H))
         self.stop_head = nn.Parameter(torch.zeros(2, H))  # rows: [assistant_slot, audio_end]
         self.uneven_codebooks = len(set(c.audio_codebook_sizes)) > 1
-        # The whole local loop of a frame as one function (moss/local_loop.py); False: the
-        # engine's unfused per-piece loop (kept for side-by-side benchmarks).
-        self.fused_local = fused_default()
-        # Backbone decode with K+V in one cache write and each residual add fused with the next
-        # RMSNorm (needs a cache made while it is on: K/V side by side).
-        self.fused_backbone = fused_default()
+        # the backend sets these from its runtime options; until then, the schema's defaults
+        d = engine_defaults()
+        self.set_paths(d["fused"], d["decode_attention"], d["local_attention"])
         self._local_frame_fn = local_frame
         self.build_buffers()
 
@@ -355,39 +435,6 @@ class MossLocalModel(nn.Module):
         self._local_trig = {}
         self._local_tables = {}
 
-    def set_fused(self, on: bool) -> None:
-        """Fused local loop and backbone decode on/off (off: the pre-fusion code paths, for
-        side-by-side benchmarks). Caches made afterwards follow the backbone setting."""
-        self.fused_local = self.fused_backbone = bool(on)
-
-    def compile_steps(self, **kw) -> None:
-        """Use torch.compile'd versions of the per-token pieces (fuses the elementwise chains:
-        norms, RoPE, SiLU-gating, residuals). One compiled graph per piece, shared by layers."""
-        import os
-
-        import torch._dynamo
-
-        # BESTOFN_MOSS_COMPILE_MODE: an Inductor mode to try, e.g. max-autotune-no-cudagraphs
-        # (Triton GEMM templates with fused epilogues; longer compile). Not "max-autotune": its
-        # own CUDA graphs would nest inside the engine's captured frame step.
-        if os.environ.get("BESTOFN_MOSS_COMPILE_MODE"):
-            kw.setdefault("mode", os.environ["BESTOFN_MOSS_COMPILE_MODE"])
-        # Batch sizes differ between groups; allow a compiled variant per shape.
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        compiled = getattr(self, "_compiled_impls", None)
-        if compiled is None:
-            compiled = {n: torch.compile(fn, dynamic=False, **kw) for n, fn in IMPLS.items()}
-            compiled["local_frame"] = torch.compile(local_frame, dynamic=False, **kw)
-            self._compiled_impls = compiled
-        for mod in (*self.layers, *self.local_blocks):
-            mod.impl = compiled
-        self._local_frame_fn = compiled["local_frame"]
-
-    def eager_steps(self) -> None:
-        for mod in (*self.layers, *self.local_blocks):
-            mod.impl = IMPLS
-        self._local_frame_fn = local_frame
-
     # ---- embeddings --------------------------------------------------------------------------
 
     def embed_rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -400,11 +447,6 @@ class MossLocalModel(nn.Module):
         audio = (audio * valid.unsqueeze(-1).to(audio.dtype)).sum(-2)
         return self.embed_tokens(text) + audio
 
-    def _rope(self, pos: torch.Tensor, dtype):
-        freqs = pos.to(torch.float32).unsqueeze(-1) * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
     # ---- backbone ----------------------------------------------------------------------------
 
     def prefill(self, ids: torch.Tensor, attention_mask: torch.Tensor, cache: BackboneCache):
@@ -414,12 +456,7 @@ class MossLocalModel(nn.Module):
         pos = (mask.long().cumsum(-1) - 1).clamp_(min=0)
         x = self.embed_rows(ids).to(self.audio_embed.dtype)
         cos, sin = self._rope(pos, x.dtype)
-        attn_mask = None
-        if not bool(mask.all()):
-            causal = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
-            # Padded queries see themselves, so no softmax row is empty (their output is unused).
-            keys = mask[:, None, None, :] | torch.eye(T, dtype=torch.bool, device=ids.device)
-            attn_mask = causal & keys
+        attn_mask = prefill_attention_mask(mask)
         for i, layer in enumerate(self.layers):
             x = layer.prefill(x, cos, sin, attn_mask, cache.k[i], cache.v[i])
         cache.key_mask[:, :T].copy_(mask)
@@ -475,6 +512,7 @@ class MossLocalModel(nn.Module):
             self, h.contiguous(), u, cache.kv, seen, cos3, sin3, temperature, top_p, penalty,
             text_temperature, text_top_p, top_k=top_k, text_top_k=text_top_k,
             do_sample=do_sample, use_penalty=use_penalty,
+            attention=local_attention_path(h.device, self.local_attention),
         )  # fmt: skip
 
     def stop_logits(self, h: torch.Tensor) -> torch.Tensor:

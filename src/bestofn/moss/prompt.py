@@ -68,26 +68,20 @@ def load_tokenizer(path: str | Path):
     return Tokenizer.from_file(str(path))
 
 
-class PromptBuilder:
-    def __init__(self, cfg: MossLocalConfig, encode):
-        """encode: text -> token ids, without special tokens."""
-        self.cfg, self.encode = cfg, encode
+class PromptRows:
+    """The v1.5 user message as model input rows [T, 1 + n_vq], built from a tokenizer.json;
+    an architecture says how the message becomes rows (``_rows``): Local here, Delay in
+    bestofn.moss.delay_prompt."""
+
+    def __init__(self, cfg, encode, id_to_token=None):
+        """encode: text -> token ids, without special tokens; id_to_token: id -> its text."""
+        self.cfg, self.encode, self.token = cfg, encode, id_to_token
 
     @classmethod
-    def from_tokenizer_json(cls, path: str | Path, cfg: MossLocalConfig) -> PromptBuilder:
+    def from_tokenizer_json(cls, path: str | Path, cfg):
         tok = load_tokenizer(path)
-        return cls(cfg, lambda text: tok.encode(text, add_special_tokens=False).ids)
-
-    def _text_rows(self, ids: list[int]) -> torch.Tensor:
-        rows = torch.full((len(ids), 1 + self.cfg.n_vq), self.cfg.audio_pad_code, dtype=torch.long)
-        rows[:, 0] = torch.tensor(ids, dtype=torch.long)
-        return rows
-
-    def _audio_rows(self, codes: torch.Tensor, slot: int) -> torch.Tensor:
-        rows = torch.empty((codes.shape[0], 1 + self.cfg.n_vq), dtype=torch.long)
-        rows[:, 0] = slot
-        rows[:, 1:] = codes[:, : self.cfg.n_vq]
-        return rows
+        return cls(cfg, lambda text: tok.encode(text, add_special_tokens=False).ids,
+                   tok.id_to_token)  # fmt: skip
 
     def rows(
         self,
@@ -102,14 +96,35 @@ class PromptBuilder:
         references: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The prompt as [T, 1 + n_vq] rows; references are codec codes [T_ref, n_vq]."""
-        c = self.cfg
-        head = [c.im_start_token_id] + self.encode("user\n")
-        head += self.encode(USER_INST_OPEN)
-        after = user_inst_fields(
+        fields = user_inst_fields(
             instruction=instruction, tokens=tokens, quality=quality, sound_event=sound_event,
             ambient_sound=ambient_sound, language=language,
         )  # fmt: skip
-        tail = self.encode(after) + self.encode(text)
+        return self._rows(text, fields, list(references or []))
+
+    def _rows(self, text: str, fields: str, references: list[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PromptBuilder(PromptRows):
+    """MOSS-TTS-Local: each piece tokenized on its own, references as user-slot rows."""
+
+    def _text_rows(self, ids: list[int]) -> torch.Tensor:
+        rows = torch.full((len(ids), 1 + self.cfg.n_vq), self.cfg.audio_pad_code, dtype=torch.long)
+        rows[:, 0] = torch.tensor(ids, dtype=torch.long)
+        return rows
+
+    def _audio_rows(self, codes: torch.Tensor, slot: int) -> torch.Tensor:
+        rows = torch.empty((codes.shape[0], 1 + self.cfg.n_vq), dtype=torch.long)
+        rows[:, 0] = slot
+        rows[:, 1:] = codes[:, : self.cfg.n_vq]
+        return rows
+
+    def _rows(self, text: str, fields: str, references: list[torch.Tensor]) -> torch.Tensor:
+        c = self.cfg
+        head = [c.im_start_token_id] + self.encode("user\n")
+        head += self.encode(USER_INST_OPEN)
+        tail = self.encode(fields) + self.encode(text)
         tail += self.encode(USER_INST_CLOSE) + [c.im_end_token_id] + self.encode("\n")
         tail += [c.im_start_token_id] + self.encode("assistant\n") + [c.audio_start_token_id]
         if not references:

@@ -18,12 +18,11 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes.moss import always_continue_, random_state_dict, tiny_config
-from bestofn.lab.parity import load_reference_class, make_prompts
-from bestofn.moss import local_loop
-from bestofn.moss import model as moss_model
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.config import MossLocalConfig, local_v15_config
 from bestofn.moss.engine import MossLocalEngine
+from bestofn.lab.parity import make_prompts
+from bestofn.lab.reference_code import load_reference_class
 from bestofn.moss.sampling import SamplingParams
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
@@ -147,10 +146,14 @@ def _attention(variant: str) -> str:
     return next((a for a in ("matmul", "triton", "sdpa") if f"-{a}" in variant), "auto")
 
 
-def _set_attention_paths(variant: str) -> None:
-    """The decode and local attention a variant names (model.py, local_loop.py say why)."""
-    moss_model.DECODE_ATTENTION = _attention(variant)
-    local_loop.LOCAL_ATTENTION = "sdpa" if "-localsdpa" in variant else "auto"
+def _set_paths(model, variant: str) -> None:
+    """The kernel paths a variant names, on the model (moss-fast's runtime options fused,
+    decode_attention, local_attention; model.py and local_loop.py say why each exists)."""
+    model.set_paths(
+        fused="-unfused" not in variant,
+        decode_attention=_attention(variant),
+        local_attention="sdpa" if "-localsdpa" in variant else "auto",
+    )
 
 
 def profile_step(engine, batch, prompt_len, frames, params, replays=20):
@@ -203,7 +206,7 @@ def profile_ops(fast, cfg, batch, prompt_len, params, dev) -> list[dict]:
     out = []
     cuda = dev.startswith("cuda")
     unit = "kernels" if cuda else "kernel-like ops"
-    # compiled on CPU: Inductor C++ compiles take minutes there; `python -m bestofn.moss.opcount
+    # compiled on CPU: Inductor C++ compiles take minutes there; `python -m bestofn.lab.opcount
     # --compiled` does it on request
     for compiled in (False, True) if cuda else (False,):
         for fused in (False, True):
@@ -243,10 +246,16 @@ def main(argv=None) -> int:
         "split-K Triton kernel (bestofn.moss.decode_kernel) / SDPA instead of the default "
         "(auto: the Triton kernel on CUDA); "
         "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "
-        "without the K+V and residual+norm fusions; as BESTOFN_MOSS_FUSED=0); the second and "
-        "later variants run at the first batch size only; a '-localsdpa' suffix runs the "
-        "local transformer's attention through SDPA (as BESTOFN_MOSS_LOCAL_ATTN=sdpa) instead "
-        "of the default (auto: float32 reductions on CUDA)",
+        "without the K+V and residual+norm fusions; as moss-fast's runtime fused: false); the "
+        "second and later variants run at the first batch size only; a '-localsdpa' suffix "
+        "runs the local transformer's attention through SDPA (as runtime local_attention: "
+        "sdpa) instead of the default (auto: float32 reductions on CUDA)",
+    )
+    ap.add_argument(
+        "--compile-mode",
+        default=None,
+        help="the Inductor mode of the compiled variants (as moss-fast's runtime compile_mode), "
+        "e.g. max-autotune-no-cudagraphs; default: torch's",
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--profile", action="store_true", help="kernel breakdown at the first batch")
@@ -286,14 +295,15 @@ def main(argv=None) -> int:
     engines = {}
     for variant, batch in plan:
         compiled = variant.split("-")[0] == "compiled"
-        fast.set_fused("-unfused" not in variant)
-        _set_attention_paths(variant)
+        _set_paths(fast, variant)
         if variant not in engines:
             fast.eager_steps()
-            engines[variant] = MossLocalEngine(fast, compile=compiled)
+            engines[variant] = MossLocalEngine(
+                fast, compile=compiled, compile_mode=args.compile_mode
+            )
         engine = engines[variant]
         if compiled:
-            fast.compile_steps()
+            fast.compile_steps(args.compile_mode)
         else:
             fast.eager_steps()
         ids, _ = make_prompts(cfg, [args.prompt_len] * batch)
@@ -317,17 +327,16 @@ def main(argv=None) -> int:
             print(f"  speed-up at batch {batch}: {dt / best:.1f}x")
     engine = engines[variants[0]]
     first_compiled = variants[0].split("-")[0] == "compiled"
-    fast.set_fused("-unfused" not in variants[0])
-    _set_attention_paths(variants[0])
+    _set_paths(fast, variants[0])
     if first_compiled:
-        fast.compile_steps()
+        fast.compile_steps(args.compile_mode)
     if engine.use_cuda_graphs:
         ids, _ = make_prompts(cfg, [args.prompt_len] * 4)
         # 40 frames after the prompt cross a 64-slot KV bucket (two captured graphs).
         same, total = graph_check(engine, ids.to(dev), 40, params)
         print(f"# CUDA-graph replay vs eager, 4 takes x 40 frames, same seeds: {same}/{total} same")
     if args.profile and dev.startswith("cuda"):
-        fast.compile_steps() if first_compiled else fast.eager_steps()
+        fast.compile_steps(args.compile_mode) if first_compiled else fast.eager_steps()
         try:
             prof = profile_step(engine, batches[0], args.prompt_len, args.frames, params)
             rows.append({"engine": "profile", "batch": batches[0], **prof})

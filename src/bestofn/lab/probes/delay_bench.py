@@ -81,7 +81,6 @@ def main() -> int:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    from bestofn.moss import model as moss_model
     from bestofn.moss.delay import load_delay_model
     from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
     from bestofn.moss.delay_prompt import DelayPromptBuilder
@@ -129,7 +128,7 @@ def main() -> int:
     by_attention = {}
     for attention in args.attention.split(","):
         # the decode attention variants side by side on the same loaded weights
-        moss_model.DECODE_ATTENTION = attention
+        model.set_paths(decode_attention=attention)  # moss-fast's runtime decode_attention
         engine = MossDelayEngine(model, compile=compile_)
         t0 = time.perf_counter()
         out = engine.generate(ids, None, seeds, budget, p)
