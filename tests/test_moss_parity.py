@@ -42,8 +42,8 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
     from transformers import PreTrainedTokenizerFast
 
     from bestofn.fakes.moss import tiny_config
-    from bestofn.moss.prompt import PromptBuilder
     from bestofn.lab.reference_code import load_reference_class
+    from bestofn.moss.prompt import PromptBuilder
 
     cfg = tiny_config(vocab_size=264)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())

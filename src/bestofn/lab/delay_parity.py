@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from bestofn.lab.reference_code import flag, import_reference_module, report
 from bestofn.moss.delay import MossDelayConfig, load_delay_model, undo_delay
 from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
 from bestofn.moss.published_draws import DelayDraws
-from bestofn.lab.reference_code import flag, import_reference_module, report
 from bestofn.moss.sampling import SamplingParams
 
 RTOL = 1e-4

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes.moss import random_state_dict, save_checkpoint, tiny_config
+from bestofn.lab.reference_code import flag, load_reference_class, report
 from bestofn.moss.checkpoint import load_model
 from bestofn.moss.config import MossLocalConfig
 from bestofn.moss.engine import MossLocalEngine
 from bestofn.moss.published_draws import LocalDraws
-from bestofn.lab.reference_code import flag, load_reference_class, report
 from bestofn.moss.sampling import SamplingParams
 
 # fp32 on both sides; the two implementations order float ops differently (fused projections,

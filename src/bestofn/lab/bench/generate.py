@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes.moss import always_continue_, random_state_dict, tiny_config
+from bestofn.lab.parity import make_prompts
+from bestofn.lab.reference_code import load_reference_class
 from bestofn.moss.checkpoint import model_from_state_dict
 from bestofn.moss.config import MossLocalConfig, local_v15_config
 from bestofn.moss.engine import MossLocalEngine
-from bestofn.lab.parity import make_prompts
-from bestofn.lab.reference_code import load_reference_class
 from bestofn.moss.sampling import SamplingParams
 
 HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
