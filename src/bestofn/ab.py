@@ -146,7 +146,8 @@ def _known_columns(models: dict) -> set[str] | None:
 
 def random_weight_paths(config_path: Path, models: dict) -> list[str]:
     """Weight paths (or the config) that `bestofn fake-weights` wrote: a FAKE_WEIGHTS.md beside
-    them or in a parent directory (up to three levels), or a STAND-IN directory."""
+    them or in a parent directory (up to three levels), or a RANDOM_WEIGHTS.md in the
+    directory itself (a random checkpoint written alone, e.g. by a benchmark)."""
     found = []
     candidates = [("config", Path(config_path).resolve())]
     for role in ("generator", "restorer"):
@@ -159,7 +160,7 @@ def random_weight_paths(config_path: Path, models: dict) -> list[str]:
         if not isinstance(value, str | Path) or not (key_is_path(name) or name == "config"):
             continue
         p = Path(value).expanduser()
-        if "STAND-IN" in str(p) or any(
+        if (p / "RANDOM_WEIGHTS.md").is_file() or any(
             (d / "FAKE_WEIGHTS.md").is_file() for d in [p, *p.parents][:4]
         ):
             found.append(f"{name} = {value}")
