@@ -199,3 +199,28 @@ def test_missing_tensor_and_bad_config_are_named(ckpt, tmp_path):
     (broken / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(AudioTokenizerError, match=r"decoder_kwargs\[0\].*under one step"):
         MossAudioTokenizer(broken, compute_dtype="fp32")
+
+
+# ---- the benchmark's CPU mode ---------------------------------------------------------------
+
+
+def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
+    from bestofn.bench.codec import main
+
+    out = tmp_path / "codec.json"
+    args = ["--version", "v2", "--size", "tiny", "--device", "cpu", "--batch", "2"]
+    args += ["--seconds", "0.8", "--dtypes", "fp32", "--one-clip-n", "1", "--repeats", "1"]
+    if (REF / "audio_tokenizer_v2.py").is_file():
+        args += ["--reference-code", str(REF)]
+    assert main([*args, "--work", str(tmp_path), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = {(r["path"], r["dtype"]): r for r in result["rows"]}
+    assert result["meta"]["frames_per_clip"] == 10 and result["meta"]["n_vq"] == 12
+    assert result["meta"]["version"] == "v2"
+    assert rows[("ours batched", "fp32")]["s_per_clip"] > 0
+    stream = rows[("ours serve stream chunks", "fp32")]
+    assert stream["snr_db"] > 0 and stream["max_abs_diff"] >= 0
+    if (REF / "audio_tokenizer_v2.py").is_file():
+        # the vendored code's one-shot batched decode is ours in fp32 (CPU: no autocast)
+        assert rows[("published one-shot batched", "fp32")]["snr_db"] > 80
+        assert rows[("published processor path", "fp32")]["s_per_clip"] > 0
