@@ -224,3 +224,57 @@ def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
         # the vendored code's one-shot batched decode is ours in fp32 (CPU: no autocast)
         assert rows[("published one-shot batched", "fp32")]["snr_db"] > 80
         assert rows[("published processor path", "fp32")]["s_per_clip"] > 0
+
+
+# ---- exact streaming (bestofn serve) ----------------------------------------------------------
+
+
+def test_stream_decoder_joins_to_the_one_shot_decode(codec):
+    # Two requests in interleaved slots, chunks of serve's sizes and odd ones, one slot
+    # reused after a reset: every chunk continues its own request's past exactly.
+    a, b = _clips([45, 30], seed=11)
+    one = codec.decode([a, b])
+    sd = codec.stream_decoder(3)
+    assert codec.stream_decoder(2) is sd  # kept, caches reused
+    parts, done = {2: [], 0: []}, {2: 0, 0: 0}
+    for step in (4, 16, 7, 16, 16):
+        new = {}
+        for slot, clip in ((2, a), (0, b)):
+            end = min(len(clip), done[slot] + step)
+            if end > done[slot]:
+                new[slot], done[slot] = clip[done[slot] : end], end
+        for slot, audio in sd.decode(new).items():
+            parts[slot].append(audio)
+    for slot, ref in ((2, one[0]), (0, one[1])):
+        got = np.concatenate(parts[slot])
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    sd.reset(2)  # a new request in a used slot: no trace of the old one
+    again = sd.decode({2: b[:9]})[2]
+    np.testing.assert_allclose(again, one[1][: 9 * 3840], rtol=0, atol=1e-5 * np.abs(again).max())
+
+
+def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
+    import torch
+
+    from bestofn import speech
+    from bestofn.fakes.moss import always_continue_, build
+    from bestofn.spec import GroupSpec
+
+    gen = build("cpu", size="tiny", min_frames=6, max_frames=24, codec_dir=str(ckpt),
+                codec_compute_dtype="fp32")  # fmt: skip
+    with torch.no_grad():
+        always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)
+    specs = [
+        GroupSpec("calm", "api", "one two three four", 1, 7),
+        GroupSpec("calm", "api", "Hi.", 1, 8),
+    ]
+    parts = [[], []]
+    for i, audio, _last in speech.stream_batch(gen, specs):
+        parts[i].append(audio)
+    assert len(parts[0]) > 2  # 4 frames, then 16 at a time
+    for i, s in enumerate(specs):
+        take = gen.generate(s)[0].audio
+        got = np.concatenate(parts[i])
+        assert got.shape == take.shape == (gen.budget.frames(s.text) * 3840, 2)
+        np.testing.assert_allclose(got, take, rtol=0, atol=1e-5 * np.abs(take).max())

@@ -244,6 +244,17 @@ class MossAudioTokenizer:
             qs.append((e, proj_in, proj_out))
         self._enc_quant = (in_w, qs)
 
+    def stream_decoder(self, slots: int):
+        """An exact streaming decoder over ``slots`` requests (``bestofn.moss.codec_stream``),
+        kept: a later call for as many slots or fewer gets the same one (its caches reused)."""
+        from bestofn.moss.codec_stream import StreamDecoder
+
+        have = getattr(self, "_stream", None)
+        if have is None or have.slots < slots:
+            self._stream = None  # free the old caches before allocating the new ones
+            self._stream = StreamDecoder(self, slots)
+        return self._stream
+
     def weight_bytes(self) -> int:
         """Bytes of the decode weights on the device (decoder Linear weights + code tables)."""
         n = self._tables.numel() * 4
@@ -254,10 +265,9 @@ class MossAudioTokenizer:
 
     # ---- decode ----
 
-    @torch.inference_mode()
-    def decode_padded(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, T, >= n_vq] (right-padded with any valid code) -> audio [B, T * hop,
-        channels] fp32 on the device; sample ``t * hop + j`` depends only on frames ``<= t``."""
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T, >= n_vq] -> the decoder's input [B, T, dim] fp32 on the device: the sum
+        of each codebook's decoded entry (one gathered table row per code) + the output bias."""
         codes = codes[..., : self.n_vq].to(self.device, torch.long)
         B, T, n = codes.shape
         if n < self.n_vq:
@@ -271,7 +281,14 @@ class MossAudioTokenizer:
             )
         flat = (codes + self._offsets).reshape(B * T, n)
         x = F.embedding_bag(flat, self._tables, mode="sum") + self._out_bias
-        x = x.view(B, T, -1)
+        return x.view(B, T, -1)
+
+    @torch.inference_mode()
+    def decode_padded(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T, >= n_vq] (right-padded with any valid code) -> audio [B, T * hop,
+        channels] fp32 on the device; sample ``t * hop + j`` depends only on frames ``<= t``."""
+        B, T = codes.shape[:2]
+        x = self.embed(codes)
         for stage in self.decoder:
             x = stage(x) if isinstance(stage, Transformer) else patch_up(x, stage)
         # the stages' one stream is the channels interleaved sample by sample: L0 R0 L1 R1 ...
