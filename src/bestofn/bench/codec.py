@@ -135,17 +135,26 @@ def _chunk_note() -> str:
     return f"first {FIRST_CHUNK_FRAMES} frames, then {CHUNK_FRAMES}; left overlap {OVERLAP_FRAMES}"
 
 
-def _stream_chunks(codec, clips) -> list[np.ndarray]:
-    """Every clip decoded as ``bestofn serve`` streams it (all clips' chunks in one call)."""
+def _stream_chunks(codec, clips, exact: bool) -> list[np.ndarray]:
+    """Every clip decoded in the chunks ``bestofn serve`` emits (all clips' chunks in one call
+    per step): ``exact``, the new frames through the codec's stream decoder (per-request
+    caches, what serve runs for our codecs); else windows with the left overlap."""
     from bestofn.moss.stream import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, OVERLAP_FRAMES, decode_window
 
     T = min(int(c.shape[0]) for c in clips)
     parts: list[list[np.ndarray]] = [[] for _ in clips]
+    sd = codec.stream_decoder(len(clips)) if exact else None
+    for slot in range(len(clips) if exact else 0):
+        sd.reset(slot)
     emitted = 0
     while emitted < T:
         end = min(T, emitted + (FIRST_CHUNK_FRAMES if emitted == 0 else CHUNK_FRAMES))
-        w0 = max(0, emitted - OVERLAP_FRAMES)
-        audios = decode_window(codec, [c[w0:end] for c in clips], [emitted - w0] * len(clips))
+        if exact:
+            out = sd.decode({i: c[emitted:end] for i, c in enumerate(clips)})
+            audios = [out[i] for i in range(len(clips))]
+        else:
+            w0 = max(0, emitted - OVERLAP_FRAMES)
+            audios = decode_window(codec, [c[w0:end] for c in clips], [emitted - w0] * len(clips))
         for part, a in zip(parts, audios, strict=True):
             part.append(a)
         emitted = end
@@ -313,18 +322,27 @@ def run(args) -> dict:
         peak_gib=_mem_peak_gib(device),
         snr_db=_snr_db(reference_audio[:n1], audio) if reference_audio is not None else None,
     )
-    # the chunks `bestofn serve` decodes (bestofn.moss.stream), fp32, against the one-shot
-    # decode: how far chunking with a left overlap is from it (the codec remembers more)
-    _mem_start(device)
-    stream = MossAudioTokenizer(codec_dir, device=device, compute_dtype="fp32", n_vq=n_vq,
-                                decode_batch_size=args.batch)  # fmt: skip
-    t, audio = _timed(lambda s=stream: _stream_chunks(s, clips[:n1]), device, args.repeats)
+    # the chunks `bestofn serve` decodes (bestofn.moss.stream) against the one-shot fp32
+    # decode: exact (per-request caches, serve's path for our codecs; fp32 shows the chunking
+    # alone, bf16 serve's default precision) and the overlap windows other codecs get
     ref = reference_audio[:n1] if reference_audio is not None else None
-    add("ours serve stream chunks", n1, "fp32", s_per_clip=t / n1, clips_timed=n1,
-        peak_gib=_mem_peak_gib(device), chunks=_chunk_note(),
-        snr_db=_snr_db(ref, audio) if ref else None,
-        max_abs_diff=_max_diff(ref, audio) if ref else None)  # fmt: skip
-    del single, stream
+    for name, exact, dtype in (
+        ("ours serve stream (exact)", True, "fp32"),
+        ("ours serve stream (exact)", True, "bf16"),
+        ("ours overlap-window chunks", False, "fp32"),
+    ):
+        _mem_start(device)
+        stream = MossAudioTokenizer(codec_dir, device=device, compute_dtype=dtype, n_vq=n_vq,
+                                    decode_batch_size=args.batch)  # fmt: skip
+        t, audio = _timed(
+            lambda s=stream, e=exact: _stream_chunks(s, clips[:n1], e), device, args.repeats
+        )
+        add(name, n1, dtype, s_per_clip=t / n1, clips_timed=n1,
+            peak_gib=_mem_peak_gib(device), chunks=_chunk_note(),
+            snr_db=_snr_db(ref, audio) if ref else None,
+            max_abs_diff=_max_diff(ref, audio) if ref else None)  # fmt: skip
+        del stream
+    del single
 
     if args.reference_code:
         _mem_start(device)
