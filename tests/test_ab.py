@@ -90,7 +90,11 @@ def test_slow_piper_fails_a_tight_duration_threshold(tmp_path, capsys):
     b = write_config(tmp_path / "b.yaml", generator={"length_scale": 2.0})
     th = write_thresholds(
         tmp_path / "th.yaml",
-        {"duration_s": {"max_increase": 0.1}, "wer": {"max_increase": 1.0}},
+        {
+            "duration_s": {"max_increase": 0.1},
+            "wer": {"max_increase": 1.0},
+            "pcm_mean_abs_diff": {"max_increase": 1.0},  # audio vs audio (bestofn.pcm_diff)
+        },
     )
     out = tmp_path / "ab.parquet"
     assert run_cli(tmp_path, a, b, th, out, "--warmup", "0") == 1
@@ -102,6 +106,9 @@ def test_slow_piper_fails_a_tight_duration_threshold(tmp_path, capsys):
     assert rows["duration_s"]["delta"] > 0.5 * rows["duration_s"]["a"]
     assert rows["duration_s"]["rule"] == "max_increase" and rows["duration_s"]["limit"] == 0.1
     assert rows["wer"]["verdict"] == "PASS"  # a loose threshold on another column still passes
+    pcm = rows["pcm_mean_abs_diff"]
+    assert pcm["n_pairs"] == 2 and pcm["a"] == 0.0 and pcm["delta"] > 0
+    assert "differ in length" in pcm["note"] and pcm["verdict"] == "PASS"
 
 
 def test_missing_thresholds_file_fails_before_any_model_loads(tmp_path, capsys, no_model_load):

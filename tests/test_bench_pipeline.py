@@ -19,7 +19,7 @@ def test_tiny_pipeline_bench_writes_a_group_and_reports_every_stage(tmp_path, ca
 
     result = json.loads(out.read_text())
     assert result["meta"]["command"].endswith(" ".join(argv[1:]))
-    assert "STAND-IN" in result["meta"]["codec"]
+    assert "MOSS-Audio-Tokenizer-v2" in result["meta"]["codec"]
     (size,) = result["sizes"]
     assert size["takes"] == 3 and size["timed_groups"] == 1
     stages = size["s_per_clip"]

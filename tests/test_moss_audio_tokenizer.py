@@ -248,17 +248,20 @@ def test_encode_a_stereo_48k_voice(codec):
 
 
 def test_load_codec_picks_the_implementation_from_config_json(ckpt, tmp_path):
+    from bestofn.fakes import moss_codec
     from bestofn.moss.codec import load_codec
 
     c = load_codec(ckpt, compute_dtype="fp32", n_vq=32, decode_batch_size=4)
     assert isinstance(c, MossAudioTokenizer) and c.sample_rate == 24000 and c.n_vq == 32
-    stand_in = tmp_path / "stand-in"
-    stand_in.mkdir()
-    (stand_in / "config.json").write_text(
-        json.dumps({"bestofn_stand_in": "random", "sampling_rate": 48000, "n_vq": 12})
-    )
-    with pytest.raises(ValueError, match=r"codec_compute_dtype: fp8 .*MOSS-Audio-Tokenizer"):
-        load_codec(stand_in, compute_dtype="fp8")
+    assert (c.version, c.channels) == ("v1", 1)
+    v2 = load_codec(moss_codec.write(tmp_path / "v2", "tiny"), compute_dtype="fp32", n_vq=12)
+    assert isinstance(v2, MossAudioTokenizer) and (v2.version, v2.channels) == ("v2", 2)
+    assert (v2.sample_rate, v2.hop, v2.n_vq) == (48000, 3840, 12)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"sampling_rate": 48000, "n_vq": 12}))
+    with pytest.raises(ValueError, match=r"other/config.json: not a MOSS-Audio-Tokenizer"):
+        load_codec(other)
     with pytest.raises(FileNotFoundError, match="codec_dir"):
         load_codec(tmp_path / "nowhere")
 
@@ -269,7 +272,7 @@ def test_fp8_matmul_path_where_scaled_mm_runs(ckpt, codec, monkeypatch):
     from bestofn.moss import audio_tokenizer as mat
 
     try:
-        mat._Linear(torch.randn(16, 32), "fp8", torch.bfloat16)(torch.randn(3, 32))
+        mat.Linear(torch.randn(16, 32), "fp8", torch.bfloat16)(torch.randn(3, 32))
     except (RuntimeError, NotImplementedError) as e:
         pytest.skip(f"torch._scaled_mm does not run on this CPU build: {e}")
     monkeypatch.setattr(mat, "fp8_matmul_problem", lambda device: None)

@@ -33,7 +33,7 @@ for side, extra in (("a", {}), ("b", {"weights": "int8"})):
                 "backend": "moss-fast",
                 "options": {
                     "model_dir": str(work / "MOSS-TTS-Local-Transformer-v1.5"),
-                    "codec_dir": str(work / "MOSS-Audio-Tokenizer-v2-STAND-IN"),
+                    "codec_dir": str(work / "MOSS-Audio-Tokenizer-v2"),
                     "min_frames": 188,
                     "max_frames": 188,
                     **extra,

@@ -64,7 +64,7 @@ def config(weights: str, gpu_memory_gb: float | None) -> dict:
                 "backend": "moss-fast",
                 "options": {
                     "model_dir": str(work / "MOSS-TTS-Local-Transformer-v1.5"),
-                    "codec_dir": str(work / "MOSS-Audio-Tokenizer-v2-STAND-IN"),
+                    "codec_dir": str(work / "MOSS-Audio-Tokenizer-v2"),
                     "weights": weights,
                 },
                 "runtime": {"batch_size": 128},

@@ -13,7 +13,10 @@ Thresholds file (YAML), one entry per score column, in the column's own units::
     speaker_sim: {max_decrease: 0.01}  # B's mean speaker similarity at most 0.01 below A's
     dnsmos_ovrl: {max_decrease: 0.05}
 
-The delta is the mean over matched takes of (B - A). A missing or malformed file, a column no
+The delta is the mean over matched takes of (B - A). ``pcm_mean_abs_diff``, ``pcm_max_abs_diff``
+and ``pcm_rel_rms_diff`` (``bestofn.pcm_diff``) are not score columns: they compare B's audio
+with A's take by take (for a decode dial, where both sides have the same codes), and are
+computed only when the thresholds file names one. A missing or malformed file, a column no
 scorer of A or B writes, or A and B planning different groups is an error before any model
 loads (where the column is known before loading).
 """
@@ -146,7 +149,8 @@ def _known_columns(models: dict) -> set[str] | None:
 
 def random_weight_paths(config_path: Path, models: dict) -> list[str]:
     """Weight paths (or the config) that `bestofn fake-weights` wrote: a FAKE_WEIGHTS.md beside
-    them or in a parent directory (up to three levels), or a STAND-IN directory."""
+    them or in a parent directory (up to three levels), or a RANDOM_WEIGHTS.md in the
+    directory itself (a random checkpoint written alone, e.g. by a benchmark)."""
     found = []
     candidates = [("config", Path(config_path).resolve())]
     for role in ("generator", "restorer"):
@@ -159,7 +163,7 @@ def random_weight_paths(config_path: Path, models: dict) -> list[str]:
         if not isinstance(value, str | Path) or not (key_is_path(name) or name == "config"):
             continue
         p = Path(value).expanduser()
-        if "STAND-IN" in str(p) or any(
+        if (p / "RANDOM_WEIGHTS.md").is_file() or any(
             (d / "FAKE_WEIGHTS.md").is_file() for d in [p, *p.parents][:4]
         ):
             found.append(f"{name} = {value}")
@@ -418,6 +422,10 @@ def run_ab(
     """Run A then B; return (every thresholded row passed, the result table). Writes ``out``
     (parquet) when given. Every input check runs before any model loads."""
     thresholds = load_thresholds(thresholds_path)  # first: a bad file costs no model load
+    from bestofn.pcm_diff import METRICS as PCM_METRICS
+
+    pcm_thresholds = {t.column: t for t in thresholds if t.column in PCM_METRICS}
+    thresholds = [t for t in thresholds if t.column not in PCM_METRICS]
     base = Path(base)
     config_a, config_b = Path(config_a), Path(config_b)
     plan_a, plan_b = _plan(config_a, base, takes), _plan(config_b, base, takes)
@@ -477,6 +485,10 @@ def run_ab(
                 label, plan.config["models"], specs, dev_a, side_dir, log,
                 check_columns(label, config_a if label == "A" else config_b), warmup,
             )  # fmt: skip
+        if pcm_thresholds:  # the takes' audio, side by side, before the temp dir goes
+            from bestofn.pcm_diff import pcm_rows
+
+            pcm = pcm_rows(Path(tmp) / "A", Path(tmp) / "B", pcm_thresholds)
     a, b = sides["A"], sides["B"]
     for label, side in sides.items():
         cols = set(side["takes"].column_names)
@@ -484,6 +496,7 @@ def run_ab(
         if missing:
             raise ABError(f"thresholds file {thresholds_path}: {label} wrote no column {missing}")
     rows = speed_rows(a, b) + quality_rows(a["takes"], b["takes"], thresholds)
+    rows += pcm if pcm_thresholds else []
     if random:
         for r in rows:
             if r["kind"] == "quality":

@@ -1,9 +1,11 @@
 """MOSS-TTS-Local-Transformer-v1.5 through its published inference path (``moss-hf``).
 
 The processor and model come from a local checkpoint directory with ``trust_remote_code``
-(the code OpenMOSS ships next to the weights), exactly as the model card loads them; the codec
-(MOSS-Audio-Tokenizer-v2, 48 kHz stereo, 12 codebooks at 12.5 frames/s) from its own directory.
-This backend is the reference: slower than ``moss-fast``, but it runs the authors' code.
+(the code OpenMOSS ships next to the weights), as the model card loads them; the codec
+(MOSS-Audio-Tokenizer-v2, 48 kHz stereo, 12 codebooks at 12.5 frames/s) comes from its own
+directory through our implementation (``bestofn.moss.codec.load_codec``, the one moss-fast
+uses; parity-checked against the published v2 code), so the processor is built without one.
+This backend is the reference for generation: slower than ``moss-fast``, the authors' code.
 
 What this module adds around the published code, and why:
 
@@ -22,12 +24,12 @@ What this module adds around the published code, and why:
 - The reference voice is encoded once per worker and reused as codes (keyed by path, size and
   mtime), instead of re-encoding the wav for every group.
 - The codec decodes all takes of a batch in one call (``decode_batch_size`` at a time), bf16
-  on the GPU by default.
+  on the GPU by default, and encodes the reference voice (as the processor prepares it).
 - A LoRA adapter (peft directory, option ``lora``) is merged into the weights once and the
   merged checkpoint cached on disk (``bestofn.moss.lora``).
 - The processor module imports ``torchaudio`` but this backend only hands it 48 kHz tensors
   and codes. Where torchaudio is not installed (no build matches every torch), the import is
-  satisfied while the remote code loads by a small stand-in that implements the two functions
+  satisfied while the remote code loads by a small shim that implements the two functions
   the processor could call (``load`` with soundfile, ``functional.resample`` with soxr).
 
 What the Local and Delay paths share (options, checks, prompt, takes, provenance) is in
@@ -38,6 +40,7 @@ What the Local and Delay paths share (options, checks, prompt, takes, provenance
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +54,14 @@ from bestofn.backends.moss_hf_common import (  # noqa: F401  (DEFAULTS: the back
 )
 from bestofn.moss.published_draws import LocalDraws
 from bestofn.spec import GroupSpec
+
+
+def _processor_class(model_dir: Path) -> str:
+    """The processor's ``module.Class`` from processor_config.json's auto_map."""
+    path = Path(model_dir) / "processor_config.json"
+    auto_map = json.loads(path.read_text()).get("auto_map") or {} if path.is_file() else {}
+    ref = auto_map.get("AutoProcessor") or "processing_moss_tts.MossTTSLocalProcessor"
+    return (ref if isinstance(ref, str) else ref[0]).split("--")[-1]
 
 
 @contextlib.contextmanager
@@ -95,8 +106,11 @@ class MossHFGenerator(MossHFBase):
 
     def _load(self):
         import torch
-        from transformers import AutoConfig, AutoModel, AutoProcessor
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
+        from transformers.dynamic_module_utils import get_class_from_dynamic_module
         from transformers.utils import logging as hf_logging
+
+        from bestofn.moss.codec import load_codec
 
         hf_logging.disable_progress_bar()  # per-tensor bars flood worker logs
         o = self.options
@@ -104,21 +118,14 @@ class MossHFGenerator(MossHFBase):
         if torch.device(self.device).type == "cuda":
             # The model card disables cuDNN SDPA (broken on some CUDA/PyTorch combinations).
             torch.backends.cuda.enable_cudnn_sdp(False)
-        codec_kwargs = {
-            "codec_path": str(self.codec_dir),
-            "codec_weight_dtype": o["codec_weight_dtype"],
-            "codec_compute_dtype": o["codec_compute_dtype"],
-        }
-        if attn != "eager":
-            codec_kwargs["codec_attention_implementation"] = attn
-        with _torchaudio_importable():
-            self.processor = AutoProcessor.from_pretrained(
-                str(self.load_dir), trust_remote_code=True, **codec_kwargs
-            )
         # The remote model reads its attention choice from its own config fields.
         config = AutoConfig.from_pretrained(
             str(self.load_dir), trust_remote_code=True, local_files_only=True
         )
+        with _torchaudio_importable():  # the processor's class, built without its codec
+            cls = get_class_from_dynamic_module(_processor_class(self.load_dir), str(self.load_dir))
+        tokenizer = AutoTokenizer.from_pretrained(str(self.load_dir), local_files_only=True)
+        self.processor = cls(tokenizer=tokenizer, audio_tokenizer=None, model_config=config)
         config.attn_implementation = attn
         config.local_transformer_attn_implementation = attn
         self.model = AutoModel.from_pretrained(
@@ -129,23 +136,22 @@ class MossHFGenerator(MossHFBase):
             dtype=dtype,
         )
         self.model.to(self.device).eval()
-        codec = self.processor.audio_tokenizer
-        codec.to(self.device).eval()
-        self.codec = codec
         self.config = self.model.config
         self.n_vq = int(self.config.n_vq)
         self.audio_pad = int(self.config.audio_pad_token_id)
-        self.sample_rate = int(getattr(codec, "sampling_rate", self.config.sampling_rate))
+        self.codec = load_codec(
+            self.codec_dir, device=self.device, n_vq=self.n_vq,
+            weight_dtype=o["codec_weight_dtype"], compute_dtype=o["codec_compute_dtype"],
+            decode_batch_size=o["decode_batch_size"],
+        )  # fmt: skip
+        self.sample_rate = int(self.codec.sample_rate)
         self.dtype, self.attn = dtype, attn
 
     def _encode_reference(self, audio: np.ndarray, sr: int):
-        """Codes [T, n_vq] of a reference clip (frames[, channels]) via the processor's codec."""
-        import torch
-
-        wav = torch.from_numpy(np.ascontiguousarray(audio.T if audio.ndim == 2 else audio))
-        with torch.inference_mode():
-            codes = self.processor.encode_audios_from_wav([wav], sr, n_vq=self.n_vq)[0]
-        return codes.to(torch.long).cpu()
+        """Codes [T, n_vq] of a reference clip (frames[, channels]) via our codec, prepared as
+        the processor's ``encode_audios_from_wav`` prepares it (mono on both channels,
+        -20 dBFS within +-3 dB)."""
+        return self.codec.encode(audio, sr)
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -178,42 +184,10 @@ class MossHFGenerator(MossHFBase):
                 truncated.append(generated.shape[0] >= budget and frames.shape[0] >= budget)
         return codes, truncated, budget
 
-    def _decode_batch(self, batch: list) -> list:
-        """One codec call for several takes: codes [n_vq, B, T] zero-padded + padding mask.
-
-        The processor's ``decode_audio_codes`` asks for chunked (streaming) decode, which the
-        MOSS codec implements for batch size 1 only; a one-shot decode takes the whole batch.
-        """
-        import torch
-
-        device = next(self.codec.parameters()).device
-        frames = max(int(c.shape[0]) for c in batch)
-        codes = torch.zeros(self.n_vq, len(batch), frames, dtype=torch.long, device=device)
-        mask = torch.zeros(len(batch), frames, dtype=torch.bool, device=device)
-        for b, c in enumerate(batch):
-            codes[:, b, : c.shape[0]] = c.T.to(device)
-            mask[b, : c.shape[0]] = True
-        out = self.codec.decode(
-            codes, padding_mask=mask, num_quantizers=self.n_vq, return_dict=True
-        )
-        return [out.audio[b, :, : int(n)] for b, n in enumerate(out.audio_lengths.tolist())]
-
     def decode(self, codes: list) -> list[np.ndarray]:
-        """Codes -> float32 audio (frames, 2) (or (frames,) if mono), batched through the codec."""
-        import torch
-
-        mono = bool(self.options["mono"])
-        out: list[np.ndarray | None] = [None] * len(codes)
-        todo = [i for i, c in enumerate(codes) if c.shape[0] > 0]
-        for i in set(range(len(codes))) - set(todo):  # a take that stopped at once: no audio
-            out[i] = np.zeros((0,) if mono else (0, 2), dtype=np.float32)
-        step = max(1, int(self.options["decode_batch_size"]))
-        for start in range(0, len(todo), step):
-            idx = todo[start : start + step]
-            with torch.inference_mode():
-                wavs = self._decode_batch([codes[i] for i in idx])
-            for i, wav in zip(idx, wavs, strict=True):
-                a = wav.to(torch.float32).cpu()
-                a = a.mean(dim=0) if mono else a.T
-                out[i] = np.ascontiguousarray(a.numpy(), dtype=np.float32)
-        return out
+        """Codes -> float32 audio (frames, 2) (or (frames,) if mono), batched through our codec
+        (``decode_batch_size`` takes per call, each trimmed to its own frames)."""
+        audios = self.codec.decode(codes)
+        if self.options["mono"]:
+            audios = [a.mean(axis=1) if a.ndim == 2 else a for a in audios]
+        return [np.ascontiguousarray(a, dtype=np.float32) for a in audios]

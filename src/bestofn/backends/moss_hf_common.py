@@ -1,5 +1,5 @@
 """What the two published MOSS code paths of ``moss-hf`` share: their options, the checks of a
-checkpoint directory, a torchaudio stand-in for the remote processor's import, and the parts of
+checkpoint directory, a torchaudio shim for the remote processor's import, and the parts of
 the backend that do not depend on the architecture (reference voices, the prompt through the
 published processor, takes and provenance).
 
@@ -95,7 +95,7 @@ def check_checkpoint(path, field: str, *, tokenizer: bool) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------
-# torchaudio stand-in (only while the remote processor module is imported, only if missing)
+# torchaudio shim (only while the remote processor module is imported, only if missing)
 
 
 def _torchaudio_standin() -> types.ModuleType:

@@ -1,6 +1,6 @@
 """Random-weight models for tests, benchmarks and `bestofn fake-weights`; never used at run time.
 
-Every builder, stand-in and bench helper lives here, one module per backend family, so the
+Every builder and bench helper lives here, one module per backend family, so the
 runtime modules under ``bestofn.backends`` and ``bestofn.moss`` hold runtime code only. Each
 family module offers the same two entry points:
 
@@ -12,7 +12,7 @@ family module offers the same two entry points:
 Modules:
 
 moss.py         MOSS-TTS-Local v1.5: random state dicts, checkpoint dirs, moss-fast / moss-hf
-moss_codec.py   a random STAND-IN for MOSS-Audio-Tokenizer-v2 (remote code in remote/moss_codec)
+moss_codec.py   MOSS-Audio-Tokenizer-v2 (48 kHz stereo codec), published layout
 sidon.py        w2v-BERT 2.0 + Sidon LoRA adapter + DAC decoder
 parakeet.py     a FastConformer-TDT NeMo model (.nemo) with a freshly trained tokenizer
 whisper.py      Whisper-Small shapes shared by the two Whisper-based scorers

@@ -7,7 +7,7 @@ Two tiny shapes exist, for two jobs:
   tests and ``bestofn parity``;
 - ``SIZES["tiny"]`` / ``SIZES["real"]``: the published config.json with 12 codebooks, as the
   codec has them (64 codes tiny, 1024 real), for checkpoint directories that the real loaders
-  and the stand-in codec (``bestofn.fakes.moss_codec``) accept together.
+  and the random v2 codec (``bestofn.fakes.moss_codec``) accept together.
 
 A checkpoint directory (``write_model``) holds what the published one does: config.json
 (published keys, ``auto_map`` included), the weights (one model.safetensors, or shards plus
@@ -385,7 +385,7 @@ def copy_remote_code(model_dir, code_dir, files, what: str, expected: str) -> Pa
 def write_random_checkpoint(out_dir, code_dir, size: str = "tiny", seed: int = 0,
                             codec_dir=None) -> tuple[Path, Path]:  # fmt: skip
     """``out_dir/model`` (published layout with the remote code from ``code_dir``) and
-    ``out_dir/codec`` (the stand-in, unless ``codec_dir`` names one): what moss-hf loads.
+    ``out_dir/codec`` (a random v2 codec, unless ``codec_dir`` names one): what moss-hf loads.
     The stop head says "stop" about once in ten frames, so random takes run for several
     frames and some hit the budget."""
     from bestofn.fakes import moss_codec
@@ -439,7 +439,7 @@ def build(device: str, size: str = "real", seed: int = 0, **options):
 def build_hf(device: str, size: str = "real", workdir=None, code_dir=None, **options):
     """A MossHFGenerator on a random checkpoint written to ``workdir`` (the real 4B size, or
     ``size="tiny"``). ``code_dir``: the MOSS remote code (default: .ref/moss_tts_local_v1.5 of
-    this repository). The codec is the random stand-in unless ``codec_dir`` is given."""
+    this repository). The codec is a random v2 one unless ``codec_dir`` is given."""
     import tempfile
 
     from bestofn.backends.moss_hf import MossHFGenerator
@@ -455,13 +455,13 @@ def build_hf(device: str, size: str = "real", workdir=None, code_dir=None, **opt
 
 
 def write(out_dir, size: str = "tiny", seed: int = 0, moss_code=None, p_stop=None) -> dict:
-    """``out_dir/MOSS-TTS-Local-Transformer-v1.5`` and ``out_dir/MOSS-Audio-Tokenizer-v2-STAND-IN``;
+    """``out_dir/MOSS-TTS-Local-Transformer-v1.5`` and ``out_dir/MOSS-Audio-Tokenizer-v2``;
     the remote code is copied in when ``moss_code`` names it (moss-hf). Returns the generator
     options that point at them."""
     from bestofn.fakes import moss_codec
 
     out = Path(out_dir)
-    codec_dir = moss_codec.write(out / "MOSS-Audio-Tokenizer-v2-STAND-IN", size, seed)
+    codec_dir = moss_codec.write(out / "MOSS-Audio-Tokenizer-v2", size, seed)
     model_dir = write_model(
         out / "MOSS-TTS-Local-Transformer-v1.5", size, seed, codec_dir, p_stop=p_stop
     )

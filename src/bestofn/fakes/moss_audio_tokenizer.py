@@ -117,24 +117,33 @@ def config(size: str = "tiny", n_vq: int = 32, codebook_size: int | None = None)
     }
 
 
-def _transformer_tensors(prefix: str, s: dict, g) -> dict:
+# The per-layer key names each version's published checkpoint uses.
+KEYS = {
+    "v1": ("self_attn.in_projs.0", "self_attn.out_projs.0", "linear1", "linear2"),
+    "v2": ("self_attn.in_proj", "self_attn.out_proj", "ffn.0", "ffn.2"),
+}
+
+
+def _transformer_tensors(prefix: str, s: dict, g, version: str = "v1") -> dict:
     import torch
 
     def lin(out, inp):
         return torch.randn(out, inp, generator=g) / inp**0.5
 
     d, ff = s["d_model"], s["dim_feedforward"]
+    qkv, o, fc1, fc2 = KEYS[version]
     t = {}
-    if s["input_dimension"] != d:
+    # v2 always has both projections; v1 only where the width differs
+    if s["input_dimension"] != d or version == "v2":
         t[f"{prefix}.input_proj.weight"] = lin(d, s["input_dimension"])
-    if s["output_dimension"] != d:
+    if s["output_dimension"] != d or version == "v2":
         t[f"{prefix}.output_proj.weight"] = lin(s["output_dimension"], d)
     for i in range(s["num_layers"]):
         p = f"{prefix}.transformer.layers.{i}"
-        t[f"{p}.self_attn.in_projs.0.weight"] = lin(3 * d, d)
-        t[f"{p}.self_attn.out_projs.0.weight"] = lin(d, d)
-        t[f"{p}.linear1.weight"] = lin(ff, d)
-        t[f"{p}.linear2.weight"] = lin(d, ff)
+        t[f"{p}.{qkv}.weight"] = lin(3 * d, d)
+        t[f"{p}.{o}.weight"] = lin(d, d)
+        t[f"{p}.{fc1}.weight"] = lin(ff, d)
+        t[f"{p}.{fc2}.weight"] = lin(d, ff)
         for n in ("norm1", "norm2"):
             t[f"{p}.{n}.weight"] = 1 + 0.1 * torch.randn(d, generator=g)
             t[f"{p}.{n}.bias"] = 0.1 * torch.randn(d, generator=g)
@@ -156,15 +165,19 @@ def _weight_norm_conv(prefix: str, out: int, inp: int, g) -> dict:
 
 
 def state_dict(cfg: dict, seed: int = 0, parts=("encoder", "quantizer", "decoder")) -> dict:
-    """Random tensors under the published key names, for the ``parts`` asked."""
+    """Random tensors under the published key names (of the version ``cfg`` describes), for
+    the ``parts`` asked."""
     import torch
 
+    from bestofn.moss.codec_config import codec_version
+
+    version = codec_version(cfg)
     g = torch.Generator().manual_seed(seed)
     t = {}
     if "encoder" in parts:
         for i, s in enumerate(cfg["encoder_kwargs"]):
             if s["module_type"] == "Transformer":
-                t.update(_transformer_tensors(f"encoder.{i}", s, g))
+                t.update(_transformer_tensors(f"encoder.{i}", s, g, version))
     if "quantizer" in parts:
         q = cfg["quantizer_kwargs"]
         if q["input_dim"] != q["rvq_dim"]:
@@ -184,31 +197,19 @@ def state_dict(cfg: dict, seed: int = 0, parts=("encoder", "quantizer", "decoder
     if "decoder" in parts:
         for i, s in enumerate(cfg["decoder_kwargs"]):
             if s["module_type"] == "Transformer":
-                t.update(_transformer_tensors(f"decoder.{i}", s, g))
+                t.update(_transformer_tensors(f"decoder.{i}", s, g, version))
     return t
 
 
-def write(
-    out_dir,
-    size: str = "tiny",
-    seed: int = 0,
-    n_vq: int = 32,
-    codebook_size: int | None = None,
-    config_overrides: dict | None = None,
-) -> Path:
-    """Write config.json + safetensors (tiny: model.safetensors; real: 2 shards + index)."""
+def save(out: Path, cfg: dict, seed: int, sharded: bool) -> Path:
+    """config.json + random safetensors for ``cfg`` into ``out``: one model.safetensors, or
+    (``sharded``) the encoder in one shard, quantizer + decoder in another, plus the index."""
     from safetensors.torch import save_file
 
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = {**config(size, n_vq, codebook_size), **(config_overrides or {})}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
-    q = cfg["quantizer_kwargs"]
-    (out / "RANDOM_WEIGHTS.md").write_text(
-        NOTE.format(size=size, n_vq=q["num_quantizers"], codebook=q["codebook_size"])
-    )
     meta = {"format": "pt"}
-    if size == "tiny":
+    if not sharded:
         save_file(state_dict(cfg, seed), str(out / "model.safetensors"), metadata=meta)
         return out
     weight_map = {}
@@ -221,4 +222,23 @@ def write(
         del tensors
     index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return out
+
+
+def write(
+    out_dir,
+    size: str = "tiny",
+    seed: int = 0,
+    n_vq: int = 32,
+    codebook_size: int | None = None,
+    config_overrides: dict | None = None,
+) -> Path:
+    """Write config.json + safetensors (tiny: model.safetensors; real: 2 shards + index)."""
+    out = Path(out_dir)
+    cfg = {**config(size, n_vq, codebook_size), **(config_overrides or {})}
+    save(out, cfg, seed, sharded=size != "tiny")
+    q = cfg["quantizer_kwargs"]
+    (out / "RANDOM_WEIGHTS.md").write_text(
+        NOTE.format(size=size, n_vq=q["num_quantizers"], codebook=q["codebook_size"])
+    )
     return out

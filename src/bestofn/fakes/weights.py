@@ -5,10 +5,10 @@ complete production config that points at them.
     DIR/config.yaml                             moss-fast -> sidon -> duration, parakeet,
                                                 voiceclap, empathic-insight (absolute paths)
     DIR/emotions.tsv, prompts.tsv, joe_reference.flac
-    DIR/FAKE_WEIGHTS.md                         what is here, and what is a stand-in
+    DIR/FAKE_WEIGHTS.md                         what is here (VoiceCLAP's embedder: a stand-in)
     DIR/MOSS-TTS-Local-Transformer-v1.5/        config.json, tokenizer.json, processor_config.json,
                                                 model.safetensors (tiny) or shards + index (real)
-    DIR/MOSS-Audio-Tokenizer-v2-STAND-IN/       a random codec with the v2 interface (remote code)
+    DIR/MOSS-Audio-Tokenizer-v2/                the 48 kHz codec of MOSS-TTS-Local, published layout
     DIR/MOSS-Audio-Tokenizer/                   the 24 kHz codec of MOSS-TTS Delay, published layout
     DIR/MOSS-TTS-Delay-v1.5/                    MOSS-TTS Delay (Qwen3-8B shape, 32 codebooks);
                                                 skipped with --no-delay
@@ -20,7 +20,8 @@ complete production config that points at them.
     DIR/BUD-E-Whisper/, Empathic-Insight-Voice-Plus/
 
 ``tiny`` runs the whole workflow on a CPU in about a minute (the CI test); ``real`` has the
-published sizes (about 31 GB on disk, mostly the 59 Empathic-Insight heads) for GPU runs.
+published sizes (about 40 GB on disk, mostly the 59 Empathic-Insight heads and the 8.5 GB v2
+codec) for GPU runs.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from bestofn.fakes import check_size
 
-NEED_BYTES = {"tiny": 200 * 2**20, "real": 41 * 2**30}  # what a write needs free, with margin
+NEED_BYTES = {"tiny": 200 * 2**20, "real": 50 * 2**30}  # what a write needs free, with margin
 DELAY_BYTES = {"tiny": 60 * 2**20, "real": 18 * 2**30}  # MOSS-TTS-Delay-v1.5/ on top
 REFERENCE_VOICE = Path(__file__).resolve().parents[3] / "config" / "voices" / "joe_reference.flac"
 
@@ -76,8 +77,8 @@ CONFIG = """\
 # Written by `bestofn fake-weights {out} --size {size} --seed {seed}`.
 # The production pipeline (as config/production.yaml: moss-fast -> sidon -> duration, parakeet,
 # voiceclap, empathic-insight) on RANDOM weights in the published on-disk layouts. The audio is
-# noise and every score is meaningless; the MOSS codec and the VoiceCLAP embedder are random
-# stand-ins (see FAKE_WEIGHTS.md). It exists to run the production path end to end:
+# noise and every score is meaningless; the VoiceCLAP embedder is a random stand-in (see
+# FAKE_WEIGHTS.md). It exists to run the production path end to end:
 #   snakemake --profile profiles/{profile} --configfile {out}/config.yaml --replace-workflow-config
 # (--replace-workflow-config: without it, run from a directory holding config/config.yaml,
 # Snakemake would merge that config's generator options into this one's.)
@@ -144,8 +145,9 @@ weights: the real loading code runs on them, and the audio and scores they make 
 - `MOSS-TTS-Local-Transformer-v1.5/` (moss-fast; moss-hf{moss_hf}): the published layout:
   config.json, a byte-level tokenizer (MOSS specials at ids 256..262), processor_config.json,
   safetensors{shards}. Stop probability per frame: {p_stop}.
-- `MOSS-Audio-Tokenizer-v2-STAND-IN/` (the codec): a **STAND-IN**, our own random model with the
-  v2 interface, not the v2 codec (whose code is published only on the model hub).
+- `MOSS-Audio-Tokenizer-v2/` (the codec of MOSS-TTS-Local): the published v2 layout (config.json
+  with the v2 module list + F32 safetensors under the published key names), read by our own
+  implementation (`bestofn.moss.audio_tokenizer`); real size is the published 2.1 B architecture.
 - `MOSS-Audio-Tokenizer/`: the 24 kHz codec of MOSS-TTS Delay (32 quantizers) in the published
   layout (config.json + safetensors), read by our own implementation
   (`bestofn.moss.audio_tokenizer`); the published remote code loads it too.

@@ -164,7 +164,10 @@ def _sampled_compare(ref, fast, engine, ids, mask, frames):
 def parity_main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="bestofn parity", description=__doc__)
     ap.add_argument(
-        "--reference-code", type=Path, help="copy of moss_tts_local_v1.5/ or moss_tts_delay/"
+        "--reference-code",
+        type=Path,
+        help="copy of moss_tts_local_v1.5/, moss_tts_delay/, or the MOSS-Audio-Tokenizer-v2 "
+        "code (audio_tokenizer_v2.py + configuration_moss_audio_tokenizer_v2.py)",
     )
     ap.add_argument("--checkpoint", type=Path, help="real checkpoint dir (default: tiny random)")
     ap.add_argument(
@@ -179,6 +182,13 @@ def parity_main(argv=None) -> int:
             "OpenMOSS/MOSS-TTS moss_tts_local_v1.5/ folder is needed to compare against)"
         )
         return 0
+    from bestofn.moss.codec_parity import is_v2_codec_code
+
+    if is_v2_codec_code(args.reference_code):  # the MOSS-Audio-Tokenizer-v2 code: the codec
+        from bestofn.moss.codec_parity import codec_parity_main
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return codec_parity_main(args, Path(tmp))
     if not (args.reference_code / "modeling_moss_tts.py").exists():
         print(f"parity: FAIL ({args.reference_code}/modeling_moss_tts.py not found)")
         return 2

@@ -1,18 +1,24 @@
-"""MOSS-Audio-Tokenizer (the 24 kHz codec of MOSS-TTS Delay): our own batched inference code.
+"""MOSS-Audio-Tokenizer v1 and v2: our own batched inference code for the codecs of MOSS-TTS.
 
-The checkpoint is the published one (``OpenMOSS-Team/MOSS-Audio-Tokenizer``: ``config.json`` +
-``*.safetensors``, fp32), read directly: no remote code. Facts used here, from the published
-modelling code (OpenMOSS/MOSS-Audio-Tokenizer@56df9ee; a copy for parity tests lives in the
-git-ignored ``.ref/moss_audio_tokenizer``):
+One implementation for both versions; which one a directory holds is read from its
+``config.json`` (``bestofn.moss.codec_config``), and so is the module list:
 
-- 24 kHz mono, ``downsample_rate`` 1920 samples per frame (12.5 frames/s), 32 residual
-  quantizers (``quantizer_kwargs``: rlfq, 1024 codes of dim 8, ``rvq_dim`` 512, in/out 768).
-- ``encoder_kwargs`` / ``decoder_kwargs``: lists of stages run in order, each a
-  ``PatchedPretransform`` (fold ``patch_size`` time steps into channels, or back) or a
-  ``Transformer`` (input/output Linear projections without bias when the width differs from
-  ``d_model``; pre-norm layers with LayerNorm, fused q|k|v projection, interleaved RoPE,
-  causal attention limited to ``int(frame_rate * causal_transformer_context_duration)``
-  steps, GELU MLP without bias, per-channel layer scale on both branches).
+- v1, ``OpenMOSS-Team/MOSS-Audio-Tokenizer``: 24 kHz mono, the codec of MOSS-TTS Delay
+  (32 quantizers);
+- v2, ``OpenMOSS-Team/MOSS-Audio-Tokenizer-v2``: 48 kHz stereo (channels interleaved sample
+  by sample into one 96 kHz stream), six transformer stages per side, per-stage windows; the
+  codec of MOSS-TTS-Local v1.5, which uses its first 12 quantizers.
+
+The checkpoint is read directly (``config.json`` + fp32 ``*.safetensors``): no remote code.
+Facts used here, from the published modelling code (v1: OpenMOSS/MOSS-Audio-Tokenizer@56df9ee,
+copy for parity tests in the git-ignored ``.ref/moss_audio_tokenizer``; v2: the hub's code as
+vendored in vLLM-Omni, zzehli/vllm-omni@10906e3, copy in ``.ref/moss_audio_tokenizer_v2``):
+
+- ``downsample_rate`` samples per frame and channel (v1 1920 at 24 kHz, v2 3840 at 48 kHz:
+  12.5 frames/s both), residual quantizers (``quantizer_kwargs``: rlfq, 32 x 1024 codes of
+  dim 8, ``rvq_dim`` 512, in/out 768).
+- the stages (``bestofn.moss.codec_layers``): patch reshapes and causal transformer stages
+  with a sliding attention window.
 - Quantizer weights use weight normalisation (1x1 convolutions with bias); decoding a code is
   ``out_proj(codebook[code])`` summed over quantizers, then ``output_proj``. Encoding picks the
   nearest L2-normalised codebook entry (rlfq) or the nearest entry (rvq) of the residual.
@@ -36,41 +42,33 @@ Precision (``compute_dtype``; ``weight_dtype`` only matters for ``fp8``):
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from bestofn.moss.codec_checkpoint import (
+    AudioTokenizerError,
+    Checkpoint,
+    check_shape,
+    need,
+    weight_normed,
+)
+from bestofn.moss.codec_config import (  # noqa: F401 - re-exported: what callers import
+    AudioTokenizerConfig,
+    codec_version,
+    is_audio_tokenizer_config,
+    read_config,
+)
+from bestofn.moss.codec_layers import Linear, Transformer, patch_down, patch_up
+
 log = logging.getLogger(__name__)
 
 DTYPES = ("fp32", "bf16", "fp8")
 _TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _ALIASES = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float8": "fp8"}
-FP8_MAX = 448.0  # largest float8_e4m3fn
-
-
-class AudioTokenizerError(ValueError):
-    """A bad MOSS-Audio-Tokenizer checkpoint or option; the message names the file or option."""
-
-
-def is_audio_tokenizer_config(cfg: dict) -> bool:
-    """True for a MOSS-Audio-Tokenizer (v1, 24 kHz) ``config.json``: the stage lists and the
-    quantizer section this module reads, at 24 kHz. (The 48 kHz v2 codec of MOSS-TTS-Local
-    is another model, loaded through its remote code.)"""
-    rate = cfg.get("sampling_rate", cfg.get("sample_rate"))
-    return (
-        isinstance(cfg.get("decoder_kwargs"), list)
-        and isinstance(cfg.get("encoder_kwargs"), list)
-        and isinstance(cfg.get("quantizer_kwargs"), dict)
-        and rate is not None
-        and int(rate) == 24000
-        and not cfg.get("bestofn_stand_in")
-    )
 
 
 def canonical_dtype(value, option: str = "codec_compute_dtype") -> str:
@@ -95,424 +93,13 @@ def fp8_matmul_problem(device) -> str | None:
     try:
         a = torch.randn(32, 64, device=dev)
         w = torch.randn(48, 64, device=dev)
-        y = _Linear(w, "fp8", torch.bfloat16)(a)
+        y = Linear(w, "fp8", torch.bfloat16)(a)
         torch.cuda.synchronize(dev)
         if not torch.isfinite(y.float()).all():
             return "torch._scaled_mm gave non-finite values on a probe"
     except Exception as e:  # no kernel in this build / driver
         return f"torch._scaled_mm failed: {type(e).__name__}: {str(e).splitlines()[0]}"
     return None
-
-
-# ---- config ------------------------------------------------------------------------------
-
-
-@dataclass
-class _StageCfg:
-    kind: str  # "patch" | "transformer"
-    patch: int = 1
-    input_dim: int = 0
-    output_dim: int = 0
-    d_model: int = 0
-    heads: int = 0
-    layers: int = 0
-    ff: int = 0
-    context: int | None = None
-    norm: str = "layer_norm"
-    rope: bool = True
-    max_period: float = 10000.0
-    layer_scale: bool = True
-
-
-def _stages(cfg: dict, field: str, rate: float, down: bool, where: str):
-    """Parse one stage list; returns (stages, frame rate after them)."""
-    duration = cfg.get("causal_transformer_context_duration", 10.0)
-    out = []
-    for i, s in enumerate(cfg[field]):
-        at = f"{where}: {field}[{i}]"
-        kind = s.get("module_type")
-        if kind == "PatchedPretransform":
-            st = _StageCfg("patch", patch=int(s["patch_size"]))
-            ratio = st.patch
-        elif kind == "Transformer":
-            for bad, ok in (("gating", "none"), ("weights_per_step", 0)):
-                if s.get(bad, ok) not in (ok, None, False):
-                    raise AudioTokenizerError(f"{at}: {bad}={s[bad]!r} is not supported")
-            pos = s.get("positional_embedding", "sin")
-            if pos not in ("rope", "none"):
-                raise AudioTokenizerError(f"{at}: positional_embedding={pos!r} is not supported")
-            if not s.get("causal", False):
-                raise AudioTokenizerError(f"{at}: only causal transformers are supported")
-            if not s.get("conv_layout", False):
-                raise AudioTokenizerError(f"{at}: only conv_layout transformers are supported")
-            norm = s.get("norm", "layer_norm")
-            if norm not in ("layer_norm", "rms_norm", "rms_norm_f32"):
-                raise AudioTokenizerError(f"{at}: norm={norm!r} is not supported")
-            try:
-                st = _StageCfg(
-                    "transformer",
-                    input_dim=int(s["input_dimension"]),
-                    output_dim=int(s["output_dimension"]),
-                    d_model=int(s["d_model"]),
-                    heads=int(s["num_heads"]),
-                    layers=int(s["num_layers"]),
-                    ff=int(s.get("dim_feedforward", 2048)),
-                    context=int(rate * duration),
-                    norm=norm,
-                    rope=pos == "rope",
-                    max_period=float(s.get("max_period", 10000)),
-                    layer_scale=s.get("layer_scale") is not None,
-                )
-            except KeyError as e:
-                raise AudioTokenizerError(f"{at}: missing field {e.args[0]!r}") from None
-            if st.d_model % st.heads or (st.d_model // st.heads) % 2:
-                raise AudioTokenizerError(f"{at}: d_model/num_heads must be an even integer")
-            ratio = 1
-        else:
-            raise AudioTokenizerError(f"{at}: unknown module_type {kind!r}")
-        out.append(st)
-        rate = rate / ratio if down else rate * ratio
-    return out, rate
-
-
-@dataclass
-class AudioTokenizerConfig:
-    sampling_rate: int
-    downsample_rate: int
-    num_quantizers: int
-    codebook_size: int
-    codebook_dim: int
-    rvq_dim: int
-    quantizer_input_dim: int
-    quantizer_output_dim: int
-    normalized_codes: bool  # rlfq: nearest L2-normalised entry; rvq: nearest entry
-    encoder: list
-    decoder: list
-
-    @classmethod
-    def from_dict(cls, cfg: dict, where: str = "config.json") -> AudioTokenizerConfig:
-        try:
-            q = cfg["quantizer_kwargs"]
-            rate = int(cfg.get("sampling_rate", cfg.get("sample_rate", 24000)))
-            down = int(cfg.get("downsample_rate", 1920))
-            qtype = q.get("quantizer_type", cfg.get("quantizer_type", "rlfq"))
-            if qtype not in ("rlfq", "random_prefix_rlfq", "rvq", "spec_rvq"):
-                raise AudioTokenizerError(f"{where}: quantizer_type {qtype!r} is not supported")
-            qin = int(q.get("input_dim", 1024))
-            rvq = int(q.get("rvq_dim") or qin)
-            encoder, frame_rate = _stages(cfg, "encoder_kwargs", float(rate), True, where)
-            decoder, _ = _stages(cfg, "decoder_kwargs", frame_rate, False, where)
-            c = cls(
-                sampling_rate=rate,
-                downsample_rate=down,
-                num_quantizers=int(q.get("num_quantizers", 32)),
-                codebook_size=int(q.get("codebook_size", 1024)),
-                codebook_dim=int(q.get("codebook_dim", 8)),
-                rvq_dim=rvq,
-                quantizer_input_dim=qin,
-                quantizer_output_dim=int(q.get("output_dim") or qin),
-                normalized_codes=qtype in ("rlfq", "random_prefix_rlfq"),
-                encoder=encoder,
-                decoder=decoder,
-            )
-        except KeyError as e:
-            raise AudioTokenizerError(f"{where}: missing field {e.args[0]!r}") from None
-        hop = math.prod(s.patch for s in c.decoder)
-        if hop != down or math.prod(s.patch for s in c.encoder) != down:
-            raise AudioTokenizerError(
-                f"{where}: the patch sizes multiply to {hop}, not downsample_rate = {down}"
-            )
-        return c
-
-    @property
-    def frame_rate(self) -> float:
-        return self.sampling_rate / self.downsample_rate
-
-
-def read_config(codec_dir) -> tuple[dict, AudioTokenizerConfig]:
-    path = Path(codec_dir) / "config.json"
-    if not path.is_file():
-        raise AudioTokenizerError(f"{path} not found (config field: codec_dir)")
-    try:
-        raw = json.loads(path.read_text())
-    except ValueError as e:
-        raise AudioTokenizerError(f"{path}: not JSON ({e})") from None
-    return raw, AudioTokenizerConfig.from_dict(raw, str(path))
-
-
-# ---- checkpoint --------------------------------------------------------------------------
-
-
-class _Checkpoint:
-    """Name -> tensor over the safetensors files of a checkpoint directory (read lazily)."""
-
-    def __init__(self, codec_dir: Path):
-        from safetensors import safe_open
-
-        self._safe_open = safe_open
-        index = codec_dir / "model.safetensors.index.json"
-        if index.is_file():
-            files = sorted(
-                {codec_dir / f for f in json.loads(index.read_text())["weight_map"].values()}
-            )
-        else:
-            files = sorted(codec_dir.glob("*.safetensors"))
-        if not files:
-            raise AudioTokenizerError(f"no *.safetensors in {codec_dir} (config field: codec_dir)")
-        self.where: dict[str, Path] = {}
-        for f in files:
-            if not f.is_file():
-                raise AudioTokenizerError(f"{f} (listed in {index}) not found")
-            with safe_open(str(f), framework="pt") as sf:
-                for k in sf.keys():
-                    self.where[k] = f
-        self.files = files
-        self._open: dict = {}
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.where
-
-    def get(self, key: str) -> torch.Tensor:
-        f = self.where[key]
-        if f not in self._open:
-            self._open[f] = self._safe_open(str(f), framework="pt")
-        return self._open[f].get_tensor(key).float()
-
-    def describe(self) -> str:
-        return ", ".join(str(f) for f in self.files)
-
-    def close(self) -> None:
-        self._open.clear()
-
-
-def _need(ck: _Checkpoint, *names: str) -> str:
-    """The first of ``names`` present in the checkpoint, else an error naming the files."""
-    for n in names:
-        if n in ck:
-            return n
-    raise AudioTokenizerError(
-        f"MOSS-Audio-Tokenizer checkpoint {ck.describe()}: missing tensor {names[0]!r}"
-    )
-
-
-def _weight_normed(ck: _Checkpoint, prefix: str) -> torch.Tensor:
-    """A weight-normalised 1x1 conv's weight [out, in] (g * v / |v|, norm over dims 1..)."""
-    if prefix + ".weight" in ck:
-        w = ck.get(prefix + ".weight")
-    else:
-        g = ck.get(_need(ck, prefix + ".parametrizations.weight.original0", prefix + ".weight_g"))
-        v = ck.get(_need(ck, prefix + ".parametrizations.weight.original1", prefix + ".weight_v"))
-        w = g * v / v.flatten(1).norm(dim=1).clamp_min(1e-12).view(-1, *([1] * (v.dim() - 1)))
-    return w.reshape(w.shape[0], -1)
-
-
-def _shape(ck: _Checkpoint, key: str, t: torch.Tensor, shape: tuple) -> torch.Tensor:
-    if tuple(t.shape) != tuple(shape):
-        where = ck.where.get(key) or ck.where.get(key + ".bias") or ck.describe()
-        raise AudioTokenizerError(
-            f"MOSS-Audio-Tokenizer checkpoint {where}: {key} has shape "
-            f"{tuple(t.shape)}, config.json says {tuple(shape)}"
-        )
-    return t
-
-
-# ---- layers ------------------------------------------------------------------------------
-
-
-class _Linear:
-    """y = x @ W.T (no bias) in one of three precisions: ``dense`` (W in the compute dtype),
-    ``fp8`` (W and x in float8_e4m3fn with per-output-channel / per-row scales, _scaled_mm),
-    ``fp8-upcast`` (W stored fp8, converted to the compute dtype for each call)."""
-
-    __slots__ = ("w", "scale", "mode", "dtype")
-
-    def __init__(self, w: torch.Tensor, mode: str, dtype: torch.dtype):
-        self.dtype = dtype
-        if mode in ("fp8", "fp8-upcast") and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0:
-            w = w.float()
-            scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
-            self.w = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-            self.scale = scale
-            self.mode = mode
-        else:  # dims _scaled_mm cannot take stay dense
-            self.w, self.scale, self.mode = w.to(dtype), None, "dense"
-        if self.mode == "fp8-upcast":
-            self.scale = self.scale.to(dtype)
-
-    @property
-    def nbytes(self) -> int:
-        n = self.w.numel() * self.w.element_size()
-        return n + (self.scale.numel() * self.scale.element_size() if self.scale is not None else 0)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mode == "dense":
-            return F.linear(x, self.w)
-        if self.mode == "fp8-upcast":
-            return F.linear(x, self.w.to(self.dtype) * self.scale[:, None])
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k).float()
-        m = x2.shape[0]
-        pad = (-m) % 16
-        if pad:
-            x2 = F.pad(x2, (0, 0, 0, pad))
-        sx = (x2.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
-        xq = (x2 / sx).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        y = torch._scaled_mm(
-            xq, self.w.t(), scale_a=sx, scale_b=self.scale.view(1, -1), out_dtype=torch.bfloat16
-        )
-        return y[:m].reshape(*lead, -1)
-
-
-class _Norm:
-    __slots__ = ("kind", "w", "b", "eps")
-
-    def __init__(self, kind: str, w, b):
-        self.kind, self.w, self.b = kind, w, b
-        self.eps = 1e-8 if kind == "rms_norm_f32" else 1e-5
-
-    def __call__(self, x):
-        if self.kind == "layer_norm":
-            return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
-        dt = x.dtype
-        xf = x.float() if self.kind == "rms_norm_f32" else x
-        y = xf * (self.w.to(xf.dtype) * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))
-        return y.to(dt)
-
-
-class _Transformer:
-    """One ``Transformer`` stage, channel-last: [B, T, input_dim] -> [B, T, output_dim]."""
-
-    def __init__(self, cfg: _StageCfg, ck: _Checkpoint, prefix: str, mode, dtype, device):
-        self.cfg, self.dtype = cfg, dtype
-        D, F_ = cfg.d_model, cfg.ff
-        # fp8 inside the layers only: the stage's input/output projections (a small share of
-        # the work, next to the code embeddings and the samples) stay in `dtype`; on random
-        # weights at real shapes that lifts fp8's SNR against fp32 from ~21 to ~41 dB
-        proj_mode = "dense" if mode in ("fp8", "fp8-upcast") else mode
-
-        def lin(key, shape, lin_mode=mode):
-            return _Linear(_shape(ck, key, ck.get(key), shape).to(device), lin_mode, dtype)
-
-        def vec(key, n):
-            return _shape(ck, key, ck.get(key), (n,)).to(device=device, dtype=dtype)
-
-        self.in_proj = self.out_proj = None
-        if cfg.input_dim != D:
-            key = _need(ck, f"{prefix}.input_proj.weight")
-            self.in_proj = lin(key, (D, cfg.input_dim), proj_mode)
-        if cfg.output_dim != D:
-            key = _need(ck, f"{prefix}.output_proj.weight")
-            self.out_proj = lin(key, (cfg.output_dim, D), proj_mode)
-        self.layers = []
-        for i in range(cfg.layers):
-            p = f"{prefix}.transformer.layers.{i}"
-            layer = {
-                "qkv": lin(
-                    _need(
-                        ck,
-                        f"{p}.self_attn.in_projs.0.weight",
-                        f"{p}.self_attn.in_proj.weight",
-                        f"{p}.self_attn.in_proj_weight",
-                    ),
-                    (3 * D, D),
-                ),
-                "o": lin(
-                    _need(
-                        ck, f"{p}.self_attn.out_projs.0.weight", f"{p}.self_attn.out_proj.weight"
-                    ),
-                    (D, D),
-                ),
-                "fc1": lin(_need(ck, f"{p}.linear1.weight"), (F_, D)),
-                "fc2": lin(_need(ck, f"{p}.linear2.weight"), (D, F_)),
-            }
-            for n in ("norm1", "norm2"):
-                if cfg.norm == "layer_norm":
-                    w = vec(_need(ck, f"{p}.{n}.weight"), D)
-                    b = vec(_need(ck, f"{p}.{n}.bias"), D)
-                else:
-                    key = _need(ck, f"{p}.{n}.alpha")
-                    w, b = ck.get(key).reshape(-1).to(device=device, dtype=dtype), None
-                    if cfg.norm == "rms_norm_f32":
-                        w = w.float()
-                layer[n] = _Norm(cfg.norm, w, b)
-            for n in ("layer_scale_1", "layer_scale_2"):
-                layer[n] = vec(_need(ck, f"{p}.{n}.scale"), D) if cfg.layer_scale else None
-            self.layers.append(layer)
-        self._rope: dict = {}
-        self._mask: dict = {}
-
-    def _rope_tables(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (T, str(device))
-        if key not in self._rope:
-            dh = self.cfg.d_model // self.cfg.heads
-            half = torch.arange(dh // 2, device=device, dtype=torch.float32)
-            freqs = torch.exp(half * (-math.log(self.cfg.max_period) * 2 / dh))
-            ang = torch.arange(T, device=device, dtype=torch.float32)[:, None] * freqs
-            self._rope = {key: (torch.cos(ang), torch.sin(ang))}  # one length at a time
-        return self._rope[key]
-
-    def _attn_mask(self, T: int, device):
-        """None: plain causal (the window covers every step); else a [T, T] bool mask."""
-        if self.cfg.context is None or self.cfg.context >= T:
-            return None
-        key = (T, str(device))
-        if key not in self._mask:
-            i = torch.arange(T, device=device)
-            delta = i[:, None] - i[None, :]
-            self._mask = {key: (delta >= 0) & (delta < self.cfg.context)}
-        return self._mask[key]
-
-    def _rotate(self, x, cos, sin):
-        # interleaved pairs (x[2j], x[2j+1]), angles in float32, as the published code
-        pairs = x.unflatten(-1, (-1, 2)).float()
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
-        return out.flatten(-2).to(x.dtype)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.dtype)
-        if self.in_proj is not None:
-            x = self.in_proj(x).to(self.dtype)
-        B, T, D = x.shape
-        H = self.cfg.heads
-        mask = self._attn_mask(T, x.device)
-        cos, sin = self._rope_tables(T, x.device) if self.cfg.rope else (None, None)
-        for L in self.layers:
-            h = L["norm1"](x)
-            q, k, v = L["qkv"](h).to(self.dtype).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
-            if cos is not None:
-                q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            if mask is None:
-                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-            u = L["o"](a.transpose(1, 2).reshape(B, T, D)).to(self.dtype)
-            x = x + (u * L["layer_scale_1"] if L["layer_scale_1"] is not None else u)
-            h = L["norm2"](x)
-            u = L["fc2"](F.gelu(L["fc1"](h).to(self.dtype))).to(self.dtype)
-            x = x + (u * L["layer_scale_2"] if L["layer_scale_2"] is not None else u)
-        if self.out_proj is not None:
-            x = self.out_proj(x).to(self.dtype)
-        return x
-
-    def linears(self):
-        for p in (self.in_proj, self.out_proj):
-            if p is not None:
-                yield p
-        for L in self.layers:
-            yield from (L["qkv"], L["o"], L["fc1"], L["fc2"])
-
-
-def _patch_down(x: torch.Tensor, h: int) -> torch.Tensor:
-    # [B, L, d] -> [B, L/h, d*h], channel d_idx*h + h_idx (the published channel order)
-    B, L, d = x.shape
-    return x.reshape(B, L // h, h, d).transpose(2, 3).reshape(B, L // h, d * h)
-
-
-def _patch_up(x: torch.Tensor, h: int) -> torch.Tensor:
-    # [B, l, d*h] -> [B, l*h, d]
-    B, n, dh = x.shape
-    return x.reshape(B, n, dh // h, h).transpose(2, 3).reshape(B, n * h, dh // h)
 
 
 # ---- the codec ---------------------------------------------------------------------------
@@ -525,8 +112,6 @@ class MossAudioTokenizer:
     the module docstring; ``decode_batch_size``: clips per forward pass. The encoder's weights
     are read on the first ``encode`` (a decode-only worker never holds them).
     """
-
-    channels = 1
 
     def __init__(
         self,
@@ -541,7 +126,9 @@ class MossAudioTokenizer:
         self.raw_config, self.config = read_config(self.codec_dir)
         c = self.config
         self.sample_rate = c.sampling_rate
-        self.hop = c.downsample_rate
+        self.hop = c.downsample_rate  # samples per frame and channel
+        self.channels = c.channels
+        self.version = c.version
         self.n_vq = c.num_quantizers if n_vq is None else int(n_vq)
         if not 1 <= self.n_vq <= c.num_quantizers:
             raise AudioTokenizerError(
@@ -574,11 +161,11 @@ class MossAudioTokenizer:
             self.dtype = name
             self.mode = "fp8-upcast" if weights == "fp8" else "dense"
         self.compute_dtype, self.weight_dtype = compute, ("fp8" if compute == "fp8" else weights)
-        self._ck = _Checkpoint(self.codec_dir)
+        self._ck = Checkpoint(self.codec_dir)
         self._check_keys()
         self._load_quantizer()
         self.decoder = [
-            _Transformer(s, self._ck, f"decoder.{i}", self.mode, self.dtype, self.device)
+            Transformer(s, self._ck, f"decoder.{i}", self.mode, self.dtype, self.device)
             if s.kind == "transformer"
             else s.patch
             for i, s in enumerate(c.decoder)
@@ -593,11 +180,12 @@ class MossAudioTokenizer:
         q = "quantizer.quantizers"
         for i in range(c.num_quantizers):
             key = f"{q}.{i}.codebook.weight"
-            _shape(ck, _need(ck, key), ck.get(key), (c.codebook_size, c.codebook_dim))
+            check_shape(ck, need(ck, key), ck.get(key), (c.codebook_size, c.codebook_dim))
         for part, stages in (("encoder", c.encoder), ("decoder", c.decoder)):
             for i, s in enumerate(stages):
                 if s.kind == "transformer" and s.layers:
-                    _need(ck, f"{part}.{i}.transformer.layers.{s.layers - 1}.linear2.weight")
+                    last = f"{part}.{i}.transformer.layers.{s.layers - 1}"
+                    need(ck, f"{last}.linear2.weight", f"{last}.ffn.2.weight")
 
     def _load_quantizer(self) -> None:
         """Decode tables: table[i, c] = output_proj(out_proj_i(codebook_i[c])) without the
@@ -606,16 +194,17 @@ class MossAudioTokenizer:
         tables = []
         out_w = out_b = None
         if c.rvq_dim != c.quantizer_output_dim:
-            out_w = _weight_normed(ck, "quantizer.output_proj")
-            out_w = _shape(ck, "quantizer.output_proj", out_w, (c.quantizer_output_dim, c.rvq_dim))
-            out_b = ck.get(_need(ck, "quantizer.output_proj.bias"))
+            out_w = weight_normed(ck, "quantizer.output_proj")
+            shape = (c.quantizer_output_dim, c.rvq_dim)
+            out_w = check_shape(ck, "quantizer.output_proj", out_w, shape)
+            out_b = ck.get(need(ck, "quantizer.output_proj.bias"))
         for i in range(c.num_quantizers):
             p = f"quantizer.quantizers.{i}"
             e = ck.get(f"{p}.codebook.weight")
             if c.codebook_dim != c.rvq_dim:
-                w = _weight_normed(ck, f"{p}.out_proj")
-                e = e @ _shape(ck, f"{p}.out_proj", w, (c.rvq_dim, c.codebook_dim)).T
-                e = e + ck.get(_need(ck, f"{p}.out_proj.bias"))
+                w = weight_normed(ck, f"{p}.out_proj")
+                e = e @ check_shape(ck, f"{p}.out_proj", w, (c.rvq_dim, c.codebook_dim)).T
+                e = e + ck.get(need(ck, f"{p}.out_proj.bias"))
             tables.append(e @ out_w.T if out_w is not None else e)
         self._tables = torch.cat(tables[: self.n_vq]).to(self.device)  # [n_vq * size, out]
         self._out_bias = (
@@ -629,14 +218,14 @@ class MossAudioTokenizer:
         ck, c = self._ck, self.config
         enc_dtype = torch.bfloat16 if self.mode == "fp8" else self.dtype
         self.encoder = [
-            _Transformer(s, ck, f"encoder.{i}", "dense", enc_dtype, self.device)
+            Transformer(s, ck, f"encoder.{i}", "dense", enc_dtype, self.device)
             if s.kind == "transformer"
             else s.patch
             for i, s in enumerate(c.encoder)
         ]
         in_w = None
         if c.quantizer_input_dim != c.rvq_dim:
-            in_w = _weight_normed(ck, "quantizer.input_proj")
+            in_w = weight_normed(ck, "quantizer.input_proj")
             in_w = (in_w.to(self.device), ck.get("quantizer.input_proj.bias").to(self.device))
         qs = []
         for i in range(self.n_vq):
@@ -645,30 +234,40 @@ class MossAudioTokenizer:
             proj_in = proj_out = None
             if c.codebook_dim != c.rvq_dim:
                 proj_in = (
-                    _weight_normed(ck, f"{p}.in_proj").to(self.device),
+                    weight_normed(ck, f"{p}.in_proj").to(self.device),
                     ck.get(f"{p}.in_proj.bias").to(self.device),
                 )
                 proj_out = (
-                    _weight_normed(ck, f"{p}.out_proj").to(self.device),
+                    weight_normed(ck, f"{p}.out_proj").to(self.device),
                     ck.get(f"{p}.out_proj.bias").to(self.device),
                 )
             qs.append((e, proj_in, proj_out))
         self._enc_quant = (in_w, qs)
 
+    def stream_decoder(self, slots: int):
+        """An exact streaming decoder over ``slots`` requests (``bestofn.moss.codec_stream``),
+        kept: a later call for as many slots or fewer gets the same one (its caches reused)."""
+        from bestofn.moss.codec_stream import StreamDecoder
+
+        have = getattr(self, "_stream", None)
+        if have is None or have.slots < slots:
+            self._stream = None  # free the old caches before allocating the new ones
+            self._stream = StreamDecoder(self, slots)
+        return self._stream
+
     def weight_bytes(self) -> int:
         """Bytes of the decode weights on the device (decoder Linear weights + code tables)."""
         n = self._tables.numel() * 4
         for s in self.decoder:
-            if isinstance(s, _Transformer):
+            if isinstance(s, Transformer):
                 n += sum(lin.nbytes for lin in s.linears())
         return n
 
     # ---- decode ----
 
-    @torch.inference_mode()
-    def decode_padded(self, codes: torch.Tensor) -> torch.Tensor:
-        """codes [B, T, >= n_vq] (right-padded with any valid code) -> audio [B, T * hop] fp32
-        on the device; sample ``t * hop + j`` depends only on frames ``<= t``."""
+    def embed(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T, >= n_vq] -> the decoder's input [B, T, dim] fp32 on the device: the sum
+        of each codebook's decoded entry (one gathered table row per code) + the output bias."""
         codes = codes[..., : self.n_vq].to(self.device, torch.long)
         B, T, n = codes.shape
         if n < self.n_vq:
@@ -682,14 +281,23 @@ class MossAudioTokenizer:
             )
         flat = (codes + self._offsets).reshape(B * T, n)
         x = F.embedding_bag(flat, self._tables, mode="sum") + self._out_bias
-        x = x.view(B, T, -1)
+        return x.view(B, T, -1)
+
+    @torch.inference_mode()
+    def decode_padded(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T, >= n_vq] (right-padded with any valid code) -> audio [B, T * hop,
+        channels] fp32 on the device; sample ``t * hop + j`` depends only on frames ``<= t``."""
+        B, T = codes.shape[:2]
+        x = self.embed(codes)
         for stage in self.decoder:
-            x = stage(x) if isinstance(stage, _Transformer) else _patch_up(x, stage)
-        return x.reshape(B, -1).float()
+            x = stage(x) if isinstance(stage, Transformer) else patch_up(x, stage)
+        # the stages' one stream is the channels interleaved sample by sample: L0 R0 L1 R1 ...
+        return x.reshape(B, T * self.hop, self.channels).float()
 
     def decode(self, codes: list[torch.Tensor]) -> list[np.ndarray]:
-        """Code sequences [T_i, n_vq] -> float32 audio (T_i * hop, 1), batched by length."""
-        out: list[np.ndarray] = [np.zeros((0, 1), np.float32)] * len(codes)
+        """Code sequences [T_i, n_vq] -> float32 audio (T_i * hop, channels), batched by
+        length; each clip trimmed to its own frames (padding never reaches a clip: causal)."""
+        out: list[np.ndarray] = [np.zeros((0, self.channels), np.float32)] * len(codes)
         todo = sorted(
             (i for i, c in enumerate(codes) if c.shape[0] > 0), key=lambda i: codes[i].shape[0]
         )
@@ -707,7 +315,7 @@ class MossAudioTokenizer:
             audio = self.decode_padded(grid).cpu().numpy()
             for b, i in enumerate(idx):
                 n = int(codes[i].shape[0]) * self.hop
-                out[i] = np.ascontiguousarray(audio[b, :n, None])
+                out[i] = np.ascontiguousarray(audio[b, :n])
         return out
 
     # ---- encode ----
@@ -716,22 +324,30 @@ class MossAudioTokenizer:
     def encode_padded(
         self, wav: torch.Tensor, lengths: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """wav [B, S] at the codec rate (right-padded), lengths [B] samples -> (codes
-        [B, T, n_vq], code lengths [B]) as the published batch_encode computes them."""
+        """wav [B, S] (mono) or [B, S, channels] at the codec rate (right-padded), lengths [B]
+        samples per channel -> (codes [B, T, n_vq], code lengths [B]) as the published
+        batch_encode computes them (T = S // hop, the last partial frame dropped)."""
         if self.encoder is None:
             self._load_encoder()
         c = self.config
         wav = wav.to(self.device, torch.float32)
+        if wav.dim() == 2:
+            wav = wav[:, :, None]
+        if wav.shape[2] != c.channels:
+            raise AudioTokenizerError(
+                f"encode: audio has {wav.shape[2]} channel(s), the codec takes {c.channels}"
+            )
         lengths = lengths.to(self.device)
-        S = wav.shape[1]
+        B, S = wav.shape[:2]
         if S % self.hop:
-            wav = F.pad(wav, (0, self.hop - S % self.hop))
-        x = wav[:, :, None]
+            wav = F.pad(wav, (0, 0, 0, self.hop - S % self.hop))
+        x = wav.reshape(B, -1, 1)  # channels interleaved sample by sample into one stream
+        lengths = lengths * c.interleave
         for stage in self.encoder:
-            if isinstance(stage, _Transformer):
+            if isinstance(stage, Transformer):
                 x = stage(x)
             else:
-                x = _patch_down(x, stage)
+                x = patch_down(x, stage)
                 lengths = lengths // stage
         z = x.float()
         B, T, _ = z.shape
@@ -757,16 +373,30 @@ class MossAudioTokenizer:
         return torch.stack(codes, dim=-1), lengths
 
     def encode(self, audio: np.ndarray, sample_rate: int) -> torch.Tensor:
-        """One clip (S,) or (S, channels) at ``sample_rate`` -> codes [T, n_vq] (long, cpu): mono
-        (channel mean), resampled to 24 kHz, loudness-normalised as the reference processor."""
+        """One clip (S,) or (S, channels) at ``sample_rate`` -> codes [T, n_vq] (long, cpu), as
+        the reference processors prepare a voice: a mono codec gets the channel mean, a stereo
+        one a mono clip on both channels (or the first two channels); resampled to the codec
+        rate; loudness-normalised to -20 dBFS within +-3 dB over all channels."""
         audio = np.asarray(audio, dtype=np.float32)
-        if audio.ndim == 2:
-            audio = audio.mean(axis=1)
+        if audio.ndim == 1:
+            audio = audio[:, None]
+        if self.channels == 1:
+            audio = audio.mean(axis=1, keepdims=True)
+        elif audio.shape[1] == 1:
+            audio = np.repeat(audio, self.channels, axis=1)
+        else:
+            audio = audio[:, : self.channels]
+        if audio.shape[1] != self.channels:
+            raise AudioTokenizerError(
+                f"encode: audio has {audio.shape[1]} channels, the codec takes {self.channels}"
+            )
         if sample_rate != self.sample_rate:
             import soxr
 
             audio = soxr.resample(audio, sample_rate, self.sample_rate).astype(np.float32)
-        wav = torch.from_numpy(np.ascontiguousarray(audio))
+        wav = torch.from_numpy(
+            np.ascontiguousarray(audio, dtype=np.float32).reshape(-1, self.channels)
+        )
         dbfs = 10.0 * torch.log10(wav.pow(2).mean() + 1e-9)
         wav = wav * 10.0 ** (float(torch.clamp(-20.0 - dbfs, -3.0, 3.0)) / 20.0)
         codes, lengths = self.encode_padded(wav[None], torch.tensor([wav.shape[0]]))

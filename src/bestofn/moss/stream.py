@@ -5,11 +5,12 @@ Requests (different texts, voices, seeds and frame budgets) run in one continuou
 finished requests leave their row, and requests that arrived meanwhile (``feed``) join free
 rows. A request's first ``FIRST_CHUNK_FRAMES`` frames, then every ``CHUNK_FRAMES`` more (and
 whatever is left when it stops), go through the codec in one batched decode of all the requests
-that are ready. Each window starts ``OVERLAP_FRAMES`` before the frames it emits, and the audio
-of that left context is dropped: the codec's decoder is causal (MOSS-Audio-Tokenizer-v2: causal
-transformer stages), so the context stands in for the history it would have had. For a codec
-whose decoder looks at most ``OVERLAP_FRAMES`` back, the chunks join to exactly the one-shot
-decode; for one with a longer memory they are an approximation near each seam.
+that are ready. A codec with ``stream_decoder`` (MOSS-Audio-Tokenizer v1 and v2, ours) gets only
+the new frames: each request holds a slot of per-layer key/value caches, so the chunks join to
+the one-shot decode exactly (``bestofn.moss.codec_stream``; float rounding aside). Any other
+codec gets windows that start ``OVERLAP_FRAMES`` before the frames they emit, the audio of that
+left context dropped: exact only for a decoder that looks at most ``OVERLAP_FRAMES`` back, an
+approximation near each seam otherwise.
 
 Batch independence: a request's codes depend only on its own prompt, seed and budget (its own
 cache slots, frame counter and counter-based sampling; its prompt prefilled without padding), so
@@ -106,6 +107,9 @@ def stream_batch(
     # the layout of the audio, as the codec's decode of no codes (generate()) has
     empty = np.zeros((0,) if mono or channels is None else (0, int(channels)), np.float32)
     cancelled = feed.cancelled if feed is not None else None
+    # exact streaming: one cache slot per request in flight (at most max_batch at a time)
+    streamer = codec.stream_decoder(max_batch) if hasattr(codec, "stream_decoder") else None
+    free_slots, slot_of = list(range(max_batch)), {}
     updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch)
     try:
         for block in updates:
@@ -128,7 +132,23 @@ def stream_batch(
                 continue
             todo_ix = [i for i, b in enumerate(ready) if codes[b].shape[0] > emitted[b]]
             audios: list = [empty] * len(ready)
-            if todo_ix:
+            if todo_ix and streamer is not None:
+                new = {}
+                for i in todo_ix:
+                    b = ready[i]
+                    if b not in slot_of:
+                        if not free_slots and cancelled is not None:
+                            # requests cancelled mid-stream end without a last update
+                            for k in [k for k in slot_of if cancelled(k)]:
+                                free_slots.append(slot_of.pop(k))
+                        slot_of[b] = free_slots.pop()
+                        streamer.reset(slot_of[b])
+                    new[slot_of[b]] = codes[b][emitted[b] :]
+                decoded = streamer.decode(new)
+                for i in todo_ix:
+                    audio = decoded[slot_of[ready[i]]]
+                    audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
+            elif todo_ix:
                 decoded = decode_window(
                     codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
                 )
@@ -138,6 +158,8 @@ def stream_batch(
                 emitted[b] = codes[b].shape[0]
                 if finished:
                     codes[b] = codes[b][:0]  # its frames are no longer needed
+                    if b in slot_of:
+                        free_slots.append(slot_of.pop(b))
                 yield b, audio, finished
         yield from report_failed()
     finally:

@@ -1,21 +1,28 @@
-"""`python -m bestofn.bench codec`: MOSS-Audio-Tokenizer decode, seconds per clip, in one run:
+"""`python -m bestofn.bench codec`: MOSS-Audio-Tokenizer (``--version v1``, the 24 kHz codec of
+MOSS-TTS Delay, or ``v2``, the 48 kHz stereo codec of MOSS-TTS-Local) decode, seconds per
+clip, in one run:
 
 - our batched decode (``bestofn.moss.audio_tokenizer``) at ``--batch`` clips per call in each
   of ``--dtypes`` (fp32, bf16, fp8; fp8 only where the GPU has fp8 matmuls, else the row says
   why it was refused; fp8w: fp8-stored weights upcast to bf16 per layer), from codes in to
   numpy audio out (host copies count);
 - one clip at a time: the published processor's path (``decode(codes[nq, 1, T],
-  chunk_duration=8)``, fp32, as ``MossTTSDelayProcessor.decode_audio_codes`` calls it, per
-  clip) when ``--reference-code`` holds the published modelling code and transformers loads
-  it; our own fp32 decode with batch 1 always;
+  chunk_duration=8)``, as the processors' ``decode_audio_codes`` call it, per clip) when
+  ``--reference-code`` holds the published modelling code (v1: OpenMOSS/MOSS-Audio-Tokenizer;
+  v2: the copy vendored in vLLM-Omni, which also gets a row for its one-shot batched decode,
+  ``decode(codes[nq, B, T], padding_mask)``; on CUDA that code runs under bf16 autocast); our
+  own fp32 decode with batch 1 always;
 - per row: peak device memory (CUDA; weights included), decode-weight bytes, and the SNR of
   the audio against our fp32 batched decode of the same codes.
 
-Random codes on random weights (``bestofn.fakes.moss_audio_tokenizer``, ``--size real`` is the
-published architecture) unless ``--codec-dir`` names a checkpoint. The cost does not depend on
-the code values. Every clip is ``--seconds`` long (15 s = 188 frames).
+Random codes on random weights (``bestofn.fakes.moss_audio_tokenizer`` for v1,
+``bestofn.fakes.moss_codec`` for v2; ``--size real`` is the published architecture) unless
+``--codec-dir`` names a checkpoint. The cost does not depend on the code values. Every clip is
+``--seconds`` long (15 s = 188 frames); v2 decodes ``--n-vq`` 12 codebooks by default, as
+MOSS-TTS-Local does.
 
     python -m bestofn.bench codec --size real --device cuda --batch 64 --out codec.json
+    python -m bestofn.bench codec --version v2 --size real --dtypes fp32,bf16 --out v2.json
 """
 
 from __future__ import annotations
@@ -84,9 +91,20 @@ def _chunk_duration(cfg: dict) -> float:
     return frames * hop / rate
 
 
-def _reference_model(codec_dir: Path, ref_code: Path, device: str, work: Path):
+def _reference_model(codec_dir: Path, ref_code: Path, device: str, work: Path, version="v1"):
     """The published model (fp32) from ``codec_dir``'s weights + the published code, or the
     reason it could not be loaded."""
+    if version == "v2":
+        from bestofn.moss.codec_parity import REF_FILES as V2_FILES
+        from bestofn.moss.codec_parity import load_reference
+
+        missing = [f for f in V2_FILES if not (ref_code / f).is_file()]
+        if missing:
+            return None, f"{ref_code} lacks {', '.join(missing)}"
+        try:
+            return load_reference(ref_code, codec_dir, device).eval(), None
+        except Exception as e:  # noqa: BLE001 - reported in the table, the rest still runs
+            return None, f"vendored v2 code failed to load: {type(e).__name__}: {e}"
     missing = [f for f in REF_FILES if not (ref_code / f).is_file()]
     if missing:
         return None, f"{ref_code} lacks {', '.join(missing)}"
@@ -111,16 +129,100 @@ def _reference_model(codec_dir: Path, ref_code: Path, device: str, work: Path):
     return model.to(device).eval(), None
 
 
+def _chunk_note() -> str:
+    from bestofn.moss.stream import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, OVERLAP_FRAMES
+
+    return f"first {FIRST_CHUNK_FRAMES} frames, then {CHUNK_FRAMES}; left overlap {OVERLAP_FRAMES}"
+
+
+def _stream_chunks(codec, clips, exact: bool) -> list[np.ndarray]:
+    """Every clip decoded in the chunks ``bestofn serve`` emits (all clips' chunks in one call
+    per step): ``exact``, the new frames through the codec's stream decoder (per-request
+    caches, what serve runs for our codecs); else windows with the left overlap."""
+    from bestofn.moss.stream import CHUNK_FRAMES, FIRST_CHUNK_FRAMES, OVERLAP_FRAMES, decode_window
+
+    T = min(int(c.shape[0]) for c in clips)
+    parts: list[list[np.ndarray]] = [[] for _ in clips]
+    sd = codec.stream_decoder(len(clips)) if exact else None
+    for slot in range(len(clips) if exact else 0):
+        sd.reset(slot)
+    emitted = 0
+    while emitted < T:
+        end = min(T, emitted + (FIRST_CHUNK_FRAMES if emitted == 0 else CHUNK_FRAMES))
+        if exact:
+            out = sd.decode({i: c[emitted:end] for i, c in enumerate(clips)})
+            audios = [out[i] for i in range(len(clips))]
+        else:
+            w0 = max(0, emitted - OVERLAP_FRAMES)
+            audios = decode_window(codec, [c[w0:end] for c in clips], [emitted - w0] * len(clips))
+        for part, a in zip(parts, audios, strict=True):
+            part.append(a)
+        emitted = end
+    return [np.concatenate(p) for p in parts]
+
+
+def _max_diff(ref: list[np.ndarray], out: list[np.ndarray]) -> float:
+    return max(float(np.abs(r - o.reshape(r.shape)).max()) for r, o in zip(ref, out, strict=True))
+
+
+def _reference_decode(model, clips, device, chunk=None) -> list[np.ndarray]:
+    """The published decode: codes [nq, B, T] + padding mask (one clip when ``chunk``)."""
+    T = max(int(c.shape[0]) for c in clips)
+    codes = torch.zeros(clips[0].shape[1], len(clips), T, dtype=torch.long)
+    mask = torch.zeros(len(clips), T, dtype=torch.bool)
+    for i, c in enumerate(clips):
+        codes[:, i, : c.shape[0]] = c.T
+        mask[i, : c.shape[0]] = True
+    with torch.no_grad():
+        res = model.decode(
+            codes.to(device), padding_mask=mask.to(device), return_dict=True,
+            chunk_duration=chunk,
+        )  # fmt: skip
+        audio = res.audio.float().cpu().numpy()  # [B, channels, S]
+    return [audio[i, :, : int(n)].T.copy() for i, n in enumerate(res.audio_lengths.tolist())]
+
+
+def _reference_rows(model, clips, n1, cfg, device, args, add, reference_audio) -> None:
+    """The published code's rows: v2's one-shot batched decode, then (both versions) the
+    processor's path, one clip at a time with ``chunk_duration``."""
+    # on CUDA the vendored v2 decode runs under bf16 autocast (its own choice); on CPU fp32
+    precision = "bf16-autocast" if args.version == "v2" and device.startswith("cuda") else "fp32"
+
+    def snr(audio):
+        if reference_audio is None:
+            return None
+        return _snr_db(reference_audio[: len(audio)], audio)
+
+    if args.version == "v2":
+        _mem_start(device)
+        t, audio = _timed(lambda: _reference_decode(model, clips, device), device, args.repeats)
+        add("published one-shot batched", len(clips), precision, s_per_clip=t / len(clips),
+            s_per_call=t, peak_gib=_mem_peak_gib(device), snr_db=snr(audio))  # fmt: skip
+    chunk = _chunk_duration(cfg)
+    _mem_start(device)
+    t, audio = _timed(
+        lambda: [_reference_decode(model, [c], device, chunk)[0] for c in clips[:n1]],
+        device,
+        args.repeats,
+    )
+    # differs from one-shot decoding by design: a streamed chunk's steps see fewer past steps
+    # than the window (a ring cache of `context` entries; see docs/notes/moss-facts.md)
+    add("published processor path", 1, precision, s_per_clip=t / n1, clips_timed=n1,
+        chunk_duration=chunk, peak_gib=_mem_peak_gib(device), snr_db=snr(audio))  # fmt: skip
+
+
 def run(args) -> dict:
-    from bestofn.fakes import moss_audio_tokenizer as fake
+    from bestofn.fakes import moss_audio_tokenizer, moss_codec
     from bestofn.moss.audio_tokenizer import AudioTokenizerError, MossAudioTokenizer
 
     device = args.device
+    v2 = args.version == "v2"
+    fake = moss_codec if v2 else moss_audio_tokenizer
     work = Path(args.work or tempfile.mkdtemp(prefix="bestofn-codec-bench-"))
     if args.codec_dir:
         codec_dir = Path(args.codec_dir)
     else:
-        codec_dir = work / f"MOSS-Audio-Tokenizer-{args.size}"
+        codec_dir = work / f"MOSS-Audio-Tokenizer{'-v2' if v2 else ''}-{args.size}"
         if not (codec_dir / "config.json").is_file():
             t0 = time.perf_counter()
             fake.write(codec_dir, args.size, seed=0)
@@ -128,7 +230,7 @@ def run(args) -> dict:
             print(f"random {args.size} checkpoint written to {codec_dir} in {took:.0f} s")
     cfg = json.loads((codec_dir / "config.json").read_text())
     q = cfg["quantizer_kwargs"]
-    n_vq = args.n_vq or int(q["num_quantizers"])
+    n_vq = args.n_vq or (12 if v2 else int(q["num_quantizers"]))
     frames = round(args.seconds * cfg["sampling_rate"] / cfg["downsample_rate"])
     g = torch.Generator().manual_seed(0)
     clips = [
@@ -145,6 +247,7 @@ def run(args) -> dict:
         else platform.processor() or "cpu",
         "torch": torch.__version__,
         "codec_dir": str(codec_dir),
+        "version": args.version,
         "size": None if args.codec_dir else args.size,
         "clips": args.batch,
         "seconds_per_clip": frames * cfg["downsample_rate"] / cfg["sampling_rate"],
@@ -219,44 +322,37 @@ def run(args) -> dict:
         peak_gib=_mem_peak_gib(device),
         snr_db=_snr_db(reference_audio[:n1], audio) if reference_audio is not None else None,
     )
+    # the chunks `bestofn serve` decodes (bestofn.moss.stream) against the one-shot fp32
+    # decode: exact (per-request caches, serve's path for our codecs; fp32 shows the chunking
+    # alone, bf16 serve's default precision) and the overlap windows other codecs get
+    ref = reference_audio[:n1] if reference_audio is not None else None
+    for name, exact, dtype in (
+        ("ours serve stream (exact)", True, "fp32"),
+        ("ours serve stream (exact)", True, "bf16"),
+        ("ours overlap-window chunks", False, "fp32"),
+    ):
+        _mem_start(device)
+        stream = MossAudioTokenizer(codec_dir, device=device, compute_dtype=dtype, n_vq=n_vq,
+                                    decode_batch_size=args.batch)  # fmt: skip
+        t, audio = _timed(
+            lambda s=stream, e=exact: _stream_chunks(s, clips[:n1], e), device, args.repeats
+        )
+        add(name, n1, dtype, s_per_clip=t / n1, clips_timed=n1,
+            peak_gib=_mem_peak_gib(device), chunks=_chunk_note(),
+            snr_db=_snr_db(ref, audio) if ref else None,
+            max_abs_diff=_max_diff(ref, audio) if ref else None)  # fmt: skip
+        del stream
     del single
 
     if args.reference_code:
         _mem_start(device)
-        model, why = _reference_model(codec_dir, Path(args.reference_code), device, work)
+        model, why = _reference_model(
+            codec_dir, Path(args.reference_code), device, work, args.version
+        )
         if model is None:
             add("published processor path", 1, "fp32", status=f"not run: {why}")
         else:
-            chunk = _chunk_duration(cfg)
-
-            def one_at_a_time():
-                out = []
-                with torch.no_grad():
-                    for c in clips[:n1]:
-                        codes = c.T[:, None, :].to(device)
-                        mask = torch.ones(1, c.shape[0], dtype=torch.bool, device=device)
-                        res = model.decode(
-                            codes, padding_mask=mask, return_dict=True, chunk_duration=chunk
-                        )
-                        n = int(res.audio_lengths[0])
-                        out.append(res.audio[0, 0, :n].to(torch.float32).cpu().numpy())
-                return out
-
-            t, audio = _timed(one_at_a_time, device, args.repeats)
-            add(
-                "published processor path",
-                1,
-                "fp32",
-                s_per_clip=t / n1,
-                clips_timed=n1,
-                chunk_duration=chunk,
-                peak_gib=_mem_peak_gib(device),
-                # differs from one-shot decoding after the first chunk by design: a streamed
-                # chunk's first steps see fewer past steps (see docs/notes/moss-facts.md)
-                snr_db=_snr_db(reference_audio[:n1], audio)
-                if reference_audio is not None
-                else None,
-            )
+            _reference_rows(model, clips, n1, cfg, device, args, add, reference_audio)
             del model
     return {"meta": meta, "rows": rows}
 
@@ -272,6 +368,10 @@ def main(argv: list[str]) -> int:
         "--size", default="real", choices=("tiny", "real"), help="random checkpoint size"
     )
     p.add_argument(
+        "--version", default="v1", choices=("v1", "v2"),
+        help="v1: the 24 kHz codec of MOSS-TTS Delay; v2: the 48 kHz stereo codec of Local",
+    )  # fmt: skip
+    p.add_argument(
         "--work", help="where the random checkpoint is written/reused (default: a temp dir)"
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -285,9 +385,10 @@ def main(argv: list[str]) -> int:
         "--seconds",
         type=float,
         default=None,
-        help="clip length (default 15; tiny: 0.04 s = 60 frames, its hop is 16 samples)",
+        help="clip length (default 15; tiny v1: 0.04 s = 60 frames, its hop is 16 samples; "
+        "tiny v2: 2 s = 25 frames)",
     )
-    p.add_argument("--n-vq", type=int, default=None, help="codebooks (default: all)")
+    p.add_argument("--n-vq", type=int, default=None, help="codebooks (default: v1 all, v2 12)")
     p.add_argument("--one-clip-n", type=int, default=8, help="clips timed one at a time")
     p.add_argument("--repeats", type=int, default=3, help="timed calls after one warm-up (median)")
     p.add_argument(
@@ -297,7 +398,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     args.argv = "python -m bestofn.bench codec " + " ".join(argv)
     if args.seconds is None:
-        args.seconds = 0.04 if args.size == "tiny" and not args.codec_dir else 15.0
+        tiny = args.size == "tiny" and not args.codec_dir
+        args.seconds = (2.0 if args.version == "v2" else 0.04) if tiny else 15.0
     result = run(args)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,9 @@ group (compile, CUDA-graph capture, allocator) is followed by the timed groups.
 What is not the product's cost, and why:
 - Takes are forced to a fixed length (``--frames``, default 188 = 15.04 s): the random model's
   stop head is set to always continue and the frame budget is pinned (min = max = frames).
-- The codec is a RANDOM STAND-IN with the MOSS-Audio-Tokenizer-v2 interface
-  (``bestofn.fakes.moss_codec``: embeddings + one linear layer + upsampling), loaded through the
-  same ``RemoteCodec`` path as the real one, unless ``--codec-dir`` names a real v2 directory.
-  Its decode cost is NOT the real codec's; it is reported separately as ``codec_decode``.
+- The codec is MOSS-Audio-Tokenizer-v2 with random weights at its published size
+  (``bestofn.fakes.moss_codec``), decoded by our own code as in production, unless
+  ``--codec-dir`` names another v2 directory; its decode is also reported as ``codec_decode``.
 - The prompt uses a byte tokenizer (about one token per character): longer than real prompts.
 - Random weights make noise-like audio (FLAC compresses it worse than speech) and make Parakeet
   emit more tokens than a real model: both make restore/score/write pessimistic, not optimistic.
@@ -252,44 +251,6 @@ class TimedCodec:
         return self.codec.encode(audio, sample_rate)
 
 
-class InlineStandInCodec:
-    """Fallback only (when the remote-code stand-in cannot be loaded): the same work shape as
-    ``bestofn.fakes.moss_codec``'s model (sum of 12 code embeddings, one linear layer, upsampled to
-    3840 samples per frame, 48 kHz stereo), batched like ``RemoteCodec``. Numbers mean nothing."""
-
-    sample_rate, channels, hop, n_vq = 48000, 2, 3840, 12
-
-    def __init__(self, device: str, tiny: bool = False, batch_size: int = 16):
-        import torch
-
-        size, dim = (64, 8) if tiny else (1024, 256)
-        g = torch.Generator().manual_seed(0)
-        self.device, self.batch_size = device, batch_size
-        self.emb = (0.1 * torch.randn(self.n_vq, size, dim, generator=g)).to(device)
-        self.proj = (torch.randn(dim, self.channels * 160, generator=g) / dim**0.5).to(device)
-
-    def decode(self, codes):
-        import torch
-
-        out = []
-        with torch.inference_mode():
-            for start in range(0, len(codes), self.batch_size):
-                chunk = codes[start : start + self.batch_size]
-                T = max(int(c.shape[0]) for c in chunk)
-                grid = torch.zeros(len(chunk), T, self.n_vq, dtype=torch.long, device=self.device)
-                for b, c in enumerate(chunk):
-                    grid[b, : c.shape[0]] = c[:, : self.n_vq].to(self.device)
-                z = sum(self.emb[k][grid[..., k]] for k in range(self.n_vq))
-                y = torch.tanh(z @ self.proj).reshape(len(chunk), T, self.channels, 160)
-                y = y.permute(0, 2, 1, 3).reshape(len(chunk), self.channels, -1)
-                y = torch.nn.functional.interpolate(y, scale_factor=self.hop / 160).cpu().numpy()
-                out += [y[b, :, : c.shape[0] * self.hop].T.copy() for b, c in enumerate(chunk)]
-        return out
-
-    def encode(self, audio, sample_rate):
-        raise NotImplementedError("the inline stand-in codec only decodes")
-
-
 def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir=None):
     """All production backends with random weights; returns (Backends, codec, build seconds)."""
     import torch
@@ -310,7 +271,7 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
         return out
 
     if codec_dir is None:
-        codec_dir = timed("codec-stand-in", lambda: moss_codec.write(workdir / "codec", size))
+        codec_dir = timed("codec-write", lambda: moss_codec.write(workdir / "codec", size))
     gen = timed(
         "moss-fast",
         lambda: moss.build(
@@ -320,12 +281,7 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
     if tiny:  # the tiny random model stops at random frames; pin its length as the real one's
         with torch.no_grad():
             moss.always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)
-    try:
-        codec = TimedCodec(timed("codec", gen._codec))
-    except Exception as e:  # keep measuring everything else; say which stand-in decoded
-        print(f"# codec could not be loaded ({type(e).__name__}: {e}); using InlineStandInCodec")
-        codec = TimedCodec(InlineStandInCodec(device, tiny=tiny))
-        gen.sample_rate = codec.sample_rate
+    codec = TimedCodec(timed("codec", gen._codec))
     gen.codec = codec
     restorer = timed("sidon", lambda: sidon.build(device, size))
     asr = timed("parakeet", lambda: parakeet.build(device, size, str(workdir / "asr")))
@@ -463,8 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         "size": args.size,
         "frames_per_take": args.frames,
         "codec": args.codec_dir
-        or "RANDOM STAND-IN (bestofn.fakes.moss_codec); decode cost is not the real "
-        "MOSS-Audio-Tokenizer-v2's",
+        or f"MOSS-Audio-Tokenizer-v2, random weights ({args.size}, bestofn.fakes.moss_codec), "
+        "decoded by bestofn.moss.audio_tokenizer",
         "flac_subtype": "PCM_24",
     }
     for k, v in meta.items():
@@ -478,9 +434,6 @@ def main(argv: list[str] | None = None) -> int:
 
     backends, codec, build_s = build_backends(args.size, dev, args.frames, workdir, args.codec_dir)
     result["build_s"] = build_s
-    if isinstance(codec.codec, InlineStandInCodec):
-        meta["codec"] = "RANDOM INLINE STAND-IN (remote-code stand-in failed to load)"
-        print(f"# codec: {meta['codec']}")
     save()
 
     sizes = [int(n) for n in args.takes.split(",") if n]

@@ -1,0 +1,267 @@
+"""The building blocks both MOSS-Audio-Tokenizer versions are made of, channel-last and batched:
+a ``Transformer`` stage (input/output projections around pre-norm causal layers with a sliding
+attention window) and the patch reshapes between stages. No nn.Module: plain tensors read from
+the checkpoint, so weights can be stored in the compute dtype or fp8 (``Linear``).
+
+Facts (the published modelling code of v1, OpenMOSS/MOSS-Audio-Tokenizer@56df9ee, and of v2 as
+vendored in vLLM-Omni, zzehli/vllm-omni@10906e3 ``moss_tts/audio_tokenizer_v2.py``):
+
+- layer: ``x += ls1 * attn(norm1(x))``; ``x += ls2 * fc2(gelu(fc1(norm2(x))))``; LayerNorm eps
+  1e-5, exact-erf GELU, no biases in the Linear layers, per-channel layer scale;
+- attention: fused q|k|v projection, heads split after; RoPE on interleaved pairs (x[2j],
+  x[2j+1]) at absolute positions from 0, angles in fp32; a key is visible to a query iff
+  ``0 <= q - k < context``.
+- key names: v1 ``self_attn.in_projs.0`` / ``out_projs.0``, ``linear1`` / ``linear2``; v2
+  ``self_attn.in_proj`` / ``out_proj``, ``ffn.0`` / ``ffn.2``; both ``norm{1,2}``,
+  ``layer_scale_{1,2}.scale``, ``input_proj`` / ``output_proj`` (v1 only where the width
+  differs from ``d_model``, v2 always).
+
+The sliding window is computed in blocks of ``context`` queries: each block attends to itself
+(causal) and to the block before it, masked to the window, so attention costs O(T * context),
+not O(T^2) as a full [T, T] mask would (15-s clips are 6016 steps in the last v2 stage, window
+400), and every block is one batched SDPA call: no Python loop over frames.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from bestofn.moss.codec_checkpoint import Checkpoint, check_shape, need
+
+FP8_MAX = 448.0  # largest float8_e4m3fn
+
+
+@dataclass
+class StageCfg:
+    kind: str  # "patch" | "transformer"
+    patch: int = 1
+    input_dim: int = 0
+    output_dim: int = 0
+    d_model: int = 0
+    heads: int = 0
+    layers: int = 0
+    ff: int = 0
+    context: int | None = None
+    norm: str = "layer_norm"
+    rope: bool = True
+    max_period: float = 10000.0
+    layer_scale: bool = True
+
+
+class Linear:
+    """y = x @ W.T (no bias) in one of three precisions: ``dense`` (W in the compute dtype),
+    ``fp8`` (W and x in float8_e4m3fn with per-output-channel / per-row scales, _scaled_mm),
+    ``fp8-upcast`` (W stored fp8, converted to the compute dtype for each call)."""
+
+    __slots__ = ("w", "scale", "mode", "dtype")
+
+    def __init__(self, w: torch.Tensor, mode: str, dtype: torch.dtype):
+        self.dtype = dtype
+        if mode in ("fp8", "fp8-upcast") and w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0:
+            w = w.float()
+            scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)
+            self.w = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+            self.scale = scale
+            self.mode = mode
+        else:  # dims _scaled_mm cannot take stay dense
+            self.w, self.scale, self.mode = w.to(dtype), None, "dense"
+        if self.mode == "fp8-upcast":
+            self.scale = self.scale.to(dtype)
+
+    @property
+    def nbytes(self) -> int:
+        n = self.w.numel() * self.w.element_size()
+        return n + (self.scale.numel() * self.scale.element_size() if self.scale is not None else 0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "dense":
+            return F.linear(x, self.w)
+        if self.mode == "fp8-upcast":
+            return F.linear(x, self.w.to(self.dtype) * self.scale[:, None])
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k).float()
+        m = x2.shape[0]
+        pad = (-m) % 16
+        if pad:
+            x2 = F.pad(x2, (0, 0, 0, pad))
+        sx = (x2.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp_min(1e-12)
+        xq = (x2 / sx).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        y = torch._scaled_mm(
+            xq, self.w.t(), scale_a=sx, scale_b=self.scale.view(1, -1), out_dtype=torch.bfloat16
+        )
+        return y[:m].reshape(*lead, -1)
+
+
+class Norm:
+    __slots__ = ("kind", "w", "b", "eps")
+
+    def __init__(self, kind: str, w, b):
+        self.kind, self.w, self.b = kind, w, b
+        self.eps = 1e-8 if kind == "rms_norm_f32" else 1e-5
+
+    def __call__(self, x):
+        if self.kind == "layer_norm":
+            return F.layer_norm(x, (x.shape[-1],), self.w, self.b, self.eps)
+        dt = x.dtype
+        xf = x.float() if self.kind == "rms_norm_f32" else x
+        y = xf * (self.w.to(xf.dtype) * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))
+        return y.to(dt)
+
+
+def sliding_window_attention(q, k, v, window: int | None, mask_cache: dict) -> torch.Tensor:
+    """q, k, v [B, H, T, dh] -> [B, H, T, dh]; key k is visible to query q iff 0 <= q-k < window.
+
+    T <= window: plain causal attention. Else the T steps (padded at the end to whole blocks;
+    causal, so the pad changes no real step) form blocks of ``window`` queries: block 0 is
+    causal within itself; block i > 0 sees blocks i-1 and i through one [window, 2 window]
+    mask that every such block shares."""
+    B, H, T, dh = q.shape
+    if window is None or window >= T:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    W = window
+    nb = -(-T // W)
+    pad = nb * W - T
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    qb, kb, vb = (t.reshape(B, H, nb, W, dh) for t in (q, k, v))
+    first = F.scaled_dot_product_attention(qb[:, :, 0], kb[:, :, 0], vb[:, :, 0], is_causal=True)
+    if nb == 1:
+        return first[:, :, :T]
+    key = (W, str(q.device))
+    if key not in mask_cache:
+        i = torch.arange(W, device=q.device)[:, None]
+        j = torch.arange(2 * W, device=q.device)[None, :]
+        # query at W + i (from the previous block's start) sees key j iff 0 <= W + i - j < W
+        mask_cache.clear()
+        mask_cache[key] = (j > i) & (j <= i + W)
+    n = nb - 1
+    qr = qb[:, :, 1:].reshape(B, H * n, W, dh)
+    kr = torch.cat((kb[:, :, :-1], kb[:, :, 1:]), dim=3).reshape(B, H * n, 2 * W, dh)
+    vr = torch.cat((vb[:, :, :-1], vb[:, :, 1:]), dim=3).reshape(B, H * n, 2 * W, dh)
+    rest = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask_cache[key])
+    out = torch.cat((first[:, :, None], rest.view(B, H, n, W, dh)), dim=2)
+    return out.reshape(B, H, nb * W, dh)[:, :, :T]
+
+
+class Transformer:
+    """One ``Transformer`` stage, channel-last: [B, T, input_dim] -> [B, T, output_dim].
+
+    ``mode``/``dtype``: the layers' Linear precision (see ``Linear``); norms, layer scales and
+    attention run in ``dtype``."""
+
+    def __init__(self, cfg: StageCfg, ck: Checkpoint, prefix: str, mode, dtype, device):
+        self.cfg, self.dtype = cfg, dtype
+        D, F_ = cfg.d_model, cfg.ff
+        # fp8 inside the layers only: the stage's input/output projections (a small share of
+        # the work, next to the code embeddings and the samples) stay in `dtype`; on random
+        # weights at real shapes that lifts fp8's SNR against fp32 from ~21 to ~41 dB
+        proj_mode = "dense" if mode in ("fp8", "fp8-upcast") else mode
+
+        def lin(key, shape, lin_mode=mode):
+            return Linear(check_shape(ck, key, ck.get(key), shape).to(device), lin_mode, dtype)
+
+        def vec(key, n):
+            return check_shape(ck, key, ck.get(key), (n,)).to(device=device, dtype=dtype)
+
+        def projection(name, shape, width):
+            # v2 always has both projections; v1 only where the width differs from d_model
+            key = f"{prefix}.{name}.weight"
+            if key in ck or width != D:
+                return lin(need(ck, key), shape, proj_mode)
+            return None
+
+        self.in_proj = projection("input_proj", (D, cfg.input_dim), cfg.input_dim)
+        self.out_proj = projection("output_proj", (cfg.output_dim, D), cfg.output_dim)
+        self.layers = []
+        for i in range(cfg.layers):
+            p = f"{prefix}.transformer.layers.{i}"
+            a = f"{p}.self_attn"
+            layer = {
+                "qkv": lin(
+                    need(
+                        ck, f"{a}.in_projs.0.weight", f"{a}.in_proj.weight", f"{a}.in_proj_weight"
+                    ),
+                    (3 * D, D),
+                ),
+                "o": lin(need(ck, f"{a}.out_projs.0.weight", f"{a}.out_proj.weight"), (D, D)),
+                "fc1": lin(need(ck, f"{p}.linear1.weight", f"{p}.ffn.0.weight"), (F_, D)),
+                "fc2": lin(need(ck, f"{p}.linear2.weight", f"{p}.ffn.2.weight"), (D, F_)),
+            }
+            for n in ("norm1", "norm2"):
+                if cfg.norm == "layer_norm":
+                    w = vec(need(ck, f"{p}.{n}.weight"), D)
+                    b = vec(need(ck, f"{p}.{n}.bias"), D)
+                else:
+                    key = need(ck, f"{p}.{n}.alpha")
+                    w, b = ck.get(key).reshape(-1).to(device=device, dtype=dtype), None
+                    if cfg.norm == "rms_norm_f32":
+                        w = w.float()
+                layer[n] = Norm(cfg.norm, w, b)
+            for n in ("layer_scale_1", "layer_scale_2"):
+                layer[n] = vec(need(ck, f"{p}.{n}.scale"), D) if cfg.layer_scale else None
+            self.layers.append(layer)
+        self._rope: dict = {}
+        self._mask: dict = {}
+
+    def _rope_tables(self, T: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (T, str(device))
+        if key not in self._rope:
+            dh = self.cfg.d_model // self.cfg.heads
+            half = torch.arange(dh // 2, device=device, dtype=torch.float32)
+            freqs = torch.exp(half * (-math.log(self.cfg.max_period) * 2 / dh))
+            ang = torch.arange(T, device=device, dtype=torch.float32)[:, None] * freqs
+            self._rope = {key: (torch.cos(ang), torch.sin(ang))}  # one length at a time
+        return self._rope[key]
+
+    @staticmethod
+    def _rotate(x, cos, sin):
+        # interleaved pairs (x[2j], x[2j+1]), angles in float32, as the published code
+        pairs = x.unflatten(-1, (-1, 2)).float()
+        a, b = pairs[..., 0], pairs[..., 1]
+        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        return out.flatten(-2).to(x.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.dtype)
+        if self.in_proj is not None:
+            x = self.in_proj(x).to(self.dtype)
+        B, T, D = x.shape
+        H = self.cfg.heads
+        cos, sin = self._rope_tables(T, x.device) if self.cfg.rope else (None, None)
+        for L in self.layers:
+            h = L["norm1"](x)
+            q, k, v = L["qkv"](h).to(self.dtype).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
+            if cos is not None:
+                q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            a = sliding_window_attention(q, k, v, self.cfg.context, self._mask)
+            u = L["o"](a.transpose(1, 2).reshape(B, T, D)).to(self.dtype)
+            x = x + (u * L["layer_scale_1"] if L["layer_scale_1"] is not None else u)
+            h = L["norm2"](x)
+            u = L["fc2"](F.gelu(L["fc1"](h).to(self.dtype))).to(self.dtype)
+            x = x + (u * L["layer_scale_2"] if L["layer_scale_2"] is not None else u)
+        if self.out_proj is not None:
+            x = self.out_proj(x).to(self.dtype)
+        return x
+
+    def linears(self):
+        for p in (self.in_proj, self.out_proj):
+            if p is not None:
+                yield p
+        for L in self.layers:
+            yield from (L["qkv"], L["o"], L["fc1"], L["fc2"])
+
+
+def patch_down(x: torch.Tensor, h: int) -> torch.Tensor:
+    # [B, L, d] -> [B, L/h, d*h], channel d_idx*h + h_idx (the published channel order)
+    B, L, d = x.shape
+    return x.reshape(B, L // h, h, d).transpose(2, 3).reshape(B, L // h, d * h)
+
+
+def patch_up(x: torch.Tensor, h: int) -> torch.Tensor:
+    # [B, l, d*h] -> [B, l*h, d]
+    B, n, dh = x.shape
+    return x.reshape(B, n, dh // h, h).transpose(2, 3).reshape(B, n * h, dh // h)

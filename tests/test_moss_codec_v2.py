@@ -1,0 +1,281 @@
+"""MOSS-Audio-Tokenizer-v2 (the 48 kHz stereo codec of MOSS-TTS-Local) through our own code
+(bestofn.moss.audio_tokenizer) on tiny random checkpoints in the published v2 layout
+(bestofn.fakes.moss_codec): parity with vLLM-Omni's vendored v2 code when its copy is in
+.ref/moss_audio_tokenizer_v2, the sliding window, batching, stereo, and bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from bestofn.fakes import moss_codec
+from bestofn.moss.audio_tokenizer import AudioTokenizerError, MossAudioTokenizer
+from bestofn.moss.codec_config import AudioTokenizerConfig
+from bestofn.moss.codec_layers import sliding_window_attention
+
+REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_audio_tokenizer_v2"
+CODEBOOK = moss_codec.CODEBOOK["tiny"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return moss_codec.write(tmp_path_factory.mktemp("v2") / "MOSS-Audio-Tokenizer-v2", "tiny", 3)
+
+
+@pytest.fixture(scope="module")
+def codec(ckpt) -> MossAudioTokenizer:
+    return MossAudioTokenizer(ckpt, compute_dtype="fp32", n_vq=12, decode_batch_size=8)
+
+
+def _clips(lengths, seed=0, n_vq=12):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, CODEBOOK, (n, n_vq), generator=g) for n in lengths]
+
+
+# ---- the layout and the module list ---------------------------------------------------------
+
+
+def test_real_size_is_the_published_v2_architecture():
+    cfg = moss_codec.config("real")
+    c = AudioTokenizerConfig.from_dict(cfg)
+    assert (c.version, c.channels, c.interleave, c.sampling_rate, c.downsample_rate) == (
+        "v2", 2, 2, 48000, 3840,
+    )  # fmt: skip
+    dec = [s for s in c.decoder if s.kind == "transformer"]
+    enc = [s for s in c.encoder if s.kind == "transformer"]
+    assert [s.context for s in dec] == [125, 250, 400, 400, 400, 400]
+    assert [s.context for s in enc] == [400, 400, 400, 400, 250, 125]
+    assert [s.patch for s in c.decoder if s.kind == "patch"] == [2, 2, 2, 2, 2, 240]
+    assert [(s.d_model, s.layers) for s in dec] == [(1280, 32)] + [(768, 12)] * 5
+
+    def params(stages):
+        return sum(
+            s.layers * (4 * s.d_model**2 + 2 * s.d_model * s.ff + 6 * s.d_model)
+            + s.d_model * (s.input_dim + s.output_dim)
+            for s in stages
+        )
+
+    assert 1.05e9 < params(dec) < 1.07e9  # "1.06 B of them in the decoder"
+    assert 2.1e9 < params(dec) + params(enc) < 2.13e9
+    assert (c.num_quantizers, c.codebook_size, c.codebook_dim) == (32, 1024, 8)
+
+
+def test_tiny_checkpoint_has_the_published_v2_key_names(ckpt):
+    keys = set(load_file(str(ckpt / "model.safetensors")))
+    layer = "decoder.0.transformer.layers.0"
+    for name in ("self_attn.in_proj", "self_attn.out_proj", "ffn.0", "ffn.2"):
+        assert f"{layer}.{name}.weight" in keys
+    assert {f"{layer}.layer_scale_1.scale", f"{layer}.norm1.bias"} <= keys
+    # v2: both projections in every stage, even where the width equals d_model
+    assert {"decoder.2.input_proj.weight", "decoder.2.output_proj.weight"} <= keys
+    assert "quantizer.quantizers.0.in_proj.parametrizations.weight.original0" in keys
+    assert not any("linear1" in k or "in_projs" in k for k in keys)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["number_channels"] == 2 and "stand" not in json.dumps(cfg).lower()
+
+
+# ---- parity with the vendored published code --------------------------------------------------
+
+
+def test_decode_and_encode_match_the_vendored_v2_code(ckpt):
+    if not (REF / "audio_tokenizer_v2.py").is_file():
+        pytest.skip(
+            f"vLLM-Omni's v2 codec code not in {REF} (copy audio_tokenizer_v2.py and "
+            "configuration_moss_audio_tokenizer_v2.py of zzehli/vllm-omni@10906e3 "
+            "vllm_omni/model_executor/models/moss_tts/ there to run the parity test)"
+        )
+    pytest.importorskip("transformers")
+    from bestofn.moss.codec_parity import run_codec_parity
+
+    ok, lines = run_codec_parity(ckpt, REF)
+    assert ok, "\n".join(lines)
+    assert any(line.startswith("decode fp32") and line.endswith("ok") for line in lines)
+    assert any("codes identical" in line for line in lines)
+
+
+def test_parity_command_recognises_the_v2_code(capsys, tmp_path):
+    from bestofn.moss.codec_parity import is_v2_codec_code
+
+    assert not is_v2_codec_code(tmp_path)
+    if not is_v2_codec_code(REF):
+        pytest.skip(f"vLLM-Omni's v2 codec code not in {REF}")
+    from bestofn.moss.parity import parity_main
+
+    assert parity_main(["--reference-code", str(REF)]) == 0
+    out = capsys.readouterr().out
+    assert "parity: PASS (MOSS-Audio-Tokenizer-v2" in out
+
+
+# ---- the kernel: sliding window, batching, stereo ------------------------------------------
+
+
+@pytest.mark.parametrize("T,window", [(7, 16), (16, 16), (17, 16), (45, 10), (40, 5), (9, 1)])
+def test_sliding_window_attention_equals_the_dense_window_mask(T, window):
+    g = torch.Generator().manual_seed(T * 100 + window)
+    q, k, v = (torch.randn(2, 3, T, 8, generator=g) for _ in range(3))
+    i = torch.arange(T)
+    delta = i[:, None] - i[None, :]
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=(delta >= 0) & (delta < window)
+    )
+    ours = sliding_window_attention(q, k, v, window, {})
+    torch.testing.assert_close(ours, dense, rtol=1e-5, atol=1e-6)
+
+
+def test_batched_decode_is_stereo_trimmed_and_batch_independent(codec):
+    lengths = [30, 7, 19, 1]
+    clips = _clips(lengths, seed=5)
+    batched = codec.decode(clips)
+    for clip, n, audio in zip(clips, lengths, batched, strict=True):
+        assert audio.shape == (n * 3840, 2) and audio.dtype == np.float32
+        alone = codec.decode([clip])[0]
+        np.testing.assert_allclose(audio, alone, rtol=0, atol=1e-5 * np.abs(alone).max())
+    assert not np.allclose(batched[0][:, 0], batched[0][:, 1])  # two channels, not one copied
+    assert codec.decode([torch.zeros(0, 12, dtype=torch.long)])[0].shape == (0, 2)
+
+
+def test_the_window_bounds_what_a_frame_hears(codec):
+    # Frame t's audio depends on frames <= t only (causal), and through the stage windows on
+    # a bounded past: a change at frame 0 reaches frame 1 but, 40 frames later, much less.
+    a = _clips([60], seed=7)[0]
+    b = a.clone()
+    b[0] = (b[0] + 1) % CODEBOOK
+    x, y = codec.decode([a, b])
+    hop = codec.hop
+    assert np.abs(x[:hop] - y[:hop]).max() > 0
+    np.testing.assert_array_equal(x[0:0], y[0:0])
+    near = np.abs(x[hop : 2 * hop] - y[hop : 2 * hop]).max()
+    far = np.abs(x[50 * hop :] - y[50 * hop :]).max()
+    assert far < near
+
+
+def test_encode_round_trip_shapes_and_mono_reference(codec):
+    g = np.random.default_rng(0)
+    stereo = (0.1 * g.standard_normal((5 * 3840 + 11, 2))).astype(np.float32)
+    codes = codec.encode(stereo, 48000)
+    assert codes.shape == (5, 12) and codes.dtype == torch.long
+    assert int(codes.min()) >= 0 and int(codes.max()) < CODEBOOK
+    mono = codec.encode(stereo[:, 0], 48000)  # a mono voice goes on both channels
+    both = codec.encode(np.repeat(stereo[:, :1], 2, axis=1), 48000)
+    assert torch.equal(mono, both)
+    at_24k = codec.encode(stereo[::2], 24000)  # resampled to 48 kHz first
+    assert at_24k.shape[1] == 12 and abs(at_24k.shape[0] - 5) <= 1
+
+
+def test_bf16_decode_stays_close_to_fp32(ckpt, codec):
+    bf16 = MossAudioTokenizer(ckpt, compute_dtype="bf16", n_vq=12)
+    if bf16.dtype != torch.bfloat16:
+        pytest.skip("bf16 ops do not run on this CPU (bestofn.dtypes fell back to float32)")
+    clips = _clips([25, 12], seed=9)
+    for ref, x in zip(codec.decode(clips), bf16.decode(clips), strict=True):
+        snr = 10 * np.log10((ref**2).sum() / ((ref - x) ** 2).sum())
+        assert 25 < snr < 80
+
+
+# ---- bad checkpoints ------------------------------------------------------------------------
+
+
+def test_missing_tensor_and_bad_config_are_named(ckpt, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text((ckpt / "config.json").read_text())
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    del tensors["decoder.4.transformer.layers.0.ffn.0.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    with pytest.raises(AudioTokenizerError, match=r"decoder\.4\.transformer\.layers\.0\.ffn\.0"):
+        MossAudioTokenizer(broken, compute_dtype="fp32")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["decoder_kwargs"][-1]["patch_size"] = 120
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(AudioTokenizerError, match=r"broken/config.json: the encoder|decoder"):
+        MossAudioTokenizer(broken, compute_dtype="fp32")
+    cfg["decoder_kwargs"][-1]["patch_size"] = 240
+    cfg["decoder_kwargs"][0]["context_duration"] = 0.01
+    (broken / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(AudioTokenizerError, match=r"decoder_kwargs\[0\].*under one step"):
+        MossAudioTokenizer(broken, compute_dtype="fp32")
+
+
+# ---- the benchmark's CPU mode ---------------------------------------------------------------
+
+
+def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
+    from bestofn.bench.codec import main
+
+    out = tmp_path / "codec.json"
+    args = ["--version", "v2", "--size", "tiny", "--device", "cpu", "--batch", "2"]
+    args += ["--seconds", "0.8", "--dtypes", "fp32", "--one-clip-n", "1", "--repeats", "1"]
+    if (REF / "audio_tokenizer_v2.py").is_file():
+        args += ["--reference-code", str(REF)]
+    assert main([*args, "--work", str(tmp_path), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = {(r["path"], r["dtype"]): r for r in result["rows"]}
+    assert result["meta"]["frames_per_clip"] == 10 and result["meta"]["n_vq"] == 12
+    assert result["meta"]["version"] == "v2"
+    assert rows[("ours batched", "fp32")]["s_per_clip"] > 0
+    exact = rows[("ours serve stream (exact)", "fp32")]
+    window = rows[("ours overlap-window chunks", "fp32")]
+    assert exact["snr_db"] > 90 and window["max_abs_diff"] >= 0
+    if (REF / "audio_tokenizer_v2.py").is_file():
+        # the vendored code's one-shot batched decode is ours in fp32 (CPU: no autocast)
+        assert rows[("published one-shot batched", "fp32")]["snr_db"] > 80
+        assert rows[("published processor path", "fp32")]["s_per_clip"] > 0
+
+
+# ---- exact streaming (bestofn serve) ----------------------------------------------------------
+
+
+def test_stream_decoder_joins_to_the_one_shot_decode(codec):
+    # Two requests in interleaved slots, chunks of serve's sizes and odd ones, one slot
+    # reused after a reset: every chunk continues its own request's past exactly.
+    a, b = _clips([45, 30], seed=11)
+    one = codec.decode([a, b])
+    sd = codec.stream_decoder(3)
+    assert codec.stream_decoder(2) is sd  # kept, caches reused
+    parts, done = {2: [], 0: []}, {2: 0, 0: 0}
+    for step in (4, 16, 7, 16, 16):
+        new = {}
+        for slot, clip in ((2, a), (0, b)):
+            end = min(len(clip), done[slot] + step)
+            if end > done[slot]:
+                new[slot], done[slot] = clip[done[slot] : end], end
+        for slot, audio in sd.decode(new).items():
+            parts[slot].append(audio)
+    for slot, ref in ((2, one[0]), (0, one[1])):
+        got = np.concatenate(parts[slot])
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    sd.reset(2)  # a new request in a used slot: no trace of the old one
+    again = sd.decode({2: b[:9]})[2]
+    np.testing.assert_allclose(again, one[1][: 9 * 3840], rtol=0, atol=1e-5 * np.abs(again).max())
+
+
+def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
+    import torch
+
+    from bestofn import speech
+    from bestofn.fakes.moss import always_continue_, build
+    from bestofn.spec import GroupSpec
+
+    gen = build("cpu", size="tiny", min_frames=6, max_frames=24, codec_dir=str(ckpt),
+                codec_compute_dtype="fp32")  # fmt: skip
+    with torch.no_grad():
+        always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)
+    specs = [
+        GroupSpec("calm", "api", "one two three four", 1, 7),
+        GroupSpec("calm", "api", "Hi.", 1, 8),
+    ]
+    parts = [[], []]
+    for i, audio, _last in speech.stream_batch(gen, specs):
+        parts[i].append(audio)
+    assert len(parts[0]) > 2  # 4 frames, then 16 at a time
+    for i, s in enumerate(specs):
+        take = gen.generate(s)[0].audio
+        got = np.concatenate(parts[i])
+        assert got.shape == take.shape == (gen.budget.frames(s.text) * 3840, 2)
+        np.testing.assert_allclose(got, take, rtol=0, atol=1e-5 * np.abs(take).max())
