@@ -90,7 +90,7 @@ def test_decode_and_encode_match_the_vendored_v2_code(ckpt):
             "vllm_omni/model_executor/models/moss_tts/ there to run the parity test)"
         )
     pytest.importorskip("transformers")
-    from bestofn.moss.codec_parity import run_codec_parity
+    from bestofn.lab.codec_parity import run_codec_parity
 
     ok, lines = run_codec_parity(ckpt, REF)
     assert ok, "\n".join(lines)
@@ -99,7 +99,7 @@ def test_decode_and_encode_match_the_vendored_v2_code(ckpt):
 
 
 def test_parity_command_recognises_the_v2_code(capsys, tmp_path):
-    from bestofn.moss.codec_parity import is_v2_codec_code
+    from bestofn.lab.codec_parity import is_v2_codec_code
 
     assert not is_v2_codec_code(tmp_path)
     if not is_v2_codec_code(REF):

@@ -182,10 +182,10 @@ def parity_main(argv=None) -> int:
             "OpenMOSS/MOSS-TTS moss_tts_local_v1.5/ folder is needed to compare against)"
         )
         return 0
-    from bestofn.moss.codec_parity import is_v2_codec_code
+    from bestofn.lab.codec_parity import is_v2_codec_code
 
     if is_v2_codec_code(args.reference_code):  # the MOSS-Audio-Tokenizer-v2 code: the codec
-        from bestofn.moss.codec_parity import codec_parity_main
+        from bestofn.lab.codec_parity import codec_parity_main
 
         with tempfile.TemporaryDirectory() as tmp:
             return codec_parity_main(args, Path(tmp))

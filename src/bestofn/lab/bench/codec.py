@@ -95,8 +95,8 @@ def _reference_model(codec_dir: Path, ref_code: Path, device: str, work: Path, v
     """The published model (fp32) from ``codec_dir``'s weights + the published code, or the
     reason it could not be loaded."""
     if version == "v2":
-        from bestofn.moss.codec_parity import REF_FILES as V2_FILES
-        from bestofn.moss.codec_parity import load_reference
+        from bestofn.lab.codec_parity import REF_FILES as V2_FILES
+        from bestofn.lab.codec_parity import load_reference
 
         missing = [f for f in V2_FILES if not (ref_code / f).is_file()]
         if missing:
