@@ -469,12 +469,12 @@ def test_speech_job_end_is_sticky():
     import numpy as np
 
     from bestofn.spec import GroupSpec
-    from bestofn.worker.server import _END, SpeechJob
+    from bestofn.worker.speech_batcher import END, SpeechJob
 
     worker = type("W", (), {"fatal": None})()
     job = SpeechJob(GroupSpec("", "api", "Hi.", 1, 0), "pcm")
     job.put(np.zeros(0, np.float32))
-    job.put(_END)
+    job.put(END)
     job.put(np.ones(3, np.float32))  # after the end: dropped
     assert job.get(worker).shape == (0,)
     got: list = []

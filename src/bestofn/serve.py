@@ -196,11 +196,22 @@ class Service:
         base: str | Path = ".",
         slot: int = 0,
         idle_timeout_s: float | None = None,
+        speech_max_batch: int | None = None,
+        speech_batch_window_ms: float | None = None,
     ):
         self.config_path = Path(config_path)
         self.base = Path(base)
         self.slot = slot
-        self.idle_timeout_s = idle_timeout_s
+        # command-line values over the config's runtime (for the worker this server starts)
+        self.overrides = {
+            k: v
+            for k, v in (
+                ("idle_timeout_s", idle_timeout_s),
+                ("speech_max_batch", speech_max_batch),
+                ("speech_batch_window_ms", speech_batch_window_ms),
+            )
+            if v is not None
+        }
         self.lock = threading.Lock()  # config reloads
         self.start_lock = threading.Lock()  # one worker start at a time from this server
         self.worker_starts = 0
@@ -237,9 +248,7 @@ class Service:
                 row["emotion"], row["emotion"], ref, row.get("description", ""),
                 row.get("negative_description", ""),
             )  # fmt: skip
-        rt = Runtime.from_config(config.get("runtime"))
-        if self.idle_timeout_s is not None:
-            rt.idle_timeout_s = self.idle_timeout_s
+        rt = Runtime.from_config({**(config.get("runtime") or {}), **self.overrides})
         device = config["device"]
         state = Path(rt.state_dir) if rt.state_dir else default_state_dir(self.base)
         pool = SlotPool(state, rt.slots or detect_slots(device), rt.queue_depth, device)
@@ -701,14 +710,13 @@ def main(args) -> int:
     if refusal:  # before anything else: nothing is read, nothing listens
         print(f"bestofn serve: {refusal}", file=sys.stderr)
         return 2
-    if args.max_batch is not None:  # the worker this server starts reads these
-        os.environ["BESTOFN_SPEECH_MAX_BATCH"] = str(args.max_batch)
-    if args.batch_window_ms is not None:
-        os.environ["BESTOFN_SPEECH_BATCH_WINDOW_MS"] = str(args.batch_window_ms)
     from bestofn.plan import PlanError
 
     try:
-        service = Service(args.config, args.base, args.slot, args.idle_timeout)
+        service = Service(
+            args.config, args.base, args.slot, args.idle_timeout, args.max_batch,
+            args.batch_window_ms,
+        )  # fmt: skip
     except (PlanError, ValueError, OSError) as e:
         print(f"bestofn serve: error: {e}", file=sys.stderr)
         return 2
