@@ -106,15 +106,16 @@ def apply_variant(backends, knobs: dict) -> None:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
     if backends.restorer.name == "sidon":
-        from bestofn.backends.sidon import DEFAULT_LAYOUT, set_layout, set_snake
+        from bestofn.backends.sidon import DEFAULT_LAYOUT, DEFAULT_SNAKE
 
-        set_snake(knobs.get("sidon_snake", "auto"))
-        set_layout(knobs.get("sidon_layout", DEFAULT_LAYOUT))  # a variant without it: the default
         backends.restorer.set_speed(
             knobs.get("sidon_batch"),
             knobs.get("sidon_resample"),
             knobs.get("sidon_compile"),
             knobs.get("sidon_bucket_s"),
+            # a variant without them: the restorer's defaults, not an earlier variant's
+            snake=knobs.get("sidon_snake", DEFAULT_SNAKE),
+            layout=knobs.get("sidon_layout", DEFAULT_LAYOUT),
         )
 
 
