@@ -113,7 +113,7 @@ def test_scorer_and_restorer_weights_must_have_the_rate_they_are_fed(tmp_path):
         check_files(models)
     text = str(err.value)
     assert f"{w2v / 'preprocessor_config.json'} (options.w2v_bert_dir) says 24000 Hz" in text
-    assert "sidon.py (SidonRestorer.input_sample_rate) feeds it 16000 Hz" in text
+    assert "sidon/adapter.py (SidonRestorer.input_sample_rate) feeds it 16000 Hz" in text
     assert f"{nemo} (model_config.yaml) (options.model_path) says 22050 Hz" in text
     assert "parakeet.py (ParakeetScorer.input_sample_rate) feeds it 16000 Hz" in text
     # the right rates pass

@@ -1,6 +1,7 @@
 """The fused-pipeline benchmark end to end with the tiny random backends on CPU."""
 
 import json
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
@@ -53,20 +54,35 @@ def test_tiny_pipeline_bench_writes_a_group_and_reports_every_stage(tmp_path, ca
 def test_a_variant_without_sidon_knobs_runs_the_default_path():
     """Variants run one after another in one process: one that names no Sidon layout gets the
     production default, not the layout an earlier variant set."""
-    from types import SimpleNamespace
-
-    from bestofn.backends import sidon
+    from bestofn.fakes import sidon
     from bestofn.lab.bench.pipeline import apply_variant, parse_variant
 
-    calls = []
-    restorer = SimpleNamespace(name="sidon", set_speed=lambda *a: calls.append(a))
+    restorer = sidon.build("cpu", "tiny")
     backends = SimpleNamespace(scorers=[], restorer=restorer)
-    try:
-        apply_variant(backends, parse_variant("nchw:sidon_layout=nchw")[1])
-        assert sidon._SNAKE["layout"] == "nchw"
-        apply_variant(backends, parse_variant("plain:overlap=full")[1])
-        assert sidon._SNAKE["layout"] == sidon.DEFAULT_LAYOUT == "channels_last"
-        assert len(calls) == 2
-    finally:
-        sidon.set_layout(sidon.DEFAULT_LAYOUT)
-        sidon.set_snake("auto")
+    apply_variant(backends, parse_variant("nchw:sidon_layout=nchw,sidon_snake=eager")[1])
+    assert (restorer.kernels.layout, restorer.kernels.mode) == ("nchw", "eager")
+    apply_variant(backends, parse_variant("plain:overlap=full")[1])
+    assert (restorer.kernels.layout, restorer.kernels.mode) == ("channels_last", "auto")
+
+
+def test_variants_stream_groups_through_the_workers_runner(tmp_path, monkeypatch):
+    """--variant streams groups through bestofn.runner.Runner (the worker's scheduler, not a
+    copy): every group of every variant is published, in each overlap mode."""
+    from bestofn import runner
+    from bestofn.bench.__main__ import main
+
+    seen = []
+    real_run = runner.Runner.run
+    monkeypatch.setattr(
+        runner.Runner, "run", lambda self, job: seen.append(self.overlap) or real_run(self, job)
+    )
+    out = tmp_path / "bench.json"
+    argv = "pipeline --size tiny --device cpu --takes 2 --frames 6 --warmup 0 --stream-groups 2"
+    argv = [*argv.split(), "--variant", "a:overlap=full", "--variant", "b:overlap=off"]
+    argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
+    assert main(argv) == 0
+    rows = json.loads(out.read_text())["variants"]
+    assert [r["variant"] for r in rows] == ["a", "b"]
+    assert [r["knobs"]["overlap"] for r in rows] == ["full", "off"]
+    assert all(r["groups"] == 2 and r["s_per_clip"] > 0 for r in rows)
+    assert seen == ["full", "full", "off", "off"]

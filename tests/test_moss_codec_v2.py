@@ -104,7 +104,7 @@ def test_parity_command_recognises_the_v2_code(capsys, tmp_path):
     assert not is_v2_codec_code(tmp_path)
     if not is_v2_codec_code(REF):
         pytest.skip(f"vLLM-Omni's v2 codec code not in {REF}")
-    from bestofn.moss.parity import parity_main
+    from bestofn.lab.parity import parity_main
 
     assert parity_main(["--reference-code", str(REF)]) == 0
     out = capsys.readouterr().out
@@ -205,7 +205,7 @@ def test_missing_tensor_and_bad_config_are_named(ckpt, tmp_path):
 
 
 def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
-    from bestofn.bench.codec import main
+    from bestofn.lab.bench.codec import main
 
     out = tmp_path / "codec.json"
     args = ["--version", "v2", "--size", "tiny", "--device", "cpu", "--batch", "2"]

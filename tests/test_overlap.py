@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bestofn.pipeline import Backends, resolve_overlap, run_group
+from bestofn.pipeline import Backends
+from bestofn.runner import resolve_overlap, run_group
 from bestofn.spec import GroupSpec
 
 pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not installed")
@@ -154,7 +155,7 @@ def test_a_group_is_the_same_whatever_torch_threads_the_calling_thread_has(backe
 
 def test_a_failing_stage_names_the_group_and_the_worker_keeps_serving(backends, tmp_path):
     from bestofn.lab.faults import FatalOnceScorer
-    from bestofn.worker.server import BadRequest
+    from bestofn.worker.requests import BadRequest
 
     flaky = FatalOnceScorer(marker=str(tmp_path / "m"), group="calm/p1", error="oom")
     b = Backends(backends.generator, backends.restorer, [*backends.scorers, flaky],
@@ -187,7 +188,7 @@ def test_a_failing_stage_names_the_group_and_the_worker_keeps_serving(backends, 
 def test_fatal_device_error_with_overlap_exits_70(tmp_path):
     """The real worker process, overlap 'full': 500 naming the group, then exit status 70."""
     from bestofn.pipeline import stable_hash
-    from bestofn.worker.server import EXIT_FATAL
+    from bestofn.worker.lifecycle import EXIT_FATAL
     from bestofn.worker.uds_http import request
 
     models = {

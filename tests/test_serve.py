@@ -170,6 +170,22 @@ def test_nonstreaming_and_streaming_renders(server):
     assert h["speech"]["ttfa_ms"]["n"] >= 1 and h["speech"]["rtf"]["mean"] > 0
 
 
+def test_speech_batching_is_the_configs_runtime_unless_the_command_line_says(server, tmp_path):
+    """runtime.speech_max_batch / speech_batch_window_ms (schema defaults 64 and 5 ms) reach
+    the worker on its command line; `bestofn serve --max-batch/--batch-window-ms` override
+    the config for the worker it starts."""
+    from bestofn.serve import Service
+
+    speak(server.client(), "Warm up.")
+    h = server.health()["worker"]["speech_batching"]
+    assert (h["max_batch"], h["window_ms"]) == (64, 5.0)
+    root = make_project(tmp_path / "p", speech_max_batch=3, speech_batch_window_ms=1.5)
+    rt = Service(root / "config/config.yaml", root).snap.runtime
+    assert (rt.speech_max_batch, rt.speech_batch_window_ms) == (3, 1.5)
+    rt = Service(root / "config/config.yaml", root, 0, None, 7, 2.5).snap.runtime
+    assert (rt.speech_max_batch, rt.speech_batch_window_ms, rt.idle_timeout_s) == (7, 2.5, 120)
+
+
 def test_eight_concurrent_requests_are_batched_and_batch_independent(server):
     client = server.client()
     jobs = [(f"Request number {i} is ready.", "calm" if i % 2 else "happy", i) for i in range(8)]
@@ -469,12 +485,12 @@ def test_speech_job_end_is_sticky():
     import numpy as np
 
     from bestofn.spec import GroupSpec
-    from bestofn.worker.server import _END, SpeechJob
+    from bestofn.worker.speech_batcher import END, SpeechJob
 
     worker = type("W", (), {"fatal": None})()
     job = SpeechJob(GroupSpec("", "api", "Hi.", 1, 0), "pcm")
     job.put(np.zeros(0, np.float32))
-    job.put(_END)
+    job.put(END)
     job.put(np.ones(3, np.float32))  # after the end: dropped
     assert job.get(worker).shape == (0,)
     got: list = []

@@ -208,20 +208,37 @@ def test_provenance_has_hashes(restorer):
     assert p["decoder_kernels"] == "eager"  # the fused kernels are CUDA only
 
 
-def test_decoder_kernels_names_the_fused_layout(monkeypatch):
+def test_decoder_kernels_names_the_fused_layout():
     from bestofn.backends import sidon as backend
 
-    monkeypatch.setitem(backend._SNAKE, "mode", "auto")
-    monkeypatch.setitem(backend._SNAKE, "kernel", {"snake": None, "residual": None})
-    monkeypatch.setitem(backend._SNAKE, "layout", "channels_last")
-    assert backend.decoder_kernels("cuda:0") == "fused snake + conv bias, channels_last"
-    assert backend.decoder_kernels("cpu") == "eager"
-    backend.set_layout("nchw")
-    assert backend.decoder_kernels("cuda") == "fused snake + conv bias, nchw"
+    kernels = backend.DecoderKernels("auto", "channels_last")  # one restorer's own state
+    kernels.kernel = {"snake": None, "residual": None}  # "Triton imported"
+    assert kernels.describe("cuda:0") == "fused snake + conv bias, channels_last"
+    assert kernels.describe("cpu") == "eager"
+    kernels.set_layout("nchw")
+    assert kernels.describe("cuda") == "fused snake + conv bias, nchw"
     with pytest.raises(ValueError, match="layout must be one of nchw, channels_last"):
-        backend.set_layout("nhwc")
-    monkeypatch.setitem(backend._SNAKE, "kernel", False)  # Triton absent or failed here
-    assert backend.decoder_kernels("cuda") == "eager"
+        kernels.set_layout("nhwc")
+    kernels.kernel = False  # Triton absent or failed here
+    assert kernels.describe("cuda") == "eager"
+
+
+def test_decoder_path_is_each_restorers_own(release):
+    """runtime snake and layout are read when a restorer is built and belong to it: two
+    restorers in one process (as `bestofn ab` builds A and B) each keep their own."""
+    nchw = build("restorer", "sidon", {**release["options"], "layout": "nchw", "snake": "eager"})
+    default = fake_sidon.build("cpu", "tiny")
+    assert (nchw.kernels.layout, nchw.kernels.mode) == ("nchw", "eager")
+    assert (default.kernels.layout, default.kernels.mode) == ("channels_last", "auto")
+    assert nchw.decoder.kernels is nchw.kernels and default.decoder.kernels is default.kernels
+    snakes = [m for m in nchw.decoder.modules() if isinstance(m, sidon.Snake1d)]
+    assert snakes and all(m.kernels is nchw.kernels for m in snakes)
+    default.set_speed(layout="nchw")
+    assert nchw.kernels is not default.kernels and nchw.kernels.mode == "eager"
+    with pytest.raises(ValueError, match="layout must be one of nchw, channels_last"):
+        fake_sidon.build("cpu", "tiny", layout="nhwc")
+    with pytest.raises(ValueError, match="snake must be auto, fused or eager"):
+        build("restorer", "sidon", {**release["options"], "snake": "fast"})
 
 
 def test_random_tiny_variant():
@@ -285,7 +302,7 @@ class CudaLike(torch.Tensor):
         return True
 
 
-def test_fused_snake_failure_falls_back_to_eager(monkeypatch, caplog):
+def test_fused_snake_failure_falls_back_to_eager(caplog):
     """On a GPU where the Triton Snake cannot run, auto falls back to the eager ops (with a
     warning) and stays there; snake=fused raises instead."""
     from bestofn.backends import sidon as backend
@@ -298,15 +315,15 @@ def test_fused_snake_failure_falls_back_to_eager(monkeypatch, caplog):
         snake.alpha.uniform_(0.5, 2.0)
     x = torch.randn(2, 3, 7)
     want = x + (snake.alpha + 1e-9).reciprocal() * torch.sin(snake.alpha * x).pow(2)
-    monkeypatch.setattr(backend, "fused_snake", broken)
-    monkeypatch.setitem(backend._SNAKE, "mode", "auto")
-    monkeypatch.setitem(backend._SNAKE, "kernel", broken)  # "Triton imported"
+    kernels = snake.kernels = backend.DecoderKernels("auto")
+    kernels.snake = broken
+    kernels.kernel = broken  # "Triton imported"
     with torch.no_grad():
         got = snake(x.as_subclass(CudaLike)).as_subclass(torch.Tensor)
     assert torch.equal(got, want)
-    assert backend._SNAKE["kernel"] is False and "fused Snake failed" in caplog.text
-    monkeypatch.setitem(backend._SNAKE, "mode", "fused")
-    monkeypatch.setitem(backend._SNAKE, "kernel", broken)
+    assert kernels.kernel is False and "fused Snake failed" in caplog.text
+    kernels.set_snake("fused")
+    kernels.kernel = broken
     with pytest.raises(RuntimeError, match="no kernel"), torch.no_grad():
         snake(x.as_subclass(CudaLike))
 
@@ -331,7 +348,7 @@ def _residual_as_the_kernel(x, x_bias, conv_out, conv_bias):
 
 
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-def test_fused_decoder_adds_every_bias_once(monkeypatch, layout):
+def test_fused_decoder_adds_every_bias_once(layout):
     """The fused decoder path (convolutions without bias, each bias added by the kernel that
     reads the output next; optionally channels last) gives the plain decoder's output. The
     kernels are replaced by their arithmetic in torch ops, so this checks the plumbing: which
@@ -347,16 +364,15 @@ def test_fused_decoder_adds_every_bias_once(monkeypatch, layout):
     x = torch.randn(2, 9, 16, dtype=torch.float64).transpose(1, 2)  # [B, C, T], as handed over
     with torch.no_grad():
         want = dec.model(x)
-        monkeypatch.setattr(backend, "fused_snake", _snake_as_the_kernel)
-        monkeypatch.setattr(backend, "fused_residual", _residual_as_the_kernel)
-        monkeypatch.setitem(backend._SNAKE, "mode", "fused")
-        monkeypatch.setitem(backend._SNAKE, "kernel", {"snake": None, "residual": None})
-        monkeypatch.setitem(backend._SNAKE, "layout", layout)
+        kernels = backend.DecoderKernels("fused", layout)
+        kernels.snake, kernels.residual = _snake_as_the_kernel, _residual_as_the_kernel
+        kernels.kernel = {"snake": None, "residual": None}
+        dec.use_kernels(kernels)
         got = dec(x.as_subclass(CudaLike)).as_subclass(torch.Tensor)
     assert got.shape == want.shape and want.shape[:2] == (2, 1)
     assert want.abs().max() > 0.1
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
-    monkeypatch.setitem(backend._SNAKE, "fuse_bias", False)  # Snake alone fused: the old path
+    kernels.fuse_bias = False  # Snake alone fused: the old path
     with torch.no_grad():
         again = dec(x.as_subclass(CudaLike)).as_subclass(torch.Tensor)
     torch.testing.assert_close(again, want, rtol=1e-9, atol=1e-9)

@@ -15,7 +15,8 @@ from conftest import REPO
 
 from bestofn.backends.base import Take
 from bestofn.groupio import UnpublishableTake, partial_dirs, write_group
-from bestofn.pipeline import EMPTY_TAKE_S, load_backends, run_group, take_ending
+from bestofn.pipeline import EMPTY_TAKE_S, load_backends, take_ending
+from bestofn.runner import run_group
 from bestofn.selection import BASE_COLUMNS, check_selection
 from bestofn.spec import GroupSpec
 from bestofn.verify import verify_group

@@ -24,7 +24,7 @@ from bestofn.worker.client import (
     ensure_worker,
     health,
 )
-from bestofn.worker.server import fatal_device_error
+from bestofn.worker.lifecycle import fatal_device_error
 from bestofn.worker.uds_http import request
 
 SCRIPTED = {"backend": "bestofn.lab.faults:ScriptedGenerator", "options": {"seconds": 0.4}}

@@ -222,14 +222,6 @@ class PeakMemory:
 # ---- running one side ---------------------------------------------------------------------
 
 
-def _release(backends) -> None:
-    for b in (backends.generator, backends.restorer, *backends.scorers):
-        try:
-            b.close()
-        except Exception:  # releasing is best effort; the numbers are already taken
-            pass
-
-
 def run_side(
     label: str, models: dict, specs, device: str, workdir: Path, log=print, check=None,
     warmup: int = 1,
@@ -239,13 +231,16 @@ def run_side(
     after the load, before the first group. ``warmup`` untimed runs of the first group come
     first: a generator's first call compiles and captures CUDA graphs (moss-fast), which is
     load cost, not per-clip cost."""
-    from bestofn.pipeline import load_backends, run_group
+    from bestofn.pipeline import load_backends
+    from bestofn.runner import GroupJob, Runner
 
     mem = PeakMemory(device)
     gc.collect()
     mem.reset()
     t0 = time.perf_counter()
     backends = load_backends(models, device)
+    # the group job's in-process scheduling (bestofn.runner.run_group): one group at a time
+    runner = Runner(backends, device, "off")
     stages = {"generate_s": 0.0, "restore_s": 0.0, "score_s": 0.0, "write_s": 0.0, "wall_s": 0.0}
     tables = []
     try:
@@ -254,12 +249,12 @@ def run_side(
         for i in range(warmup if specs else 0):
             spec = specs[0]
             warm = workdir / "warmup" / str(i) / spec.emotion / spec.prompt_id
-            t = run_group(spec, backends, warm, device=device, paths_relative_to=workdir)
+            t = runner.run(GroupJob(spec, warm, workdir, idle_s=0.0))
             log(f"ab {label}: warm-up {spec.group_id} {t['wall_s']:.2f} s (not timed)")
         decode_before = getattr(backends.generator, "decode_s", None)
         for spec in specs:
             group_dir = workdir / "groups" / spec.emotion / spec.prompt_id
-            t = run_group(spec, backends, group_dir, device=device, paths_relative_to=workdir)
+            t = runner.run(GroupJob(spec, group_dir, workdir, idle_s=0.0))
             for k in stages:
                 stages[k] += t.get(k, 0.0)
             tables.append(pq.read_table(group_dir / "scores.parquet"))
@@ -272,8 +267,8 @@ def run_side(
         provenance = backends.provenance
         load_s = backends.load_s
     finally:
-        _release(backends)
-        del backends
+        runner.teardown()  # every stage's backend released before the other side loads
+        del backends, runner
         gc.collect()
         if device.startswith("cuda"):
             import torch

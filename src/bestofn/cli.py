@@ -78,6 +78,7 @@ def _worker(args) -> int:
     serve(
         args.socket, models, args.models_hash, args.results, args.device, args.slot,
         args.idle_timeout, args.flac_subtype, args.worker_key, args.overlap,
+        args.speech_max_batch, args.speech_batch_window_ms,
     )  # fmt: skip
     return 0
 
@@ -188,11 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--flac-subtype", default=schema("config")["properties"]["flac_subtype"]["default"]
     )
+    rt = runtime_defaults()
     p.add_argument(
-        "--overlap",
-        default=None,
-        help="auto, off, host or full (runtime.overlap; default: BESTOFN_OVERLAP, else auto)",
+        "--overlap", default=rt["overlap"], help="auto, off, host or full (runtime.overlap)"
     )
+    p.add_argument("--speech-max-batch", type=int, default=rt["speech_max_batch"],
+                   help="runtime.speech_max_batch")  # fmt: skip
+    p.add_argument("--speech-batch-window-ms", type=float, default=rt["speech_batch_window_ms"],
+                   help="runtime.speech_batch_window_ms")  # fmt: skip
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="status or stop of this workflow directory's workers")
@@ -218,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         "--idle-timeout", type=float, help="seconds before an idle worker exits "
         "(default: the config's runtime.idle_timeout_s)",
     )  # fmt: skip
-    p.add_argument("--max-batch", type=int, help="largest speech batch of a worker it starts")
-    p.add_argument("--batch-window-ms", type=float, help="batching window of a worker it starts")
+    p.add_argument("--max-batch", type=int, help="largest speech batch of a worker it starts "
+                   "(default: the config's runtime.speech_max_batch)")  # fmt: skip
+    p.add_argument("--batch-window-ms", type=float, help="batching window of a worker it "
+                   "starts (default: the config's runtime.speech_batch_window_ms)")  # fmt: skip
     p.add_argument("--max-concurrency", type=int, default=256, help="requests in flight")
     p.set_defaults(func=_serve)
 

@@ -1,7 +1,9 @@
-"""The fused pipeline for one group: generate -> restore -> score -> write, audio kept in memory.
+"""The fused pipeline's stages for one group: generate -> restore -> score -> write, audio kept
+in memory, and the backends they run on (``load_backends``).
 
-A plain function of (spec, loaded backends, output dir), so the group job can call it directly
-and the warm per-GPU worker can call it for every group it serves."""
+Each stage is a plain function of the group's ``GroupWork`` and the loaded backends;
+``bestofn.runner`` schedules them (one group in this process, or consecutive groups overlapped
+by a warm worker), so every caller runs the same stages in the same order."""
 
 from __future__ import annotations
 
@@ -180,31 +182,7 @@ def device_label(device: str) -> str:
     return f"cuda:{host_index} {torch.cuda.get_device_name(index)}"
 
 
-# How a warm worker overlaps consecutive groups (runtime.overlap):
-#   off   one group at a time, every stage in the worker's gate (the sequential path);
-#   host  the GPU stages (generate, restore, score) of group k+1 run while group k's host work
-#         (the scorers' text work, rows, FLAC encoding, parquet, fsync, rename) finishes in
-#         its own thread: the GPU never waits on disk or text;
-#   full  as host, and group k+1 generates while group k is restored and scored, on a
-#         separate CUDA stream (needs a generator whose CUDA-graph capture tolerates other
-#         threads' CUDA work: capture_error_mode="thread_local");
-#   auto  host on CUDA, off elsewhere.
-# The results are the same in every mode (the same stages on the same inputs).
-OVERLAP_MODES = ("auto", "off", "host", "full")
 GPU_STAGES = ("generate", "restore", "score")  # the stages with GPU time (CUDA events)
-
-
-def resolve_overlap(mode: str | None, device: str) -> str:
-    mode = (mode or "auto").strip().lower()
-    if mode in ("on", "true", "1"):
-        mode = "host"
-    elif mode in ("false", "0", "none"):
-        mode = "off"
-    if mode not in OVERLAP_MODES:
-        raise ValueError(f"runtime.overlap must be one of {', '.join(OVERLAP_MODES)}; got {mode!r}")
-    if mode == "auto":  # full ran through snakemake on two H200s (docs/PERFORMANCE.md)
-        return "full" if str(device).startswith("cuda") else "off"
-    return mode
 
 
 class StageTimer:
@@ -253,8 +231,8 @@ class StageTimer:
 class GroupWork:
     """One group between the stages (``generate_stage`` -> ``score_stage`` -> ``write_stage``).
 
-    The worker runs the GPU stages of the next group while this one is written (and, with
-    ``overlap: full``, generates the next while this one is restored and scored)."""
+    The runner may run the GPU stages of the next group while this one is written (and, with
+    ``overlap: full``, generate the next while this one is restored and scored)."""
 
     spec: GroupSpec
     device: str
@@ -423,39 +401,6 @@ def write_stage(
         group_dir, work.audios, work.sr, rows, flac_subtype=flac_subtype, finalize=add_write_timing
     )
     return t
-
-
-def run_group(
-    spec: GroupSpec,
-    backends: Backends,
-    group_dir: Path,
-    *,
-    flac_subtype: str = "PCM_16",
-    charged_load_s: float | None = None,
-    worker_idle_s: float = 0.0,
-    device: str = "cpu",
-    worker_slot: int = -1,
-    paths_relative_to: Path | None = None,
-) -> dict:
-    """Generate, restore, score and atomically write one group. Returns its stage timings.
-
-    The stages one after another (the worker may instead overlap them across groups; the
-    results are the same). ``charged_load_s`` is the model-load time attributed to this group
-    (the whole load when the group's own process loaded the models; 0 for later groups on a
-    warm worker). ``flac_path`` is recorded relative to ``paths_relative_to`` (the workflow's
-    working directory; default: this process's)."""
-    work = generate_stage(spec, backends, device)
-    score_stage(restore_stage(work, backends), backends)
-    return write_stage(
-        work,
-        backends,
-        group_dir,
-        flac_subtype=flac_subtype,
-        charged_load_s=charged_load_s,
-        worker_idle_s=worker_idle_s,
-        worker_slot=worker_slot,
-        paths_relative_to=paths_relative_to,
-    )
 
 
 def _rows(

@@ -43,11 +43,12 @@ class Feed:
 
     ``take(n)``: up to ``n`` more requests (``GroupSpec``, one take each), never blocking; they
     get the indices after those already in the render, in the order returned. ``cancelled(i)``:
-    request i's client left (its row is freed). ``max_batch``: requests decoding at once."""
+    request i's client left (its row is freed). ``max_batch``: requests decoding at once (the
+    worker's ``runtime.speech_max_batch``; no default here, the schema holds it)."""
 
     take: Callable[[int], list[GroupSpec]]
-    cancelled: Callable[[int], bool] = lambda i: False
-    max_batch: int = 64
+    cancelled: Callable[[int], bool]
+    max_batch: int
 
 
 def stream_batch(generator, specs: list[GroupSpec], feed: Feed | None = None) -> Iterator[Chunk]:

@@ -62,8 +62,9 @@ def run_group_job(
             )
         log.info("group %s on slot %s: %s", answer["group_id"], answer["slot"], json.dumps(answer))
         return answer["timings"]
-    from bestofn.pipeline import load_backends, run_group
+    from bestofn.pipeline import load_backends
     from bestofn.plan import spec_from_params
+    from bestofn.runner import run_group
 
     spec = spec_from_params(params)
     backends = load_backends(json.loads(models), device=device)

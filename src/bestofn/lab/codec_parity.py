@@ -195,7 +195,7 @@ def run_codec_parity(codec_dir: Path, ref_dir: Path, device: str = "cpu") -> tup
 
 def codec_parity_main(args, tmp: Path) -> int:
     from bestofn.fakes import moss_codec
-    from bestofn.moss.parity import report
+    from bestofn.lab.reference_code import report
 
     if args.checkpoint is None:
         codec_dir = moss_codec.write(tmp / "MOSS-Audio-Tokenizer-v2", "tiny", seed=0)

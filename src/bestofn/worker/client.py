@@ -84,6 +84,8 @@ class Runtime:
     log_dir: str | None = _DEFAULT["log_dir"]
     gpu_memory_gb: float | None = _DEFAULT["gpu_memory_gb"]
     overlap: str = _DEFAULT["overlap"]
+    speech_max_batch: int = _DEFAULT["speech_max_batch"]
+    speech_batch_window_ms: float = _DEFAULT["speech_batch_window_ms"]
 
     @classmethod
     def from_config(cls, runtime: dict | None) -> Runtime:
@@ -288,6 +290,8 @@ def _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype) -> d
         "--worker-key", key,
         "--results", str(results_dir), "--idle-timeout", str(rt.idle_timeout_s),
         "--flac-subtype", flac_subtype, "--overlap", rt.overlap,
+        "--speech-max-batch", str(rt.speech_max_batch),
+        "--speech-batch-window-ms", str(rt.speech_batch_window_ms),
     ]  # fmt: skip
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(

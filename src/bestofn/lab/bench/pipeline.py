@@ -3,9 +3,9 @@
 
 Every production backend is built at its REAL size with random weights (``bestofn.fakes``,
 each family's ``build``): moss-fast (MOSS-TTS-Local-Transformer-v1.5 shape, bf16), Sidon, and the
-scorers duration, Parakeet, VoiceCLAP and Empathic-Insight; then ``bestofn.pipeline.run_group``
-runs complete groups exactly as a worker does (FLAC + parquet written atomically). One warm-up
-group (compile, CUDA-graph capture, allocator) is followed by the timed groups.
+scorers duration, Parakeet, VoiceCLAP and Empathic-Insight; then ``bestofn.runner.run_group``
+(the group job's in-process path) runs complete groups (FLAC + parquet written atomically).
+One warm-up group (compile, CUDA-graph capture, allocator) is followed by the timed groups.
 
 What is not the product's cost, and why:
 - Takes are forced to a fixed length (``--frames``, default 188 = 15.04 s): the random model's
@@ -23,7 +23,8 @@ Old vs new in one run (issue 15): each ``--variant NAME:key=value,...`` sets the
 (``overlap`` off/host/full, ``parakeet_batch``, ``parakeet_compile``, ``sidon_batch``,
 ``sidon_resample`` soxr/torch, ``sidon_compile``, ``sidon_bucket_s``) on the same loaded
 backends, runs one warm-up group, then ``--stream-groups`` groups the way a warm worker
-serves them (``--depth`` in flight, as runtime.queue_depth; the worker's stage gates), and
+serves them (``--depth`` in flight, as runtime.queue_depth, through the worker's own scheduler
+``bestofn.runner.Runner``: the same gates, streams and deferred host work), and
 reports the throughput (first start to last end per clip), every stage's wall and GPU time
 (CUDA events) per clip and the GPU's busy share. ``--variant before --variant after`` are
 the defaults named in ``VARIANTS``.
@@ -45,7 +46,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from bestofn.groupio import SCORES, TAKES
-from bestofn.pipeline import Backends, run_group
+from bestofn.pipeline import Backends
+from bestofn.runner import run_group
 from bestofn.spec import GroupSpec
 
 # ~31 words; with the frame count pinned the words only set the prompt length.
@@ -65,8 +67,8 @@ KNOBS = {
     "sidon_resample": str,
     "sidon_compile": lambda v: v.lower() in ("1", "on", "true", "yes"),
     "sidon_bucket_s": float,
-    "sidon_snake": str,  # auto, fused or eager (bestofn.backends.sidon.set_snake)
-    "sidon_layout": str,  # nchw or channels_last (bestofn.backends.sidon.set_layout)
+    "sidon_snake": str,  # auto, fused or eager (the restorer's runtime.snake)
+    "sidon_layout": str,  # nchw or channels_last (the restorer's runtime.layout)
     # CUDA stream priority of the generate stage (-1: high; 0, the default: as the others),
     # so its chain of small kernels is scheduled before restore/score's big ones
     "gen_priority": int,
@@ -103,62 +105,41 @@ def apply_variant(backends, knobs: dict) -> None:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
     if backends.restorer.name == "sidon":
-        from bestofn.backends.sidon import DEFAULT_LAYOUT, set_layout, set_snake
+        from bestofn.backends.sidon import DEFAULT_LAYOUT, DEFAULT_SNAKE
 
-        set_snake(knobs.get("sidon_snake", "auto"))
-        set_layout(knobs.get("sidon_layout", DEFAULT_LAYOUT))  # a variant without it: the default
         backends.restorer.set_speed(
             knobs.get("sidon_batch"),
             knobs.get("sidon_resample"),
             knobs.get("sidon_compile"),
             knobs.get("sidon_bucket_s"),
+            # a variant without them: the restorer's defaults, not an earlier variant's
+            snake=knobs.get("sidon_snake", DEFAULT_SNAKE),
+            layout=knobs.get("sidon_layout", DEFAULT_LAYOUT),
         )
 
 
 def run_stream(
     specs, backends, out_dir: Path, device: str, overlap: str, depth: int = 2, gen_priority: int = 0
 ):
-    """Groups served as a warm worker serves them: ``depth`` in flight, the worker's gates
-    (``bestofn.worker.server.Worker._gpu_stages``: off = the whole group in the gate; host =
-    generate + restore + score in the gate, written outside it; full = generate in the gate,
-    restore + score in a second gate on their own CUDA stream). Returns (timings, elapsed)."""
+    """Groups served as a warm worker serves them: ``depth`` in flight (runtime.queue_depth),
+    each group's thread calling the worker's own scheduler (``bestofn.runner.Runner``, set up
+    as ``bestofn.worker.server.Worker`` sets it up), so this measures the product's gates,
+    streams and deferred host work. Returns (timings, elapsed)."""
     import threading
 
-    import torch
+    from bestofn.runner import GroupJob, Runner
 
-    from bestofn.pipeline import generate_stage, restore_stage, score_stage, write_stage
-    from bestofn.worker.server import FifoGate
-
-    gate, write_gate = FifoGate(), FifoGate()
-    post_gate = FifoGate() if overlap == "full" else None
-    stream = torch.cuda.Stream() if post_gate is not None and device.startswith("cuda") else None
-    gen_stream = None
-    if gen_priority and device.startswith("cuda"):
-        gen_stream = torch.cuda.Stream(priority=gen_priority)
+    runner = Runner(
+        backends, device, overlap, flac_subtype="PCM_24", charge_load="first",
+        generate_priority=gen_priority,
+    ).setup()  # fmt: skip
     slots = threading.Semaphore(depth)
     timings: list = [None] * len(specs)
     errors: list = []
 
     def one(i, spec):
-        group_dir = out_dir / spec.emotion / spec.prompt_id
         try:
-            if overlap == "off":
-                with gate:
-                    timings[i] = run_group(
-                        spec, backends, group_dir, flac_subtype="PCM_24", device=device
-                    )
-                return
-            with gate, torch.cuda.stream(gen_stream):  # None: the current stream
-                work = generate_stage(spec, backends, device)
-                if post_gate is None:
-                    score_stage(restore_stage(work, backends), backends, defer_host=True)
-            if post_gate is not None:
-                with post_gate, torch.cuda.stream(stream):
-                    score_stage(restore_stage(work, backends), backends, defer_host=True)
-            with write_gate:
-                timings[i] = write_stage(
-                    work, backends, group_dir, flac_subtype="PCM_24", overlap=overlap
-                )
+            timings[i] = runner.run(GroupJob(spec, out_dir / spec.emotion / spec.prompt_id))
         except BaseException as e:  # reported after the join
             errors.append(e)
         finally:
@@ -490,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> int:
     import torch
 
-    from bestofn.pipeline import resolve_overlap
+    from bestofn.runner import resolve_overlap
 
     dev = args.device
     cuda = dev.startswith("cuda")

@@ -2,9 +2,9 @@
 15-s clips, on CUDA. For each stage: seconds per clip (CUDA events, median of 3 after a
 warm-up), then torch.profiler's top CUDA kernels of one more batch.
 
-Sidon rows: eager (fp16 autocast); DAC's Snake activation fused (``BESTOFN_SIDON_SNAKE=fused``);
+Sidon rows: eager (fp16 autocast); DAC's Snake activation fused (Sidon runtime ``snake: fused``);
 also each convolution's bias added in the fused kernel that reads its output (the default);
-also the decoder's activations channels last (``BESTOFN_SIDON_LAYOUT=channels_last``). Each
+also the decoder's activations channels last (``layout: channels_last``). Each
 row's output is compared with the first row's (max |diff|).
 
 PYTHONPATH=src python3 -m bestofn.lab.probes.stage_profile [--only sidon,parakeet] [--out DIR]
@@ -69,7 +69,6 @@ def top_kernels(fn, n: int = 18) -> list[dict]:
 
 
 def sidon_rows(n: int, batch: int) -> list[dict]:
-    from bestofn.backends import sidon as sidon_backend
     from bestofn.fakes import sidon
 
     audios = clips(n, 15.0)
@@ -84,9 +83,8 @@ def sidon_rows(n: int, batch: int) -> list[dict]:
     ]
 
     def configure(snake: str, fuse_bias: bool, layout: str) -> None:
-        sidon_backend.set_snake(snake)
-        sidon_backend.set_layout(layout)
-        sidon_backend._SNAKE["fuse_bias"] = fuse_bias
+        restorer.set_speed(snake=snake, layout=layout)  # the restorer's own decoder path
+        restorer.kernels.fuse_bias = fuse_bias
 
     for label, *knobs in variants:
         configure(*knobs)
