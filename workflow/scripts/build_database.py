@@ -13,5 +13,6 @@ counts = build_database(
     snakemake.params.score,
     held_out=snakemake.params.held_out,
     seed=snakemake.params.seed,
+    directions=snakemake.params.directions,
 )
 logging.info("database: %s", counts)
