@@ -362,6 +362,36 @@ def _bootstrap_ci(d: np.ndarray, rng: np.random.Generator) -> tuple[float, float
     return float(lo), float(hi)
 
 
+def within_group_ranks(groups: np.ndarray, column) -> np.ndarray:
+    """Per take: (rank within its group, ties averaged, minus the group's mean rank) divided
+    by the group's count of values; NaN where the take has no value. NULLs rank after every
+    value and NaN after every number, as DuckDB orders them; the arithmetic is the SQL's
+    ``(rank + (ties - 1) / 2 - (count + 1) / 2) / count`` of the tree before."""
+    null = column.is_null().to_numpy(zero_copy_only=False)
+    v = column.fill_null(0.0).to_numpy(zero_copy_only=False).astype(float)
+    nan = np.isnan(v) & ~null
+    v = np.where(nan | null, 0.0, v)
+    order = np.lexsort((v, nan, null, groups))
+    g, n_, u, vv = groups[order], nan[order], null[order], v[order]
+    n = len(order)
+    new_group = np.ones(n, dtype=bool)
+    new_group[1:] = g[1:] != g[:-1]
+    new_tie = new_group.copy()
+    new_tie[1:] |= (n_[1:] != n_[:-1]) | (u[1:] != u[:-1]) | (vv[1:] != vv[:-1])
+    pos = np.arange(n)
+    group_start = np.maximum.accumulate(np.where(new_group, pos, 0))
+    tie_start = np.maximum.accumulate(np.where(new_tie, pos, 0))
+    tie_id = np.cumsum(new_tie) - 1
+    ties = np.bincount(tie_id)[tie_id]
+    group_id = np.cumsum(new_group) - 1
+    count = np.bincount(group_id, weights=~u)[group_id]
+    rank = (tie_start - group_start + 1).astype(float)
+    ranked = (rank + (ties - 1) / 2.0 - (count + 1) / 2.0) / count
+    out = np.empty(n)
+    out[order] = np.where(u, np.nan, ranked)
+    return out
+
+
 class TrustTables:
     """The trust tables of this module's docstring, fed chunk by chunk.
 
@@ -494,20 +524,15 @@ class TrustTables:
 
     def _correlation_sums(self) -> None:
         """Each column becomes its within-group rank (ties averaged), centred on the group's
-        mean rank and divided by the group's size; the pairwise sums of those over the chunk's
-        takes are added up (a Pearson correlation needs no more)."""
-        ranked = ", ".join(
-            f"CASE WHEN {_q(c)} IS NULL THEN NULL ELSE "
-            f"(rank() OVER (PARTITION BY group_id ORDER BY {_q(c)}) "
-            f"+ (count(*) OVER (PARTITION BY group_id, {_q(c)}) - 1) / 2.0 "
-            f"- (count({_q(c)}) OVER (PARTITION BY group_id) + 1) / 2.0) "
-            f"/ count({_q(c)}) OVER (PARTITION BY group_id) END::DOUBLE AS {_q('r_' + c)}"
-            for c in self.cols
-        )
-        table = self.con.sql(f"SELECT {ranked} FROM chunk_scored").to_arrow_table()
+        mean rank and divided by the group's count of values (within_group_ranks); the
+        pairwise sums of those over the chunk's takes are added up (a Pearson correlation
+        needs no more)."""
+        values = ", ".join(f"{_q(c)}::DOUBLE" for c in self.cols)
+        table = self.con.sql(f"SELECT group_id, {values} FROM chunk_scored").to_arrow_table()
+        groups = table.column(0).combine_chunks().dictionary_encode().indices.to_numpy()
         x = np.column_stack(
-            [col.to_numpy(zero_copy_only=False).astype(float) for col in table.columns]
-        )  # NULL -> NaN (a rank is never NaN itself)
+            [within_group_ranks(groups, col) for col in table.columns[1:]]
+        )  # NaN where the take has no value
         valid = (~np.isnan(x)).astype(float)
         x0 = np.where(valid > 0, x, 0.0)
         self.sums["n"] += valid.T @ valid
@@ -648,7 +673,17 @@ class TrustTables:
             "(column_a VARCHAR, column_b VARCHAR, rho DOUBLE, n_takes BIGINT)"
         )
         if rows:
-            self.con.executemany("INSERT INTO score_correlation VALUES (?, ?, ?, ?)", rows)
+            import pyarrow as pa
+
+            names = ["column_a", "column_b", "rho", "n_takes"]
+            types = [pa.string(), pa.string(), pa.float64(), pa.int64()]
+            data = pa.table(
+                {
+                    k: pa.array([r[i] for r in rows], t)
+                    for i, (k, t) in enumerate(zip(names, types, strict=True))
+                }
+            )
+            _insert_arrow(self.con, "score_correlation", data)
 
     def _funnel(self) -> None:
         con, clauses = self.con, self.clauses
