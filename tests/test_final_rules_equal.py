@@ -75,13 +75,17 @@ def _bench_module():
 
 
 def synthetic_groups(results: Path) -> list[Path]:
-    paths = _bench_module().write_groups(results, groups=40, takes=16, seed=7, n_heads=4, reuse=False)
+    paths = _bench_module().write_groups(
+        results, groups=40, takes=16, seed=7, n_heads=4, reuse=False
+    )
 
     def edit(i: int, fn) -> None:
         pq.write_table(fn(pq.read_table(paths[i])), paths[i])
 
     def put(t: pa.Table, col: str, values) -> pa.Table:
-        return t.set_column(t.column_names.index(col), col, pa.array(values, t.schema.field(col).type))
+        return t.set_column(
+            t.column_names.index(col), col, pa.array(values, t.schema.field(col).type)
+        )
 
     # an older file: no host, worker, GPU or overlap columns
     edit(3, lambda t: t.drop_columns(["host", "worker_pid", "overlap", "group_score_gpu_s"]))
