@@ -3,7 +3,7 @@
 
 The GPU version, >= 150 groups x 64 takes with the production set at real size on one H200, is
 docs/bench/soak_gpu.sh (checked on the CPU with SIZE=tiny PROFILE=local TAKES=2 FRAMES=8
-GROUPS=6; too slow for make test)."""
+SOAK_GROUPS=6; too slow for make test)."""
 
 from __future__ import annotations
 

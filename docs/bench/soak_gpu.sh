@@ -8,12 +8,12 @@
 #
 # Run from the repository root with PYTHONPATH=src. The project is docs/bench/gpu_workflow.sh's
 # (its fake weights, sheets and snakemake call, BENCH=0); this script adds the sampler and the
-# checks and writes OUT/soak.json. Knobs: GROUPS (150), FRAMES (48 codec frames, 3.8 s takes:
+# checks and writes OUT/soak.json. Knobs: SOAK_GROUPS (150), FRAMES (48 codec frames, 3.8 s takes:
 # the soak is about memory over many groups, not audio length), TAKES (64), RSS_BOUND_MIB (256),
-# GPU_BOUND_MIB (512). CPU smoke test: SIZE=tiny PROFILE=local TAKES=2 FRAMES=8 GROUPS=6.
+# GPU_BOUND_MIB (512). CPU smoke test: SIZE=tiny PROFILE=local TAKES=2 FRAMES=8 SOAK_GROUPS=6.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: soak_gpu.sh OUT}")
-groups=${GROUPS:-150}
+groups=${SOAK_GROUPS:-150}
 export FRAMES=${FRAMES:-48} TAKES=${TAKES:-64} BENCH=0
 export WORK=${WORK:-/tmp/bestofn-soak}
 py=${PYTHON:-python3}
