@@ -61,15 +61,17 @@ def check_selection(
         ) from None
 
 
-def _chunks(files: list[str], rows_per_file: float | None):
-    """Consecutive slices of ``files`` of about CHUNK_TAKES takes (whole files: whole groups)."""
-    start, size = 0, FIRST_CHUNK_FILES
+def _chunks(con, files: list[str]):
+    """Consecutive slices of ``files`` of about CHUNK_TAKES takes (whole files: whole groups),
+    sized by the takes per file so far (``chunk_scored`` holds the last chunk's once the
+    caller has read it)."""
+    start, rows, size = 0, 0, FIRST_CHUNK_FILES
     while start < len(files):
-        if rows_per_file:
-            size = max(1, int(CHUNK_TAKES / rows_per_file))
         chunk = files[start : start + size]
+        yield chunk
         start += len(chunk)
-        rows_per_file = yield chunk
+        rows += con.execute("SELECT count(*) FROM chunk_scored").fetchone()[0]
+        size = max(1, int(CHUNK_TAKES * start / max(rows, 1)))
 
 
 _PER_GROUP_SQL = """
@@ -234,20 +236,11 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked
     con.execute(f"CREATE TEMP TABLE part_per_group AS {_PER_GROUP_SQL} LIMIT 0")
     tables = trust.TrustTables(con, filter_sql, entries, seed, directions)
 
-    chunks = _chunks(files, None if chunked else float("inf"))
-    chunk, done_files, done_rows = next(chunks, None), 0, 0
-    if not chunked:
-        chunk = files
-    while chunk:
-        _add_chunk(con, chunk, filter_sql, score_sql, tables)
-        done_files += len(chunk)
-        done_rows += con.execute("SELECT count(*) FROM chunk_scored").fetchone()[0]
-        if not chunked:
-            break
-        try:
-            chunk = chunks.send(max(done_rows, 1) / done_files)
-        except StopIteration:
-            chunk = None
+    if chunked:
+        for chunk in _chunks(con, files):
+            _add_chunk(con, chunk, filter_sql, score_sql, tables)
+    else:
+        _add_chunk(con, files, filter_sql, score_sql, tables)
     split = con.execute(
         "SELECT group_id FROM part_groups GROUP BY group_id HAVING count(*) > 1 LIMIT 1"
     ).fetchone()
