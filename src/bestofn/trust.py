@@ -386,7 +386,8 @@ def within_group_ranks(groups: np.ndarray, column) -> np.ndarray:
     group_id = np.cumsum(new_group) - 1
     count = np.bincount(group_id, weights=~u)[group_id]
     rank = (tie_start - group_start + 1).astype(float)
-    ranked = (rank + (ties - 1) / 2.0 - (count + 1) / 2.0) / count
+    with np.errstate(divide="ignore", invalid="ignore"):  # groups with no value: NaN below
+        ranked = (rank + (ties - 1) / 2.0 - (count + 1) / 2.0) / count
     out = np.empty(n)
     out[order] = np.where(u, np.nan, ranked)
     return out
