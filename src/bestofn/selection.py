@@ -20,6 +20,9 @@ __all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"
 MEMORY_LIMIT = "1GB"
 CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files), about 50 MB of DuckDB memory
 FIRST_CHUNK_FILES = 64
+# Files per chunk at most: each open parquet reader holds its footer and buffers, so 8k small
+# files of 4 takes in one read_parquet ran out of the 1 GB (13k files, 2026-12-01).
+MAX_CHUNK_FILES = 1024
 # Group-level columns older parquets may lack (added as NULL)
 _LATE_COLUMNS = (
     "host", "worker_pid", "slurm_job_id", "group_generate_gpu_s", "group_restore_gpu_s",
@@ -71,7 +74,7 @@ def _chunks(con, files: list[str]):
         yield chunk
         start += len(chunk)
         rows += con.execute("SELECT count(*) FROM chunk_scored").fetchone()[0]
-        size = max(1, int(CHUNK_TAKES * start / max(rows, 1)))
+        size = min(MAX_CHUNK_FILES, max(1, int(CHUNK_TAKES * start / max(rows, 1))))
 
 
 _PER_GROUP_SQL = """
