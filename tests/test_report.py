@@ -7,6 +7,9 @@ from test_selection import group_parquet  # hand-made scores.parquet of one grou
 
 from bestofn.report import gain_histogram, score_gain_table, write_report
 from bestofn.selection import build_database
+from bestofn.trust import scorer_directions
+
+ASR = scorer_directions({"scorers": [{"backend": "whisper-asr"}]})
 
 
 @pytest.fixture
@@ -19,7 +22,8 @@ def report(tmp_path):
         # happy/p1 selects take 0 (quality 6; median 4, median wer 0.1)
         group_parquet(tmp_path, "happy/p1", [0.0, 0.1, 0.2], [6.0, 4.0, 1.0]),
     ]
-    build_database(files, tmp_path / "db.duckdb", "wer <= 0.1", "quality")
+    # wer's direction, as the ASR scorers declare it (Scorer.better)
+    build_database(files, tmp_path / "db.duckdb", "wer <= 0.1", "quality", directions=ASR)
     return write_report(tmp_path / "db.duckdb", tmp_path / "report")
 
 

@@ -22,12 +22,16 @@ from bestofn.selection import SelectionError, build_database
 from bestofn.trust import (
     check_held_out,
     filter_clauses,
+    held_out_columns,
     presentation_order,
     referenced_columns,
+    scorer_directions,
 )
 from bestofn.workflow_glue import check_selection_for
 
 SR = 8000
+# What the shipped ASR and DNSMOS scorers declare (Scorer.better): wer/cer lower, DNSMOS higher
+DIRECTIONS = scorer_directions({"scorers": [{"backend": "whisper-asr"}, {"backend": "dnsmos"}]})
 ARTIFACTS = REPO / ".test-results"
 
 
@@ -178,7 +182,7 @@ def test_what_best_of_n_bought_for_every_score(tmp_path):
         write_group(tmp_path, "calm/p1", {"wer": [0.0, 0.0, 0.3, 0.05], "q": [1.0, 3.0, 9.0, 2.0]}),
         write_group(tmp_path, "calm/p2", {"wer": [0.2, 0.0, 0.0], "q": [5.0, 1.0, 4.0]}),
     ]
-    build_database(files, tmp_path / "db.duckdb", "wer <= 0.1", "q")
+    build_database(files, tmp_path / "db.duckdb", "wer <= 0.1", "q", directions=DIRECTIONS)
     con = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
     rows = {
         r[0]: r[1:]
@@ -242,9 +246,9 @@ def test_filter_funnel_counts_each_clause_in_order(tmp_path):
 
 def test_check_refuses_held_out_columns_in_filter_or_score():
     held = ["dnsmos_p808"]
-    check_held_out("wer <= 0.1", "dnsmos_ovrl - cer", held)  # fine
+    check_held_out("wer <= 0.1", "dnsmos_ovrl - cer", held, directions=DIRECTIONS)  # fine
     # a string literal is not a column
-    check_held_out("stop_reason <> 'dnsmos_p808'", "dnsmos_ovrl", held)
+    check_held_out("stop_reason <> 'dnsmos_p808'", "dnsmos_ovrl", held, directions=DIRECTIONS)
     for flt, score, what in [
         ("wer <= 0.1 AND dnsmos_p808 > 3", "cer", "selection.filter uses held-out"),
         ("wer <= 0.1", "dnsmos_ovrl + 0.1 * DNSMOS_P808", "selection.score uses held-out"),
@@ -254,16 +258,24 @@ def test_check_refuses_held_out_columns_in_filter_or_score():
         ("wer <= 0.1", "list_sum(COLUMNS('dnsmos_.*'))", "reaches every column"),
     ]:
         with pytest.raises(SelectionError, match=what):
-            check_held_out(flt, score, held)
+            check_held_out(flt, score, held, directions=DIRECTIONS)
     # lambda parameters are not columns
     assert referenced_columns("list_transform(l, wer -> wer + 1) > cer") == {"l", "cer"}
     columns = {"wer": "DOUBLE", "dnsmos_p808": "DOUBLE", "transcript": "VARCHAR"}
     with pytest.raises(SelectionError, match="'dnsmos_p8o8' is not a takes column"):
-        check_held_out("wer < 1", "wer", ["dnsmos_p8o8"], columns)
+        check_held_out("wer < 1", "wer", ["dnsmos_p8o8"], columns, DIRECTIONS)
     with pytest.raises(SelectionError, match="'transcript' is VARCHAR, not a number"):
         check_held_out("wer < 1", "wer", [{"column": "transcript", "better": "higher"}], columns)
     with pytest.raises(SelectionError, match="does not know whether more or less 'my_mos'"):
-        check_held_out("wer < 1", "wer", ["my_mos"])
+        check_held_out("wer < 1", "wer", ["my_mos"], directions=DIRECTIONS)
+    # a direction comes from the scorer that declares it: DNSMOS's p808 is unknown without it
+    with pytest.raises(SelectionError, match="does not know whether more or less 'dnsmos_p808'"):
+        check_held_out("wer < 1", "wer", held)
+    # a glob declaration (Empathic-Insight's quality heads) covers the dynamic columns
+    ei = scorer_directions({"scorers": [{"backend": "empathic-insight"}]})
+    assert held_out_columns(["ei_score_overall_quality"], ei)[0].better == "higher"
+    with pytest.raises(SelectionError, match="'ei_anger'"):
+        held_out_columns(["ei_anger"], ei)
 
 
 def test_bestofn_check_refuses_a_config_selecting_on_a_held_out_column(project):

@@ -281,11 +281,47 @@ def write_listening_page(
     have = {r[0] for r in con.execute("DESCRIBE scored").fetchall()}
     transcript = "transcript" if "transcript" in have else "NULL"
     cols = ", ".join(f's."{c}"' for c in measures)
+    # Which groups the page shows, picked in SQL from the groups table, so the page and the
+    # memory stay the same size whatever the run's: all of them up to MAX_GROUPS, else the
+    # worst, the first groups with no passing take and a seeded sample of the rest.
+    total, n_no_pass = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status <> 'selected') FROM groups"
+    ).fetchone()
+    emotions = [
+        e for (e,) in con.execute("SELECT DISTINCT emotion FROM groups ORDER BY 1").fetchall()
+    ]
+    worst = con.execute(
+        "SELECT group_id, emotion, best_score, median_score FROM groups "
+        "WHERE status = 'selected' ORDER BY best_score ASC NULLS FIRST, group_id LIMIT ?",
+        [WORST],
+    ).fetchall()
+    no_pass = con.execute(
+        "SELECT group_id, emotion, prompt_id, n_takes FROM groups WHERE status <> 'selected' "
+        "ORDER BY emotion, prompt_id LIMIT ?",
+        [NO_PASS_LISTED],
+    ).fetchall()
+    shown = "groups"
+    sampled = ""
+    if total > MAX_GROUPS:
+        keep = {w[0] for w in worst} | {g[0] for g in no_pass}
+        ids = con.execute("SELECT group_id FROM groups ORDER BY emotion, prompt_id").fetchall()
+        rest = [g for (g,) in ids if g not in keep]
+        n = min(len(rest), max(0, MAX_GROUPS - len(keep)))
+        pick = seeded_rng(seed, "page").choice(len(rest), n, replace=False)
+        keep |= {rest[i] for i in pick}
+        con.execute("CREATE OR REPLACE TEMP TABLE page_groups (group_id VARCHAR)")
+        con.executemany("INSERT INTO page_groups VALUES (?)", [(g,) for g in sorted(keep)])
+        shown = "(SELECT * FROM groups WHERE group_id IN (SELECT group_id FROM page_groups))"
+        sampled = (
+            f" Showing {len(keep)} of them: every group the worst lists name, and a random "
+            f"sample (seed {seed}) of the rest; the database has them all."
+        )
     takes = con.execute(
         f"""
         SELECT l.group_id, l.listen_order, l.take, l.role, s.score, s.passes,
                {transcript} AS transcript{", " + cols if cols else ""}
         FROM listening l JOIN scored s USING (group_id, take)
+        WHERE l.group_id IN (SELECT group_id FROM {shown})
         ORDER BY l.group_id, l.listen_order
         """
     ).fetchall()
@@ -300,29 +336,8 @@ def write_listening_page(
             if "text" in have
             else "NULL "
         )
-        + "AS text "
-        "FROM groups g ORDER BY g.emotion, g.prompt_id"
+        + f"AS text FROM {shown} g ORDER BY g.emotion, g.prompt_id"
     ).fetchall()
-    worst = con.execute(
-        "SELECT group_id, emotion, best_score, median_score FROM groups "
-        "WHERE status = 'selected' ORDER BY best_score ASC NULLS FIRST, group_id LIMIT ?",
-        [WORST],
-    ).fetchall()
-    no_pass = [g for g in groups if g[7] != "selected"]
-    emotions = sorted({g[1] for g in groups})
-    total = len(groups)
-    sampled = ""
-    if total > MAX_GROUPS:
-        keep = {w[0] for w in worst} | {g[0] for g in no_pass[:NO_PASS_LISTED]}
-        rest = [g[0] for g in groups if g[0] not in keep]
-        n = min(len(rest), max(0, MAX_GROUPS - len(keep)))
-        pick = seeded_rng(seed, "page").choice(len(rest), n, replace=False)
-        keep |= {rest[i] for i in pick}
-        groups = [g for g in groups if g[0] in keep]
-        sampled = (
-            f" Showing {len(groups)} of them: every group the worst lists name, and a random "
-            f"sample (seed {seed}) of the rest; the database has them all."
-        )
     filt = con.execute("SELECT filter FROM trust_settings").fetchone()[0]
     pairs = group_pairs(con)  # what each vote heard: a fingerprint of its group's two takes
     meta = {
@@ -340,7 +355,7 @@ def write_listening_page(
         "<title>bestofn: listen to the selection</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>Listen: the selected take beside one random other take</h1>",
-        f"<p class='muted'>{total} groups ({len(no_pass)} with no passing take).{sampled} "
+        f"<p class='muted'>{total} groups ({n_no_pass} with no passing take).{sampled} "
         f"Filter: <code>{_e(filt)}</code>. The two takes of a group appear in a seeded random "
         f"order (seed {_e(seed)}; the <code>listening</code> table records it), so the selected "
         "take is not always first: listeners favour positions. Held-out columns are marked *."
@@ -370,14 +385,14 @@ def write_listening_page(
             f" <span class='muted'>score {_fmt(best)} (group median {_fmt(median)})</span></li>"
         )
     out.append("</ol></div>")
-    out.append(f"<div><h3>No passing take ({len(no_pass)})</h3><ul id='no-pass'>")
-    for g in no_pass[:NO_PASS_LISTED]:
+    out.append(f"<div><h3>No passing take ({n_no_pass})</h3><ul id='no-pass'>")
+    for g in no_pass:
         out.append(
             f"<li data-emotion='{_e(g[1])}'><a href='#{_anchor(g[0])}'>{_e(g[0])}</a>"
             f" <span class='muted'>0 of {g[3]} takes passed</span></li>"
         )
-    if len(no_pass) > NO_PASS_LISTED:
-        out.append(f"<li>… and {len(no_pass) - NO_PASS_LISTED} more (table groups)</li>")
+    if n_no_pass > NO_PASS_LISTED:
+        out.append(f"<li>… and {n_no_pass - NO_PASS_LISTED} more (table groups)</li>")
     if not no_pass:
         out.append("<li class='muted'>none</li>")
     out.append("</ul></div></div>")

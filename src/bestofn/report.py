@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 
 STAGES = ["load", "generate", "restore", "score", "write", "idle"]
+UNSELECTED_LISTED = 200  # groups with no passing take named in throughput.md at most
 
 
 def _fmt(x, digits=3) -> str:
@@ -66,13 +67,27 @@ def score_gain_table(rows: list[tuple]) -> list[str]:
     return out
 
 
+GAIN_PANELS = 24  # panels of the gain plot at most (the table in throughput.md has them all)
+
+
+def gain_plot_columns(rows: list[tuple]) -> list[str]:
+    """The columns the gain plot shows: the composite first, then those with a direction,
+    then the rest, at most GAIN_PANELS (a plot of 55 panels is unreadable and slow to draw)."""
+    cols = list(dict.fromkeys(c for c, *_ in rows))
+    better = {c: b for c, _, b, *_ in rows}
+    ranked = sorted(cols, key=lambda c: (c != "score", better.get(c) is None))
+    keep = set(ranked[:GAIN_PANELS])
+    return [c for c in cols if c in keep]
+
+
 def score_gain_plot(rows: list[tuple]):
-    """One panel per score column: selected − median per emotion (bars, green where selection
-    moved it the better way, red the worse way, grey where the direction is unknown) and best
-    − median (black ticks: what the best take of each group would have given)."""
+    """One panel per score column (gain_plot_columns): selected − median per emotion (bars,
+    green where selection moved it the better way, red the worse way, grey where the
+    direction is unknown) and best − median (black ticks: what the best take of each group
+    would have given)."""
     import matplotlib.pyplot as plt
 
-    cols = list(dict.fromkeys(c for c, *_ in rows))
+    cols = gain_plot_columns(rows)
     emotions = sorted({e for _, e, *_ in rows if e is not None})
     labels = [*emotions, "all"]
     by = {(c, e or "all"): (b, sel, best) for c, e, b, sel, best in rows}
@@ -103,7 +118,7 @@ def score_gain_plot(rows: list[tuple]):
         ax.set_title(f"{col} ({better or 'direction unknown'})", fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
     fig.suptitle("Selected take − group median per emotion (tick: best take − median)", fontsize=10)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.12, right=0.98, bottom=0.04, top=0.94, wspace=0.6, hspace=0.6)
     return fig
 
 
@@ -161,7 +176,11 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect(str(db_path), read_only=True)
     overall = con.execute("SELECT * FROM throughput WHERE level = 'overall'").fetchdf().iloc[0]
-    groups = con.execute("SELECT * FROM groups").fetchdf()
+    # Per-group values only as one column of numbers; counts and lists come from SQL, so the
+    # report's memory and size do not follow the run's.
+    n_groups, n_unselected = con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE status <> 'selected') FROM groups"
+    ).fetchone()
     workers = con.execute(
         "SELECT worker, slurm_job_id, groups, loads, load_s, wall_s, idle_s, idle_fraction "
         "FROM throughput WHERE level = 'worker' ORDER BY started_at"
@@ -178,7 +197,10 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     fig.savefig(out_dir / "stage_seconds.png", dpi=120)
     plt.close(fig)
 
-    gain = groups["best_minus_median"].dropna()
+    import numpy as np
+
+    gain = con.sql("SELECT best_minus_median FROM groups WHERE best_minus_median IS NOT NULL")
+    gain = np.asarray(gain.fetchnumpy()["best_minus_median"], dtype=float)
     fig = gain_histogram(gain)
     fig.savefig(out_dir / "bestofn_gain.png", dpi=120)
     plt.close(fig)
@@ -188,8 +210,6 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     fig.savefig(out_dir / "gain_by_score.png", dpi=120)
     plt.close(fig)
 
-    n_groups = len(groups)
-    n_unselected = int((groups["status"] != "selected").sum())
     elapsed = float(overall["elapsed_s"] or 0.0)
     lines = [
         "# bestofn throughput report",
@@ -231,7 +251,7 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
         "## Best-of-N gain",
         "",
         "Median over groups of (selected − median take score): "
-        f"{_fmt(float(gain.median()) if len(gain) else None)}",
+        f"{_fmt(float(np.median(gain)) if len(gain) else None)}",
         "",
         "![best-of-N gain](bestofn_gain.png)",
         "",
@@ -252,7 +272,16 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     lines += write_selection_report(db_path, out_dir)
     if n_unselected:
         lines += ["## Groups with no passing take", ""]
-        lines += [f"- {g}" for g in groups.loc[groups["status"] != "selected", "group_id"]]
+        listed = con.execute(
+            "SELECT group_id FROM groups WHERE status <> 'selected' ORDER BY group_id LIMIT ?",
+            [UNSELECTED_LISTED],
+        ).fetchall()
+        lines += [f"- {g}" for (g,) in listed]
+        if n_unselected > len(listed):
+            lines.append(
+                f"- … and {n_unselected - len(listed)} more (`SELECT * FROM unselected` in "
+                "the database)"
+            )
         lines.append("")
     report = out_dir / "throughput.md"
     report.write_text("\n".join(lines))

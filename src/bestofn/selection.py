@@ -9,54 +9,25 @@ from pathlib import Path
 
 import duckdb
 
-# Columns every scores.parquet has, whatever the scorers (see docs in config/README.md).
-BASE_COLUMNS = {
-    "group_id": "VARCHAR",
-    "emotion": "VARCHAR",
-    "prompt_id": "VARCHAR",
-    "take": "INTEGER",
-    "seed": "BIGINT",
-    "text": "VARCHAR",
-    "flac_path": "VARCHAR",
-    "duration_s": "DOUBLE",
-    "sample_rate": "INTEGER",
-    "channels": "INTEGER",
-    "n_frames": "INTEGER",  # codec frames generated (NULL for generators without frames)
-    "truncated": "BOOLEAN",  # cut by the frame budget
-    "stop_reason": "VARCHAR",  # 'eos' | 'budget' | 'empty'
-    "reference_audio": "VARCHAR",
-    "generator": "VARCHAR",
-    "models": "VARCHAR",
-    "models_hash": "VARCHAR",
-    "spec_hash": "VARCHAR",
-    "bestofn_version": "VARCHAR",
-    "host": "VARCHAR",
-    "group_generate_s": "DOUBLE",
-    "group_restore_s": "DOUBLE",
-    "group_score_s": "DOUBLE",
-    "group_load_s": "DOUBLE",
-    "worker_idle_s": "DOUBLE",
-    "score_seconds": "VARCHAR",
-    "device": "VARCHAR",
-    "worker_slot": "INTEGER",
-    "worker_pid": "BIGINT",
-    "slurm_job_id": "VARCHAR",  # the SLURM job whose worker wrote the group ('' outside SLURM)
-    "started_at": "TIMESTAMPTZ",
-    "group_write_s": "DOUBLE",
-    "group_wall_s": "DOUBLE",
-    "finished_at": "TIMESTAMPTZ",
-    # GPU time per stage (CUDA-event spans on the stage's stream; NULL off CUDA) and how the
-    # worker overlapped groups ('off', 'host', 'full'); older parquets lack them (NULL)
-    "group_generate_gpu_s": "DOUBLE",
-    "group_restore_gpu_s": "DOUBLE",
-    "group_score_gpu_s": "DOUBLE",
-    "score_gpu_seconds": "VARCHAR",
-    "overlap": "VARCHAR",
-}
+from bestofn import trust
+from bestofn.takes_schema import BASE_COLUMNS, SelectionError
 
+__all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"]
 
-class SelectionError(ValueError):
-    pass
+# DuckDB's own memory, whatever the run's size: past it, sorts, joins and aggregates spill to
+# a temporary directory beside the database (under results/). The rest of the process holds
+# one chunk of takes (CHUNK_TAKES) and per-group rows.
+MEMORY_LIMIT = "1GB"
+CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files), about 50 MB of DuckDB memory
+FIRST_CHUNK_FILES = 64
+# Files per chunk at most: each open parquet reader holds its footer and buffers, so 8k small
+# files of 4 takes in one read_parquet ran out of the 1 GB (13k files, 2026-12-01).
+MAX_CHUNK_FILES = 1024
+# Group-level columns older parquets may lack (added as NULL)
+_LATE_COLUMNS = (
+    "host", "worker_pid", "slurm_job_id", "group_generate_gpu_s", "group_restore_gpu_s",
+    "group_score_gpu_s", "score_gpu_seconds", "overlap",
+)  # fmt: skip
 
 
 def _scored_sql(filter_sql: str, score_sql: str, source: str = "takes") -> str:
@@ -93,6 +64,100 @@ def check_selection(
         ) from None
 
 
+def _chunks(con, files: list[str]):
+    """Consecutive slices of ``files`` of about CHUNK_TAKES takes (whole files: whole groups),
+    sized by the takes per file so far (``chunk_scored`` holds the last chunk's once the
+    caller has read it)."""
+    start, rows, size = 0, 0, FIRST_CHUNK_FILES
+    while start < len(files):
+        chunk = files[start : start + size]
+        yield chunk
+        start += len(chunk)
+        rows += con.execute("SELECT count(*) FROM chunk_scored").fetchone()[0]
+        size = min(MAX_CHUNK_FILES, max(1, int(CHUNK_TAKES * start / max(rows, 1))))
+
+
+_PER_GROUP_SQL = """
+    SELECT group_id, count(*) AS clips, sum(duration_s) AS audio_s,
+           any_value(group_wall_s) AS wall_s, any_value(group_load_s) AS load_s,
+           any_value(group_generate_s) AS generate_s,
+           any_value(group_restore_s) AS restore_s,
+           any_value(group_score_s) AS score_s, any_value(group_write_s) AS write_s,
+           any_value(worker_idle_s) AS idle_s, any_value(device) AS device,
+           min(started_at) AS started_at, max(finished_at) AS finished_at,
+           any_value(host) || ':' || any_value(worker_pid) AS worker,
+           coalesce(any_value(slurm_job_id), '') AS slurm_job_id,
+           any_value(group_generate_gpu_s) AS generate_gpu_s,
+           any_value(group_restore_gpu_s) AS restore_gpu_s,
+           any_value(group_score_gpu_s) AS score_gpu_s,
+           any_value(overlap) AS overlap
+    FROM chunk_scored GROUP BY group_id
+"""
+
+_GROUPS_SQL = """
+    SELECT s.group_id, any_value(s.emotion) AS emotion, any_value(s.prompt_id) AS prompt_id,
+           count(*) AS n_takes, count(*) FILTER (WHERE s.passes) AS n_pass,
+           max(s.score) FILTER (WHERE s.passes) AS best_score,
+           median(s.score) AS median_score,
+           max(s.score) FILTER (WHERE s.passes) - median(s.score) AS best_minus_median,
+           any_value(sel.take) AS selected_take, any_value(sel.flac_path) AS selected_flac,
+           CASE WHEN count(*) FILTER (WHERE s.passes) = 0 THEN 'no_take_passed'
+                ELSE 'selected' END AS status
+    FROM chunk_scored s LEFT JOIN chunk_selection sel USING (group_id)
+    GROUP BY s.group_id
+"""
+
+_THROUGHPUT_SQL = """
+    CREATE TABLE throughput AS
+    WITH levels AS (
+        SELECT 'group' AS level, group_id, device, clips, audio_s, wall_s, load_s, generate_s,
+               restore_s, score_s, write_s, idle_s, started_at, finished_at, worker,
+               slurm_job_id, 1 AS groups, (load_s > 0)::INTEGER AS loads, generate_gpu_s,
+               restore_gpu_s, score_gpu_s, overlap, 1 AS n_workers FROM part_per_group
+        UNION ALL
+        -- One row per worker process: on SLURM, one per job (its bundle of groups).
+        SELECT 'worker', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
+               sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
+               sum(write_s), sum(idle_s), min(started_at), max(finished_at), worker,
+               any_value(slurm_job_id), count(*), count(*) FILTER (WHERE load_s > 0),
+               sum(generate_gpu_s), sum(restore_gpu_s), sum(score_gpu_s),
+               string_agg(DISTINCT overlap, ','), 1
+        FROM part_per_group GROUP BY worker
+        UNION ALL
+        SELECT 'overall', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
+               sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
+               sum(write_s), sum(idle_s), min(started_at), max(finished_at), NULL, NULL,
+               count(*), count(*) FILTER (WHERE load_s > 0), sum(generate_gpu_s),
+               sum(restore_gpu_s), sum(score_gpu_s), string_agg(DISTINCT overlap, ','),
+               count(DISTINCT worker)
+        FROM part_per_group
+    )
+    SELECT level, group_id, device, clips, audio_s,
+           wall_s, load_s, generate_s, restore_s, score_s, write_s, idle_s,
+           generate_s / clips AS generate_s_per_clip, restore_s / clips AS restore_s_per_clip,
+           score_s / clips AS score_s_per_clip, write_s / clips AS write_s_per_clip,
+           wall_s / clips AS wall_s_per_clip, audio_s / wall_s AS audio_s_per_wall_s,
+           epoch(finished_at - started_at) AS elapsed_s, started_at, finished_at,
+           worker, slurm_job_id, groups, loads,
+           -- worker time spent waiting between groups, of (working + waiting)
+           idle_s / nullif(wall_s + idle_s, 0) AS idle_fraction,
+           -- GPU time per stage (CUDA events; NULL off CUDA), and the GPUs' busy share of
+           -- the elapsed time (first group start to last group end of the row; overall:
+           -- of the elapsed time x the workers, one GPU each)
+           generate_gpu_s, restore_gpu_s, score_gpu_s,
+           generate_gpu_s + restore_gpu_s + score_gpu_s AS gpu_busy_s,
+           (generate_gpu_s + restore_gpu_s + score_gpu_s) / clips AS gpu_busy_s_per_clip,
+           (generate_gpu_s + restore_gpu_s + score_gpu_s)
+               / nullif(epoch(finished_at - started_at) * n_workers, 0) AS gpu_busy_fraction,
+           overlap
+    FROM levels ORDER BY level DESC, worker, group_id
+"""
+
+
+class _SplitGroup(Exception):
+    """A group's takes came in files of two chunks (not the results layout)."""
+
+
 def build_database(
     parquets: list[str | Path],
     db_path: str | Path,
@@ -100,24 +165,65 @@ def build_database(
     score_sql: str,
     held_out: list | None = None,
     seed: int = 0,
+    directions: dict[str, str] | None = None,
+    memory_limit: str = MEMORY_LIMIT,
 ) -> dict:
     """(Re)build the DuckDB file from group parquets. Returns a few counts for the log.
 
-    ``held_out`` (selection.held_out) and ``seed`` feed the trust tables (bestofn.trust):
-    held-out comparisons, per-score gains, correlations, the filter funnel, listening order."""
+    ``held_out`` (selection.held_out), ``seed`` and ``directions`` (which way is better per
+    column, as the scorers declare it: bestofn.trust.scorer_directions) feed the trust tables
+    (bestofn.trust): held-out comparisons, per-score gains, correlations, the filter funnel,
+    listening order.
+
+    The parquets are read by DuckDB in chunks of whole files (a group is one file), each
+    chunk once: its takes are appended to ``takes`` and reduced to per-group rows and sums,
+    so memory follows the chunk (and DuckDB's ``memory_limit``), time the takes. A group
+    whose takes span files of two chunks makes one pass over all files instead."""
     db_path = Path(db_path)
+    files = [str(p) for p in parquets]
+    try:
+        return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
+                      memory_limit, chunked=True)  # fmt: skip
+    except _SplitGroup:
+        return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
+                      memory_limit, chunked=False)  # fmt: skip
+
+
+def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directions,
+           memory_limit, chunked: bool) -> dict:  # fmt: skip
     tmp = db_path.with_suffix(".tmp.duckdb")
     tmp.unlink(missing_ok=True)
+    spill = db_path.parent / ".duckdb-tmp"
     con = duckdb.connect(str(tmp))
-    files = [str(p) for p in parquets]
+    try:
+        con.execute(f"SET memory_limit = '{memory_limit}'")
+        con.execute(f"SET temp_directory = '{spill}'")
+        _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked)
+        counts = dict(
+            takes=con.execute("SELECT count(*) FROM takes").fetchone()[0],
+            groups=con.execute("SELECT count(*) FROM groups").fetchone()[0],
+            selected=con.execute("SELECT count(*) FROM selection").fetchone()[0],
+        )
+    except BaseException:
+        con.close()
+        tmp.unlink(missing_ok=True)
+        Path(str(tmp) + ".wal").unlink(missing_ok=True)
+        raise
+    con.close()
+    tmp.replace(db_path)
+    Path(str(tmp) + ".wal").unlink(missing_ok=True)
+    return counts
+
+
+def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked) -> None:
+    # The schema first, from every file's footer: union_by_name over all of them, so the
+    # takes table has the columns (and types) the whole run has, in first-seen order.
     con.execute(
-        "CREATE TABLE takes AS SELECT * FROM read_parquet(?, union_by_name = true)", [files]
+        "CREATE TABLE takes AS SELECT * FROM read_parquet(?, union_by_name = true) LIMIT 0",
+        [files],
     )
     have = {r[0] for r in con.execute("DESCRIBE takes").fetchall()}
-    for col in (  # older parquets may lack them
-        "host", "worker_pid", "slurm_job_id", "group_generate_gpu_s", "group_restore_gpu_s",
-        "group_score_gpu_s", "score_gpu_seconds", "overlap",
-    ):  # fmt: skip
+    for col in _LATE_COLUMNS:  # older parquets may lack them
         if col not in have:
             con.execute(f"ALTER TABLE takes ADD COLUMN {col} {BASE_COLUMNS[col]}")
     try:
@@ -125,105 +231,60 @@ def build_database(
         con.execute("SELECT count(*) FROM scored").fetchall()
     except duckdb.Error as e:
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
-    con.execute(
-        """
-        CREATE TABLE selection AS
-        SELECT * EXCLUDE (passes) FROM scored WHERE passes
-        QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY score DESC NULLS LAST, take) = 1
-        ORDER BY group_id
-        """
-    )
-    con.execute(
-        """
-        CREATE TABLE groups AS
-        SELECT s.group_id, any_value(s.emotion) AS emotion, any_value(s.prompt_id) AS prompt_id,
-               count(*) AS n_takes, count(*) FILTER (WHERE s.passes) AS n_pass,
-               max(s.score) FILTER (WHERE s.passes) AS best_score,
-               median(s.score) AS median_score,
-               max(s.score) FILTER (WHERE s.passes) - median(s.score) AS best_minus_median,
-               any_value(sel.take) AS selected_take, any_value(sel.flac_path) AS selected_flac,
-               CASE WHEN count(*) FILTER (WHERE s.passes) = 0 THEN 'no_take_passed'
-                    ELSE 'selected' END AS status
-        FROM scored s LEFT JOIN selection sel USING (group_id)
-        GROUP BY s.group_id ORDER BY s.group_id
-        """
-    )
-    con.execute("CREATE VIEW unselected AS SELECT * FROM groups WHERE status <> 'selected'")
-    con.execute(
-        """
-        CREATE TABLE throughput AS
-        WITH per_group AS (
-            SELECT group_id, count(*) AS clips, sum(duration_s) AS audio_s,
-                   any_value(group_wall_s) AS wall_s, any_value(group_load_s) AS load_s,
-                   any_value(group_generate_s) AS generate_s,
-                   any_value(group_restore_s) AS restore_s,
-                   any_value(group_score_s) AS score_s, any_value(group_write_s) AS write_s,
-                   any_value(worker_idle_s) AS idle_s, any_value(device) AS device,
-                   min(started_at) AS started_at, max(finished_at) AS finished_at,
-                   any_value(host) || ':' || any_value(worker_pid) AS worker,
-                   coalesce(any_value(slurm_job_id), '') AS slurm_job_id,
-                   any_value(group_generate_gpu_s) AS generate_gpu_s,
-                   any_value(group_restore_gpu_s) AS restore_gpu_s,
-                   any_value(group_score_gpu_s) AS score_gpu_s,
-                   any_value(overlap) AS overlap
-            FROM takes GROUP BY group_id
-        ), levels AS (
-            SELECT 'group' AS level, group_id, device, clips, audio_s, wall_s, load_s, generate_s,
-                   restore_s, score_s, write_s, idle_s, started_at, finished_at, worker,
-                   slurm_job_id, 1 AS groups, (load_s > 0)::INTEGER AS loads, generate_gpu_s,
-                   restore_gpu_s, score_gpu_s, overlap, 1 AS n_workers FROM per_group
-            UNION ALL
-            -- One row per worker process: on SLURM, one per job (its bundle of groups).
-            SELECT 'worker', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
-                   sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
-                   sum(write_s), sum(idle_s), min(started_at), max(finished_at), worker,
-                   any_value(slurm_job_id), count(*), count(*) FILTER (WHERE load_s > 0),
-                   sum(generate_gpu_s), sum(restore_gpu_s), sum(score_gpu_s),
-                   string_agg(DISTINCT overlap, ','), 1
-            FROM per_group GROUP BY worker
-            UNION ALL
-            SELECT 'overall', NULL, string_agg(DISTINCT device, ','), sum(clips), sum(audio_s),
-                   sum(wall_s), sum(load_s), sum(generate_s), sum(restore_s), sum(score_s),
-                   sum(write_s), sum(idle_s), min(started_at), max(finished_at), NULL, NULL,
-                   count(*), count(*) FILTER (WHERE load_s > 0), sum(generate_gpu_s),
-                   sum(restore_gpu_s), sum(score_gpu_s), string_agg(DISTINCT overlap, ','),
-                   count(DISTINCT worker)
-            FROM per_group
-        )
-        SELECT level, group_id, device, clips, audio_s,
-               wall_s, load_s, generate_s, restore_s, score_s, write_s, idle_s,
-               generate_s / clips AS generate_s_per_clip, restore_s / clips AS restore_s_per_clip,
-               score_s / clips AS score_s_per_clip, write_s / clips AS write_s_per_clip,
-               wall_s / clips AS wall_s_per_clip, audio_s / wall_s AS audio_s_per_wall_s,
-               epoch(finished_at - started_at) AS elapsed_s, started_at, finished_at,
-               worker, slurm_job_id, groups, loads,
-               -- worker time spent waiting between groups, of (working + waiting)
-               idle_s / nullif(wall_s + idle_s, 0) AS idle_fraction,
-               -- GPU time per stage (CUDA events; NULL off CUDA), and the GPUs' busy share of
-               -- the elapsed time (first group start to last group end of the row; overall:
-               -- of the elapsed time x the workers, one GPU each)
-               generate_gpu_s, restore_gpu_s, score_gpu_s,
-               generate_gpu_s + restore_gpu_s + score_gpu_s AS gpu_busy_s,
-               (generate_gpu_s + restore_gpu_s + score_gpu_s) / clips AS gpu_busy_s_per_clip,
-               (generate_gpu_s + restore_gpu_s + score_gpu_s)
-                   / nullif(epoch(finished_at - started_at) * n_workers, 0) AS gpu_busy_fraction,
-               overlap
-        FROM levels ORDER BY level DESC, worker, group_id
-        """
-    )
-    from bestofn.trust import build_trust_tables
+    entries = trust.resolve_held_out(con, held_out, directions)
+    con.execute("CREATE TEMP TABLE chunk_scored AS FROM scored LIMIT 0")
+    con.execute("CREATE TEMP TABLE part_selection AS SELECT * EXCLUDE (passes) FROM scored LIMIT 0")
+    con.execute("CREATE TEMP TABLE chunk_selection AS FROM part_selection LIMIT 0")
+    con.execute(f"CREATE TEMP TABLE part_groups AS {_GROUPS_SQL} LIMIT 0")
+    con.execute(f"CREATE TEMP TABLE part_per_group AS {_PER_GROUP_SQL} LIMIT 0")
+    tables = trust.TrustTables(con, filter_sql, entries, seed, directions)
 
-    try:
-        build_trust_tables(con, filter_sql, held_out, seed)
-    except SelectionError:
-        con.close()
-        raise
-    counts = dict(
-        takes=con.execute("SELECT count(*) FROM takes").fetchone()[0],
-        groups=con.execute("SELECT count(*) FROM groups").fetchone()[0],
-        selected=con.execute("SELECT count(*) FROM selection").fetchone()[0],
+    if chunked:
+        for chunk in _chunks(con, files):
+            _add_chunk(con, chunk, filter_sql, score_sql, tables)
+    else:
+        _add_chunk(con, files, filter_sql, score_sql, tables)
+    split = con.execute(
+        "SELECT group_id FROM part_groups GROUP BY group_id HAVING count(*) > 1 LIMIT 1"
+    ).fetchone()
+    if split:
+        raise _SplitGroup(split[0])
+
+    con.execute("CREATE TABLE selection AS FROM part_selection ORDER BY group_id")
+    con.execute("CREATE TABLE groups AS FROM part_groups ORDER BY group_id")
+    con.execute("CREATE VIEW unselected AS SELECT * FROM groups WHERE status <> 'selected'")
+    con.execute(_THROUGHPUT_SQL)
+    tables.finish()
+    for name in ("chunk_scored", "chunk_selection", "chunk_groups", "chunk_random"):
+        con.execute(f"DROP TABLE IF EXISTS {name}")
+    for name in ("selection", "groups", "per_group"):
+        con.execute(f"DROP TABLE part_{name}")
+
+
+def _add_chunk(con, chunk: list[str], filter_sql, score_sql, tables) -> None:
+    """Read one chunk of files once: append its takes, reduce them to per-group rows."""
+    con.execute("DELETE FROM chunk_scored")
+    con.execute("CREATE OR REPLACE TEMP TABLE chunk_takes AS FROM takes LIMIT 0")
+    con.execute(
+        "INSERT INTO chunk_takes BY NAME SELECT * FROM read_parquet(?, union_by_name = true)",
+        [chunk],
     )
-    con.close()
-    tmp.replace(db_path)
-    Path(str(tmp) + ".wal").unlink(missing_ok=True)
-    return counts
+    con.execute("INSERT INTO takes SELECT * FROM chunk_takes")
+    try:
+        con.execute(f"INSERT INTO chunk_scored {_scored_sql(filter_sql, score_sql, 'chunk_takes')}")
+    except duckdb.Error as e:
+        raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
+    con.execute("DROP TABLE chunk_takes")
+    con.execute("DELETE FROM chunk_selection")
+    con.execute(
+        """
+        INSERT INTO chunk_selection
+        SELECT * EXCLUDE (passes) FROM chunk_scored WHERE passes
+        QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY score DESC NULLS LAST, take) = 1
+        """
+    )
+    con.execute("INSERT INTO part_selection FROM chunk_selection")
+    con.execute(f"CREATE OR REPLACE TEMP TABLE chunk_groups AS {_GROUPS_SQL}")
+    con.execute("INSERT INTO part_groups FROM chunk_groups")
+    con.execute(f"INSERT INTO part_per_group {_PER_GROUP_SQL}")
+    tables.add_chunk()

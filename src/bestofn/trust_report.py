@@ -19,6 +19,7 @@ FILES = {
     "funnel": "filter_funnel.png",
     "listen": "index.html",
 }
+ANNOTATED_CELLS = 16  # heatmaps of more columns than this carry no per-cell numbers
 DOMINANT_RHO = 0.9  # a score term this correlated with the composite is all it measures
 
 
@@ -205,7 +206,7 @@ def _correlation_section(con, out: Path, plt) -> list[str]:
         labels = [f"{c} *" if c in held else c for c in cols]
         ax.set_xticks(range(n), labels, rotation=60, ha="right", fontsize=8)
         ax.set_yticks(range(n), labels, fontsize=8)
-        for i in range(n):
+        for i in range(n if n <= ANNOTATED_CELLS else 0):  # past that, the colour says it
             for j in range(n):
                 if not np.isnan(m[i, j]):
                     ax.text(j, i, f"{m[i, j]:.2f}", ha="center", va="center", fontsize=6,

@@ -26,13 +26,16 @@ def selection_columns(models: dict) -> tuple[dict[str, str], bool]:
 
 
 def check_selection_for(config: dict) -> None:
-    from bestofn.trust import check_held_out
+    from bestofn.trust import check_held_out, scorer_directions
 
     columns, complete = selection_columns(config["models"])
     sel = config["selection"]
     check_selection(sel["filter"], sel["score"], columns, strict=complete)
     # Held-out scorers are never selected on; their names must be takes columns.
-    check_held_out(sel["filter"], sel["score"], sel.get("held_out"), columns if complete else None)
+    check_held_out(
+        sel["filter"], sel["score"], sel.get("held_out"), columns if complete else None,
+        directions=scorer_directions(config["models"]),
+    )  # fmt: skip
 
 
 def run_group_job(

@@ -1,3 +1,6 @@
+from bestofn.trust import scorer_directions
+
+
 rule database:
     """Every take, per-group summaries, the best take per group and throughput, in DuckDB."""
     input:
@@ -12,5 +15,7 @@ rule database:
         # Held-out scorers and the seed of the random baseline take and listening order.
         held_out=config["selection"]["held_out"],
         seed=config["seed"],
+        # Which way is better per score column, as the configured scorers declare it.
+        directions=scorer_directions(config["models"]),
     script:
         "../scripts/build_database.py"

@@ -14,6 +14,7 @@ counts = build_database(
     snakemake.params.score,
     held_out=snakemake.params.held_out,
     seed=snakemake.params.seed,
+    directions=snakemake.params.directions,
 )
 logging.info("database: %s", counts)
 # Listener votes live in RESULTS/votes/ (bestofn.votes); the rebuilt database gets them back.

@@ -72,6 +72,10 @@ class Scorer(Backend):
     # then set ``dynamic_columns = True`` so config checks don't expect them up front.
     columns: ClassVar[dict[str, str]] = {}
     dynamic_columns: ClassVar[bool] = False
+    # Which way is better, per column: "higher" or "lower" (a column left out has no direction:
+    # an emotion's intensity, a transcript). Keys may be glob patterns for dynamic columns. The
+    # trust tables read it (best possible take, held-out verdicts; bestofn.trust).
+    better: ClassVar[dict[str, str]] = {}
     # When set, the pipeline hands this scorer mono audio at this rate, resampled once per
     # group and shared by every scorer asking for the same rate.
     input_sample_rate: ClassVar[int | None] = None

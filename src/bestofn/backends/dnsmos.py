@@ -135,6 +135,7 @@ class DNSMOSScorer(Scorer):
         "dnsmos_ovrl": "DOUBLE",
         "dnsmos_p808": "DOUBLE",
     }
+    better = dict.fromkeys(columns, "higher")
     input_sample_rate = SR
 
     def __init__(

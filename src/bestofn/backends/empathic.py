@@ -218,6 +218,9 @@ class EmpathicInsightScorer(Scorer):
 
     name = "empathic-insight"
     dynamic_columns = True  # one column per head file found in heads_path
+    # the four quality heads (score_overall_quality...): more is better; emotion heads measure
+    # how much of an emotion a take carries, which has no better side (with the default prefix)
+    better = {"ei_score_*": "higher"}
     input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
 
     def __init__(

@@ -123,6 +123,7 @@ def load_nemo_asr(path: Path, device: str = "cpu"):
 class ParakeetScorer(Scorer):
     name = "parakeet"
     columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE"}
+    better = {"wer": "lower", "cer": "lower"}
     input_sample_rate = SAMPLE_RATE
 
     def __init__(

@@ -35,6 +35,7 @@ def _torch_threads(n: int):
 class ResemblyzerScorer(Scorer):
     name = "resemblyzer"
     columns = {"speaker_sim": "DOUBLE", "speaker_ref": "VARCHAR"}
+    better = {"speaker_sim": "higher"}
     input_sample_rate = 16000
 
     def __init__(self, device: str = "cpu", threads: int = 1):

@@ -190,6 +190,7 @@ class VoiceCLAPScorer(Scorer):
 
     name = "voiceclap"
     columns = {"vc_genuineness": "DOUBLE", "vc_blend": "DOUBLE", "vc_prompt_sim": "DOUBLE"}
+    better = {"vc_genuineness": "higher", "vc_prompt_sim": "higher"}  # vc_blend: no direction
     input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
 
     def __init__(

@@ -17,6 +17,7 @@ from bestofn.textnorm import asr_columns
 class WhisperASRScorer(Scorer):
     name = "whisper-asr"
     columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE"}
+    better = {"wer": "lower", "cer": "lower"}
     input_sample_rate = 16000
 
     def __init__(

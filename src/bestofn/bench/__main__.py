@@ -1,4 +1,4 @@
-"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec,export} [options].
+"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec,export,database} [options].
 
 The recorded command of every benchmark figure; it forwards to ``bestofn.lab.bench``, so the
 product's packages never import the lab.

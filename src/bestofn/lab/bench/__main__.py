@@ -1,4 +1,4 @@
-"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec,export} [options]."""
+"""python -m bestofn.bench {generate,scorers,pipeline,serve,codec,export,database} [options]."""
 
 import importlib
 import sys
@@ -12,6 +12,7 @@ COMMANDS = {
     "serve": "bestofn.lab.bench.serve",
     "codec": "bestofn.lab.bench.codec",
     "export": "bestofn.lab.bench.export",
+    "database": "bestofn.lab.bench.database",
 }
 
 

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# A long soak through ONE warm worker: >= 150 groups x 64 takes of the production set at real
+# size (random weights) on one GPU, through snakemake, with a sample per group of the worker's
+# host RSS and its GPU memory (nvidia-smi's per-process figure: the caching allocator's reserved
+# memory, CUDA-graph pools included, plus the context), then `verify` and the idle share.
+#
+#   CUDA_VISIBLE_DEVICES=0 bash docs/bench/soak_gpu.sh OUT
+#
+# Run from the repository root with PYTHONPATH=src. The project is docs/bench/gpu_workflow.sh's
+# (its fake weights, sheets and snakemake call, BENCH=0); this script adds the sampler and the
+# checks and writes OUT/soak.json. Knobs: SOAK_GROUPS (150), FRAMES (48 codec frames, 3.8 s takes:
+# the soak is about memory over many groups, not audio length), TAKES (64), RSS_BOUND_MIB (256),
+# GPU_BOUND_MIB (512). CPU smoke test: SIZE=tiny PROFILE=local TAKES=2 FRAMES=8 SOAK_GROUPS=6.
+set -euo pipefail
+out=$(realpath -m "${1:?usage: soak_gpu.sh OUT}")
+groups=${SOAK_GROUPS:-150}
+export FRAMES=${FRAMES:-48} TAKES=${TAKES:-64} BENCH=0
+export WORK=${WORK:-/tmp/bestofn-soak}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+rm -f "$out/sampler.stop"
+
+# The sampler: one sample each time another group is published, and one a second regardless.
+$py - "$WORK/project/results" "$out" <<'PYEOF' &
+import json, os, subprocess, sys, time
+from pathlib import Path
+
+results, out = Path(sys.argv[1]), Path(sys.argv[2])
+stop = out / "sampler.stop"
+
+def workers():
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                cmd = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"bestofn.cli" in cmd and b"worker" in cmd:
+                pids.append(int(p.name))
+    return pids
+
+def rss_mib(pid):
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+
+def gpu_mib():
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                               "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {int(a): float(b) for a, b in (l.split(",") for l in text.splitlines() if "," in l)}
+
+samples, last, t0 = [], -1, time.time()
+while not stop.exists():
+    n = len(list(results.glob("groups/*/*/scores.parquet"))) if results.exists() else 0
+    if n != last:
+        gpu = gpu_mib()
+        samples.append({"groups_done": n, "t_s": round(time.time() - t0, 2),
+                        "workers": {str(p): {"host_rss_mib": rss_mib(p), "gpu_mib": gpu.get(p)}
+                                    for p in workers()}})
+        last = n
+        (out / "samples.json").write_text(json.dumps(samples))
+    time.sleep(0.25)
+PYEOF
+sampler=$!
+
+t0=$(date +%s)
+set +e
+bash docs/bench/gpu_workflow.sh "$out/workflow" 1 "$groups" 2>&1 | tee "$out/workflow.log"
+rc=${PIPESTATUS[0]}
+set -e
+touch "$out/sampler.stop"
+wait "$sampler" || true
+echo "soak: rc $rc, $(($(date +%s) - t0)) s"
+[ "$rc" = 0 ] || exit "$rc"
+
+$py - "$out" "$groups" "${RSS_BOUND_MIB:-256}" "${GPU_BOUND_MIB:-512}" <<'PYEOF'
+import json, sys
+
+out, groups, rss_bound, gpu_bound = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+samples = json.load(open(f"{out}/samples.json"))
+summary = json.load(open(f"{out}/workflow/summary.json"))
+per_group = []
+for s in samples:
+    if s["groups_done"] and s["workers"]:
+        pid, w = max(s["workers"].items(), key=lambda kv: kv[1]["host_rss_mib"] or 0)
+        per_group.append({"groups_done": s["groups_done"], "t_s": s["t_s"], "pid": pid,
+                          "host_rss_mib": w["host_rss_mib"], "gpu_mib": w["gpu_mib"]})
+# The first groups load the models and capture the CUDA graphs: the baseline is group 5.
+warm = [g for g in per_group if g["groups_done"] >= 5]
+def growth(key):
+    vals = [g[key] for g in warm if g[key] is not None]
+    return (max(vals) - vals[0]) if vals else None
+workers = summary["workers"]
+idle = [w["idle_fraction"] for w in workers]
+result = {
+    "groups": len(summary["groups"]),
+    "clips": summary["overall"]["clips"],
+    "workers": len(workers),
+    "verify": summary["verify"],
+    "idle_fraction": idle,
+    "host_rss_growth_mib": growth("host_rss_mib"),
+    "gpu_growth_mib": growth("gpu_mib"),
+    "bounds": {"host_rss_mib": rss_bound, "gpu_mib": gpu_bound, "idle_fraction": 0.02},
+    "per_group": per_group,
+    "steady_state": summary["steady_state"],
+}
+checks = {
+    "one_worker": len(workers) == 1,
+    "verify_clean": " 0 problem(s)" in summary["verify"],
+    "host_rss_flat": result["host_rss_growth_mib"] is not None
+    and result["host_rss_growth_mib"] <= rss_bound,
+    "gpu_flat": result["gpu_growth_mib"] is None or result["gpu_growth_mib"] <= gpu_bound,
+    "idle_under_2pct": all(f is not None and f < 0.02 for f in idle),
+}
+result["checks"] = checks
+json.dump(result, open(f"{out}/soak.json", "w"), indent=1)
+print(json.dumps({k: v for k, v in result.items() if k not in ("per_group", "steady_state")},
+                 indent=1))
+PYEOF
