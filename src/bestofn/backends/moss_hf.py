@@ -110,10 +110,7 @@ class MossHFGenerator(MossHFBase):
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
         from transformers.utils import logging as hf_logging
 
-        from bestofn.moss.codec import load_codec
-
         hf_logging.disable_progress_bar()  # per-tensor bars flood worker logs
-        o = self.options
         dtype, attn = self._resolve_dtype_and_attn()
         if torch.device(self.device).type == "cuda":
             # The model card disables cuDNN SDPA (broken on some CUDA/PyTorch combinations).
@@ -139,13 +136,7 @@ class MossHFGenerator(MossHFBase):
         self.config = self.model.config
         self.n_vq = int(self.config.n_vq)
         self.audio_pad = int(self.config.audio_pad_token_id)
-        self.codec = load_codec(
-            self.codec_dir, device=self.device, n_vq=self.n_vq,
-            weight_dtype=o["codec_weight_dtype"], compute_dtype=o["codec_compute_dtype"],
-            decode_batch_size=o["decode_batch_size"],
-        )  # fmt: skip
-        self.sample_rate = int(self.codec.sample_rate)
-        self.dtype, self.attn = dtype, attn
+        self._load_codec(dtype, attn)
 
     def _encode_reference(self, audio: np.ndarray, sr: int):
         """Codes [T, n_vq] of a reference clip (frames[, channels]) via our codec, prepared as

@@ -223,6 +223,20 @@ class MossHFBase(Generator):
                 attn = "sdpa"
         return dtype, attn
 
+    def _load_codec(self, dtype, attn) -> None:
+        """Our codec for the checkpoint's ``codec_dir`` (v1 or v2, from its config.json), after
+        the model is loaded (``self.n_vq`` known); the rate of the takes is the codec's."""
+        from bestofn.moss.codec import load_codec
+
+        o = self.options
+        self.codec = load_codec(
+            self.codec_dir, device=self.device, n_vq=self.n_vq,
+            weight_dtype=o["codec_weight_dtype"], compute_dtype=o["codec_compute_dtype"],
+            decode_batch_size=o["decode_batch_size"],
+        )  # fmt: skip
+        self.sample_rate = int(self.codec.sample_rate)
+        self.dtype, self.attn = dtype, attn
+
     def close(self):
         for name in ("model", "processor", "codec"):
             self.__dict__.pop(name, None)

@@ -55,10 +55,7 @@ class MossHFDelayGenerator(MossHFBase):
         from transformers import AutoModel, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        from bestofn.moss.codec import load_codec
-
         hf_logging.disable_progress_bar()
-        o = self.options
         dtype, attn = self._resolve_dtype_and_attn()
         if torch.device(self.device).type == "cuda":
             torch.backends.cuda.enable_cudnn_sdp(False)
@@ -84,13 +81,7 @@ class MossHFDelayGenerator(MossHFBase):
         self.config = self.model.config
         self.n_vq = int(self.config.n_vq)
         self.audio_pad = int(self.config.audio_pad_code)
-        self.codec = load_codec(
-            self.codec_dir, device=self.device, n_vq=self.n_vq,
-            weight_dtype=o["codec_weight_dtype"], compute_dtype=o["codec_compute_dtype"],
-            decode_batch_size=o["decode_batch_size"],
-        )  # fmt: skip
-        self.sample_rate = int(self.codec.sample_rate)
-        self.dtype, self.attn = dtype, attn
+        self._load_codec(dtype, attn)
 
     # reference_codes (cached per file) and prompt (the processor's user message): inherited
 
