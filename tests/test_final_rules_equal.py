@@ -64,14 +64,10 @@ CASES = {
 
 
 def _bench_module():
-    """bestofn/bench/database.py of this tree, by path (the old tree has no such module)."""
-    import importlib.util
+    """The synthetic groups of `python -m bestofn.bench database` (this tree's lab)."""
+    from bestofn.lab.bench import database
 
-    path = HERE.parent / "src" / "bestofn" / "bench" / "database.py"
-    spec = importlib.util.spec_from_file_location("bench_database", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return database
 
 
 def synthetic_groups(results: Path) -> list[Path]:
