@@ -123,9 +123,11 @@ def test_a_request_joined_mid_flight_gets_the_audio_it_gets_alone(moss):
     assert [a.shape[0] for a in joined] == [42 * per, 24 * per, 18 * per]
     # the joined request's audio is exactly the workflow's take with the same seed
     assert np.array_equal(joined[1][:, 0], moss.generate(late[0])[0].audio[:, 0])
-    # another seed gives other audio (the comparison above could fail)
-    other = render(moss, [spec("Good morning to you.", 6)])[0][0]
-    assert not np.array_equal(other, joined[1])
+    # other seeds give other audio (the comparison above could fail). One seed alone is not
+    # enough: on the tiny random model two seeds now and then draw the same codes (seen under
+    # load in CI-like runs), so the check is that seeds matter at all.
+    others = [render(moss, [spec("Good morning to you.", s)])[0][0] for s in (6, 7, 8)]
+    assert any(not np.array_equal(o, joined[1]) for o in others)
 
 
 def test_more_requests_than_rows_wait_for_free_rows_and_keep_their_audio(moss_stops):
