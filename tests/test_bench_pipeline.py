@@ -85,4 +85,6 @@ def test_variants_stream_groups_through_the_workers_runner(tmp_path, monkeypatch
     assert [r["variant"] for r in rows] == ["a", "b"]
     assert [r["knobs"]["overlap"] for r in rows] == ["full", "off"]
     assert all(r["groups"] == 2 and r["s_per_clip"] > 0 for r in rows)
+    # steady state (the workflow's definition): the second group's end minus the first's
+    assert all(0 < r["steady_s_per_clip"] * 2 <= r["elapsed_s"] for r in rows)
     assert seen == ["full", "full", "off", "off"]
