@@ -30,7 +30,7 @@ demo: install
 test: install $(VENV)/.installed-slurm
 	bash .ci/chromium-up.sh >/dev/null  # headless Chromium for the listening-page test
 	bash .ci/slurm-up.sh || echo "no SLURM: tests/test_slurm.py will fail and say why"  # one-node SLURM
-	$(PY) -m pytest -n 2 --dist loadfile  # two workers, a test file stays on one; most of the wall is waiting (SLURM jobs, workers)
+	$(PY) -m pytest -n 2 --dist loadfile --durations=15  # two workers, a test file stays on one; most of the wall is waiting (SLURM jobs, workers)
 	$(MAKE) lint
 
 lint:
