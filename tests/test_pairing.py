@@ -128,8 +128,8 @@ def test_delay_takes_do_not_depend_on_the_partner():
     assert _same(alone, eng.generate_pair([a, b], 4, p)[0])
     assert _same(alone, eng.generate_pair([c, a], 4, p)[1])
     assert _same(eng.generate_pair([b], 4, p)[0], eng.generate_pair([a, b], 4, p)[1])
-    with pytest.raises(ValueError, match="different rules"):
-        eng.generate_pair([a, req(20, 1, [1], 12).__class__(a.prompt, [1], DelayBudget(12))], 4, p)
+    with pytest.raises(ValueError, match="different rules"):  # min_frames 0 against 2
+        eng.generate_pair([a, PairRequest(b.prompt, [1], DelayBudget(max_frames=12))], 4, p)
 
 
 # ---- the generator and the runner ----------------------------------------------------------
