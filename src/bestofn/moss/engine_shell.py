@@ -69,6 +69,17 @@ class PairRequest:
     budget: object
 
 
+def _copy_row(cache, r0: int, r1: int, slots: slice) -> None:
+    """Row ``r0``'s keys, values, key mask and position (``slots``) into rows (r0, r1)."""
+    if r1 - r0 < 2:
+        return
+    src, dst = slice(r0, r0 + 1), slice(r0 + 1, r1)
+    for t in (cache.k, cache.v) if cache.kv is None else (cache.kv,):
+        t[:, dst, :, slots] = t[:, src, :, slots]
+    cache.key_mask[dst, slots] = cache.key_mask[src, slots]
+    cache.pos[dst] = cache.pos[src]
+
+
 class CacheWindow:
     """Rows [r0, r1) of a ``BackboneCache`` with its slots shifted by ``offset``: what a
     model's ``prefill`` writes to slots [0, T) lands in slots [offset, offset + T) of those
@@ -225,8 +236,8 @@ class EngineShell:
         ``pair_bucket(T)``, whether a request runs alone (the other half dummy rows, finished
         from the start) or beside a partner; so every GEMM, attention and sampling call has the
         same shape, and each is computed row by row. Each request's prompt is prefilled on its
-        own, unpadded (exactly as a call of its own would), into its rows, placed to end at
-        the bucket; its RoPE positions count from its own first row. The decode's attention
+        own, unpadded, once (its rows share it; its K/V copied to them), placed to end at the
+        bucket; its RoPE positions count from its own first row. The decode's attention
         window is the bucket plus the steps so far (``_loop``), the same whatever the partner;
         padded slots are masked (weight exactly 0). Frame budgets are per row (a row that runs
         on because its partner has a larger budget is cut at its own), and a finished row's
@@ -255,13 +266,15 @@ class EngineShell:
         dev = self.device
         h = None
         for i, r in enumerate(requests):
-            n, t = len(r.seeds), int(r.prompt.shape[0])
-            ids = r.prompt.to(dev).unsqueeze(0).expand(n, -1, -1)
-            window = CacheWindow(s.cache, i * takes, i * takes + n, T - t)
-            last = self._prefill_last(ids, window)  # [n, H]
+            n, t, r0 = len(r.seeds), int(r.prompt.shape[0]), i * takes
+            # the half's rows share one prompt: prefill it once, into the half's first row
+            last = self._prefill_last(
+                r.prompt.to(dev)[None], CacheWindow(s.cache, r0, r0 + 1, T - t)
+            )
             if h is None:
                 h = torch.zeros(B, last.shape[-1], dtype=last.dtype, device=dev)
-            h[i * takes : i * takes + n] = last
+            h[r0 : r0 + n] = last
+            _copy_row(s.cache, r0, r0 + n, slice(T - t, T))
         s.cache.write_idx.fill_(T)
         dummy = ~real.to(dev)
         # dummy rows attend one slot (no all-masked softmax) and never produce a frame
