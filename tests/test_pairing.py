@@ -243,3 +243,18 @@ def test_runner_gives_a_group_the_same_takes_alone_and_paired(codec_dir, tmp_pat
     plain = job(a, "off")
     off.run(plain)
     assert all(np.array_equal(x, y) for x, y in zip(audio(alone), audio(plain), strict=True))
+
+
+def test_delay_generator_pairs_with_the_same_takes(tmp_path):
+    from bestofn.backends.moss_fast import MossFastGenerator
+    from bestofn.fakes import moss_delay
+
+    opts = moss_delay.write(tmp_path)
+    opts.pop("codec_dir")  # codes only
+    gen = MossFastGenerator(**opts, pair_groups=True, batch_size=3, min_frames=3, max_frames=10,
+                            delay_min_frames=2, hash_weights=False)  # fmt: skip
+    a, b = _spec("calm", "p1", "Hello there.", n=3), _spec("sad", "p2", "Good night all.", n=3)
+    assert gen.is_delay and gen.pair_key(a) == gen.pair_key(b) is not None
+    alone, paired = gen.generate_codes(a), gen.generate_codes_paired([b, a])[1]
+    assert alone[1] == paired[1] and alone[2] == paired[2]
+    assert all(torch.equal(x, y) for x, y in zip(alone[0], paired[0], strict=True))
