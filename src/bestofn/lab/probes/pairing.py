@@ -8,7 +8,8 @@ generators share the one model: pairing off (today's path: one group per call, b
 takes) and ``pair_groups: true`` (every call 2 x takes rows).
 
 (a) invariance, group A's codes: alone in the pair shape, beside B, beside C (A in the second
-    half; B and C: other texts of A's prompt bucket, other seeds); also, for information, A
+    half; B and C: other texts of A's prompt bucket, other seeds), beside B with 64 more frames
+    of budget (a larger state, the loop running on past A); also, for information, A
     through today's path and A in a plain left-padded batch with B (the naive pairing);
 (b) speed, s/clip of a group of ``takes``: today's path, alone in the pair shape, and paired
     (the pair call's time over both groups' clips), each the best of ``repeats`` calls after
@@ -78,7 +79,7 @@ def _timed(fn, device: str, repeats: int) -> tuple[float, float, object]:
 def run(out_dir: Path, device: str, size: str, takes: int, frames: int, repeats: int) -> dict:
     from bestofn.backends.moss_fast import MossFastGenerator
     from bestofn.fakes.moss import build
-    from bestofn.moss.engine_shell import pair_bucket
+    from bestofn.moss.engine_shell import PairRequest, pair_bucket
     from bestofn.moss.prompt import left_pad
 
     opts = dict(batch_size=takes, min_frames=frames, max_frames=frames)
@@ -122,6 +123,10 @@ def run(out_dir: Path, device: str, size: str, takes: int, frames: int, repeats:
     alone = on.generate_codes(A)[0]
     beside_b = on.generate_codes_paired([A, B])[0][0]
     beside_c = on.generate_codes_paired([C, A])[1][0]
+    # beside a partner with a longer budget: a larger decode state (other cache strides), the
+    # loop running on after A's rows are done
+    req = [PairRequest(on.prompt(s), s.seeds(), f) for s, f in ((A, frames), (B, frames + 64))]
+    longer = on.engine.generate_pair(req, takes, on.params)[0].codes
     today = off.generate_codes(A)[0]
     rows = on.prompt(A), on.prompt(B)
     ids, mask = left_pad([rows[0]] * takes + [rows[1]] * takes, on.config)
@@ -129,12 +134,12 @@ def run(out_dir: Path, device: str, size: str, takes: int, frames: int, repeats:
     inv = {
         "alone_vs_beside_B": _equal(alone, beside_b),
         "alone_vs_beside_C_second_half": _equal(alone, beside_c),
+        "alone_vs_beside_B_longer_budget": _equal(alone, longer),
         "info_alone_vs_today_path": _equal(alone, today),
         "info_today_vs_naive_left_padded_batch": _equal(today, naive),
     }
     res["invariance"] = inv
-    res["invariant"] = inv["alone_vs_beside_B"]["equal"] and inv[
-        "alone_vs_beside_C_second_half"]["equal"]  # fmt: skip
+    res["invariant"] = all(v["equal"] for k, v in inv.items() if k.startswith("alone_vs"))
     for k, v in inv.items():
         print(f"invariance {k}: equal {v['equal']} ({v['takes_equal']}/{v['takes']} takes "
               f"bit-identical; first difference {v['first_diff']})", flush=True)  # fmt: skip
