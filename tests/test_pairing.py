@@ -258,3 +258,26 @@ def test_delay_generator_pairs_with_the_same_takes(tmp_path):
     alone, paired = gen.generate_codes(a), gen.generate_codes_paired([b, a])[1]
     assert alone[1] == paired[1] and alone[2] == paired[2]
     assert all(torch.equal(x, y) for x, y in zip(alone[0], paired[0], strict=True))
+
+
+def test_a_group_waits_for_a_partner_while_the_gpu_restores_and_scores(codec_dir, tmp_path):
+    """Groups reach a worker one at a time: with a group ahead still being restored and
+    scored (here: the test holds that phase), the next waits in generate for a partner."""
+    from bestofn.runner import GroupJob, Runner
+
+    runner = Runner(_backends(_generator(codec_dir, pair=True)), "cpu", "full")
+    a, b = _spec("calm", "p1", "Hello there."), _spec("sad", "p2", "Good night, all.")
+    jobs = [
+        GroupJob(spec, tmp_path / spec.prompt_id, paths_relative_to=tmp_path) for spec in (a, b)
+    ]
+    threads = [threading.Thread(target=runner.run, args=(j,)) for j in jobs]
+    with runner._post_gate:  # a group ahead, in restore + score
+        threads[0].start()
+        time.sleep(0.3)  # a is in generate, with no partner queued yet
+        threads[1].start()
+        deadline = time.monotonic() + 60
+        while runner.groups_paired < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    for t in threads:
+        t.join(120)
+    assert runner.groups_paired == 2 and jobs[0].work.paired_with == "sad/p2"

@@ -25,7 +25,9 @@ The results are the same in every mode (the same stages on the same inputs).
 Pairs: with a generator that pairs groups (moss-fast's runtime option ``pair_groups``), the
 group that enters the generate phase takes the first group queued behind it (``run`` called,
 its generate not started) whose ``pair_key`` is equal, and generates both in shared calls
-(``generate_pair_stage``); the partner then finds its takes made when it reaches the phase. The
+(``generate_pair_stage``); the partner then finds its takes made when it reaches the phase.
+With none queued, it waits for one while a group ahead is restored and scored (``overlap:
+full``; at most ``PAIR_WAIT_S``), since groups reach a worker one at a time. The
 generator makes every call in one shape, so a group's takes are the same alone or paired; each
 row names its partner (column ``paired_with``). A partner whose key cannot be made (e.g. its
 reference voice does not load) is not paired, and fails on its own turn. Every stage error
@@ -53,6 +55,11 @@ from bestofn.pipeline import (
 )
 from bestofn.spec import GroupSpec
 
+# Pairing: how long a group may wait in the generate phase for a partner to arrive, at most,
+# while a group ahead of it is restored and scored (the GPU has that work meanwhile). A new
+# group reaches a worker when one leaves it, one at a time, so without waiting a group would
+# mostly find the generate phase free and no partner queued.
+PAIR_WAIT_S = 5.0
 # How consecutive groups overlap (config ``runtime.overlap``; the schema holds the default).
 # auto: full on CUDA (it ran through snakemake on two H200s, docs/PERFORMANCE.md), off elsewhere.
 OVERLAP_MODES = ("auto", "off", "host", "full")
@@ -306,15 +313,20 @@ class Runner:
         or pairing is off). Called in the generate phase, so no other generate runs."""
         if not self.pairs or (key := self._key(job)) is None:
             return None
-        with self.lock:
-            waiting = [j for j in self._queued if j.work is None]
-        for other in waiting:
-            if self._key(other) == key:
-                with self.lock:
-                    if other in self._queued and other.work is None:
-                        self._queued.remove(other)
-                        return other
-        return None
+        deadline = time.monotonic() + PAIR_WAIT_S
+        while True:
+            with self.lock:
+                waiting = [j for j in self._queued if j.work is None]
+            for other in waiting:
+                if self._key(other) == key:
+                    with self.lock:
+                        if other in self._queued and other.work is None:
+                            self._queued.remove(other)
+                            return other
+            # wait only while a group ahead is restored and scored: the GPU is busy with it
+            if not self._post_gate.busy or time.monotonic() > deadline:
+                return None
+            time.sleep(0.005)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
