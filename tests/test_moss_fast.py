@@ -275,7 +275,8 @@ def test_kernel_paths_are_schema_options_checked_with_their_field():
     assert tuple(props["decode_attention"]["enum"]) == DECODE_ATTENTION_MODES
     assert tuple(props["local_attention"]["enum"]) == LOCAL_ATTENTION_MODES
     assert engine_defaults() == {
-        "fused": True, "decode_attention": "auto", "local_attention": "auto", "compile_mode": None
+        "fused": True, "decode_attention": "auto", "local_attention": "auto", "compile_mode": None,
+        "pair_groups": False,
     }  # fmt: skip
 
     def errors(runtime, backend="moss-fast"):

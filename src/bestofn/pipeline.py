@@ -195,6 +195,8 @@ class StageTimer:
         self.cuda = str(device).startswith("cuda")
         self.wall: dict[str, float] = {}
         self._events: dict[str, list] = {}
+        # stage -> this group's share of its spans (a generate call two groups shared)
+        self.share: dict[str, float] = {}
 
     @contextlib.contextmanager
     def __call__(self, name: str, gpu: bool = True):
@@ -223,7 +225,7 @@ class StageTimer:
             for start, end in pairs:
                 end.synchronize()
                 total += start.elapsed_time(end) / 1000.0
-            out[name] = total
+            out[name] = total * self.share.get(name, 1.0)
         return out
 
 
@@ -250,6 +252,8 @@ class GroupWork:
     deferred: dict = field(default_factory=dict)
     # the GPU stages' CUDA-event seconds, read on the GPU thread at the end of score_stage
     gpu: dict | None = None
+    # the group whose takes came from the same generate calls ('' alone; column paired_with)
+    paired_with: str = ""
 
 
 def generate_stage(spec: GroupSpec, backends: Backends, device: str = "cpu") -> GroupWork:
@@ -257,17 +261,51 @@ def generate_stage(spec: GroupSpec, backends: Backends, device: str = "cpu") -> 
     work = GroupWork(spec, device, datetime.now(UTC), StageTimer(device))
     device_label(device)  # cached now, on the GPU thread: write_stage makes no CUDA call
     with work.timer("generate"), torch_threads(backends.cpu_threads):
-        takes = backends.generator.generate(spec)
-        if len(takes) != spec.n_takes:
-            raise RuntimeError(f"generator returned {len(takes)} takes, expected {spec.n_takes}")
-        endings = [take_ending(tk, backends.generator.name) for tk in takes]
-        gen_rate = backends.generator.sample_rate
-        work.raw = [
-            _silence_like(tk.audio, gen_rate) if end["stop_reason"] == "empty" else tk.audio
-            for tk, end in zip(takes, endings, strict=True)
-        ]
-    work.takes, work.endings, work.gen_rate = takes, endings, gen_rate
+        _take_takes(work, backends.generator.generate(spec), backends)
     return work
+
+
+def generate_pair_stage(
+    specs: list[GroupSpec], backends: Backends, device: str = "cpu"
+) -> list[GroupWork]:
+    """``generate_stage`` of two groups in shared generate calls (``generator.generate_pair``;
+    runtime option pair_groups): each group gets the takes it gets alone, its share of the
+    time (by takes: the shares add up to the calls' time) and its partner's id."""
+    started = datetime.now(UTC)
+    works = [GroupWork(spec, device, started, StageTimer(device)) for spec in specs]
+    device_label(device)
+    lead = works[0].timer
+    with lead("generate"), torch_threads(backends.cpu_threads):
+        per_group = backends.generator.generate_pair(specs)
+        if len(per_group) != len(specs):
+            raise RuntimeError(f"generator returned {len(per_group)} groups, expected {len(specs)}")
+        for work, takes in zip(works, per_group, strict=True):
+            _take_takes(work, takes, backends)
+    total = lead.wall["generate"]
+    n_all = sum(spec.n_takes for spec in specs)
+    for work in works:
+        share = work.spec.n_takes / n_all
+        work.timer.wall["generate"] = total * share
+        work.timer.share["generate"] = share
+        work.timer._events["generate"] = list(lead._events.get("generate", []))
+        work.paired_with = ",".join(w.spec.group_id for w in works if w is not work)
+    return works
+
+
+def _take_takes(work: GroupWork, takes: list[Take], backends: Backends) -> None:
+    """A group's takes from its generator, checked; empty ones become silence."""
+    spec = work.spec
+    if len(takes) != spec.n_takes:
+        raise RuntimeError(
+            f"generator returned {len(takes)} takes for {spec.group_id}, expected {spec.n_takes}"
+        )
+    endings = [take_ending(tk, backends.generator.name) for tk in takes]
+    gen_rate = backends.generator.sample_rate
+    work.raw = [
+        _silence_like(tk.audio, gen_rate) if end["stop_reason"] == "empty" else tk.audio
+        for tk, end in zip(takes, endings, strict=True)
+    ]
+    work.takes, work.endings, work.gen_rate = takes, endings, gen_rate
 
 
 def restore_stage(work: GroupWork, backends: Backends) -> GroupWork:
@@ -380,6 +418,8 @@ def write_stage(
         ("group_score_gpu_s", gpu_s["score"], pa.float64()),
         ("score_gpu_seconds", None if score_gpu is None else json.dumps(score_gpu), pa.string()),
         ("overlap", overlap, pa.string()),
+        # the group that shared this group's generate calls ('' alone): runtime pair_groups
+        ("paired_with", work.paired_with, pa.string()),
     ):
         rows = rows.append_column(name, pa.array([value] * rows.num_rows, typ))
     write_started = time.perf_counter()

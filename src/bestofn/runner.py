@@ -20,7 +20,17 @@ FIFO gate, so groups keep their arrival order in every phase:
                                                        is restored and scored, on a second
                                                        CUDA stream
 
-The results are the same in every mode (the same stages on the same inputs). Every stage error
+The results are the same in every mode (the same stages on the same inputs).
+
+Pairs: with a generator that pairs groups (moss-fast's runtime option ``pair_groups``), the
+group that enters the generate phase takes the first group queued behind it (``run`` called,
+its generate not started) whose ``pair_key`` is equal, and generates both in shared calls
+(``generate_pair_stage``); the partner then finds its takes made when it reaches the phase.
+With none queued, it waits for one while a group ahead is restored and scored (``overlap:
+full``; at most ``PAIR_WAIT_S``), since groups reach a worker one at a time. The
+generator makes every call in one shape, so a group's takes are the same alone or paired; each
+row names its partner (column ``paired_with``). A partner whose key cannot be made (e.g. its
+reference voice does not load) is not paired, and fails on its own turn. Every stage error
 is raised as ``GroupStageError`` naming the group and the stage; ``on_error`` sees it first,
 inside the gate (the worker marks itself dying there on a fatal device error, before the gate
 lets the next group in); ``admit`` runs on entering each GPU phase's gate and may refuse."""
@@ -37,6 +47,7 @@ from pathlib import Path
 from bestofn.pipeline import (
     Backends,
     GroupWork,
+    generate_pair_stage,
     generate_stage,
     restore_stage,
     score_stage,
@@ -44,6 +55,11 @@ from bestofn.pipeline import (
 )
 from bestofn.spec import GroupSpec
 
+# Pairing: how long a group may wait in the generate phase for a partner to arrive, at most,
+# while a group ahead of it is restored and scored (the GPU has that work meanwhile). A new
+# group reaches a worker when one leaves it, one at a time, so without waiting a group would
+# mostly find the generate phase free and no partner queued.
+PAIR_WAIT_S = 5.0
 # How consecutive groups overlap (config ``runtime.overlap``; the schema holds the default).
 # auto: full on CUDA (it ran through snakemake on two H200s, docs/PERFORMANCE.md), off elsewhere.
 OVERLAP_MODES = ("auto", "off", "host", "full")
@@ -97,7 +113,7 @@ class GroupStageError(RuntimeError):
     chained (``bestofn.worker.lifecycle.fatal_device_error`` looks through it)."""
 
 
-@dataclass
+@dataclass(eq=False)  # one job is one group's run: compared by identity
 class GroupJob:
     """One group on its way through the stages: where it goes, and what the stages made."""
 
@@ -109,6 +125,8 @@ class GroupJob:
     idle_s: float | None = None
     work: GroupWork | None = None
     timings: dict = field(default_factory=dict)
+    # pairing: the generator's pair key (computed once; None: this group runs alone)
+    pair_key: object = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -190,6 +208,8 @@ class Runner:
         self.gpu_free_at = time.monotonic()
         self.last_active = time.monotonic()  # end of the last stage (or of setup)
         self._set_up = False
+        self._queued: list[GroupJob] = []  # run() called, generate not started (pairing)
+        self.groups_paired = 0  # groups whose takes came from a shared generate call
 
     @property
     def backends(self) -> Backends:
@@ -208,7 +228,25 @@ class Runner:
         defer = self.overlap != "off"  # scorers' host work finishes in the write stage
 
         def generate(job: GroupJob) -> None:
-            job.work = generate_stage(job.spec, self.backends, self.device)
+            with self.lock:
+                if job in self._queued:
+                    self._queued.remove(job)
+            if job.work is not None:  # made beside the group that took it as its partner
+                return
+            partner = self._partner(job)
+            if partner is None:
+                job.work = generate_stage(job.spec, self.backends, self.device)
+                return
+            try:
+                job.work, partner.work = generate_pair_stage(
+                    [job.spec, partner.spec], self.backends, self.device
+                )
+            except BaseException:
+                with self.lock:  # the partner generates on its own turn
+                    partner.work = None
+                raise
+            with self.lock:
+                self.groups_paired += 2
 
         def restore(job: GroupJob) -> None:
             restore_stage(job.work, self.backends)
@@ -251,7 +289,44 @@ class Runner:
                 _Phase(self._write_gate, [write])]  # fmt: skip
 
     def describe(self) -> dict:
-        return {"overlap": self.overlap, "stages": [s.describe() for s in self.stages]}
+        return {"overlap": self.overlap, "pairs": self.pairs,
+                "stages": [s.describe() for s in self.stages]}  # fmt: skip
+
+    # ---- pairs --------------------------------------------------------------------------
+
+    @property
+    def pairs(self) -> bool:
+        """The generator may run two queued groups in one call (runtime option pair_groups)."""
+        return bool(getattr(self.backends.generator, "pairs_groups", False))
+
+    def _key(self, job: GroupJob):
+        if job.pair_key is None:
+            try:  # builds the prompt (a reference voice is encoded once, then cached)
+                key = self.backends.generator.pair_key(job.spec)
+            except Exception:  # not paired; the group's own generate says what is wrong
+                key = None
+            job.pair_key = ("alone",) if key is None else ("pair", key)
+        return job.pair_key[1] if job.pair_key[0] == "pair" else None
+
+    def _partner(self, job: GroupJob) -> GroupJob | None:
+        """The first queued group with ``job``'s pair key, taken out of the queue (None: none,
+        or pairing is off). Called in the generate phase, so no other generate runs."""
+        if not self.pairs or (key := self._key(job)) is None:
+            return None
+        deadline = time.monotonic() + PAIR_WAIT_S
+        while True:
+            with self.lock:
+                waiting = [j for j in self._queued if j.work is None]
+            for other in waiting:
+                if self._key(other) == key:
+                    with self.lock:
+                        if other in self._queued and other.work is None:
+                            self._queued.remove(other)
+                            return other
+            # wait only while a group ahead is restored and scored: the GPU is busy with it
+            if not self._post_gate.busy or time.monotonic() > deadline:
+                return None
+            time.sleep(0.005)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -288,6 +363,20 @@ class Runner:
     def run(self, job: GroupJob) -> dict:
         """Run one group through every phase; returns its stage timings."""
         self.setup()
+        if self.pairs:
+            with self.lock:
+                self._queued.append(job)
+        try:
+            self._run_phases(job)
+        finally:
+            with self.lock:  # a group that failed before its generate is no one's partner
+                if job in self._queued:
+                    self._queued.remove(job)
+        with self.lock:
+            self.groups_done += 1
+        return job.timings
+
+    def _run_phases(self, job: GroupJob) -> None:
         for k, phase in enumerate(self._phases()):
             gpu = any(s.device == "gpu" for s in phase.stages)
             with phase.gate, self._on_stream(phase.stream):
@@ -298,9 +387,6 @@ class Runner:
                 for stage in phase.stages:
                     with self._stage(job.spec, stage):
                         stage.process(job)
-        with self.lock:
-            self.groups_done += 1
-        return job.timings
 
     def _admitted(self, job: GroupJob) -> None:
         """At the first gate: the GPU's idle time before this group, and its load charge."""

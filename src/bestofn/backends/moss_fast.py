@@ -259,24 +259,90 @@ class MossFastGenerator(Generator):
 
     def generate_codes(self, spec: GroupSpec, seeds: list[int] | None = None):
         """(codes per take [T_i, n_vq], stopped flags, frame budget)."""
+        if self.options["pair_groups"]:
+            return self.generate_codes_paired([spec], [seeds])[0]
         seeds = spec.seeds() if seeds is None else list(seeds)
-        budget = self.budget.frames(spec.text)
         rows = self.prompt(spec)
+        budget, limit = self._limits(spec)
         codes, stopped = [], []
         step = max(1, int(self.options["batch_size"]))
         for start in range(0, len(seeds), step):
             chunk = seeds[start : start + step]
             ids = rows.unsqueeze(0).expand(len(chunk), -1, -1)  # same prompt: no padding
-            limit = budget
-            if self.is_delay:  # complete frames only; the tail is forced at the budget
-                from bestofn.moss.delay_engine import DelayBudget
-
-                low = min(int(self.options["delay_min_frames"]), budget)
-                limit = DelayBudget(max_frames=budget, min_frames=low)
             out = self.engine.generate(ids, None, chunk, limit, self.params)
             codes += out.codes
             stopped += out.stopped
         return codes, stopped, budget
+
+    def _limits(self, spec: GroupSpec):
+        """(frame budget, the engine's limit: the budget, or Delay's ``DelayBudget``)."""
+        budget = self.budget.frames(spec.text)
+        if not self.is_delay:
+            return budget, budget
+        from bestofn.moss.delay_engine import DelayBudget
+
+        # complete frames only; the tail is forced at the budget
+        low = min(int(self.options["delay_min_frames"]), budget)
+        return budget, DelayBudget(max_frames=budget, min_frames=low)
+
+    # ---- pairs (runtime option pair_groups) -------------------------------------------------
+
+    @property
+    def pairs_groups(self) -> bool:
+        """The runner may hand this generator two groups at once (``generate_pair``)."""
+        return bool(self.options["pair_groups"])
+
+    def _half(self, n_takes: int) -> int:
+        """Rows of one half of a pair call: the group's takes, at most ``batch_size``."""
+        return max(1, min(int(n_takes), int(self.options["batch_size"])))
+
+    def pair_key(self, spec: GroupSpec):
+        """Groups with equal keys may share a generate call (``generate_pair``), with the same
+        takes as alone: the half size and the prompt bucket (the sampling settings are this
+        generator's, the same for every group). None: this group runs alone (pairing off, or
+        more takes than one half: its own chunks pair with each other)."""
+        from bestofn.moss.engine_shell import pair_bucket
+
+        if not self.options["pair_groups"] or spec.n_takes > self._half(spec.n_takes):
+            return None
+        return (self._half(spec.n_takes), pair_bucket(int(self.prompt(spec).shape[0])))
+
+    def generate_codes_paired(self, specs: list[GroupSpec], seeds=None):
+        """``generate_codes`` of one or two groups in the pair shape: every engine call runs
+        2 x half rows (``MossLocalEngine.generate_pair``), two chunks at a time, a group's
+        chunks beside each other, or two groups of one chunk side by side. A take's codes are
+        the same however its group was paired."""
+        from bestofn.moss.engine_shell import PairRequest
+
+        seeds = list(seeds or [None] * len(specs))
+        halves = {self._half(spec.n_takes) for spec in specs}
+        if len(halves) != 1:
+            raise ValueError(f"pair: groups with different half sizes {sorted(halves)}")
+        half = halves.pop()
+        requests, owner, budgets = [], [], []
+        for i, (spec, sd) in enumerate(zip(specs, seeds, strict=True)):
+            sd = spec.seeds() if sd is None else list(sd)
+            rows = self.prompt(spec)
+            budget, limit = self._limits(spec)
+            budgets.append(budget)
+            for start in range(0, len(sd), half):
+                requests.append(PairRequest(rows, sd[start : start + half], limit))
+                owner.append(i)
+        out = [([], [], b) for b in budgets]
+        for start in range(0, len(requests), 2):
+            results = self.engine.generate_pair(requests[start : start + 2], half, self.params)
+            for i, res in zip(owner[start : start + 2], results, strict=True):
+                out[i][0].extend(res.codes)
+                out[i][1].extend(res.stopped)
+        return out
+
+    def generate_pair(self, specs: list[GroupSpec]) -> list[list[Take]]:
+        """The takes of one or two groups (``pair_key`` equal) from shared generate calls;
+        each group's takes are decoded by the codec on their own, as ``generate`` does."""
+        results = self.generate_codes_paired(specs)
+        return [
+            self._takes(spec, spec.seeds(), *res) for spec, res in zip(specs, results, strict=True)
+        ]
 
     def _render_whole(self, specs: list[GroupSpec]):
         """``bestofn.speech.stream_batch`` for a Delay model: each request's take, whole."""
@@ -285,7 +351,9 @@ class MossFastGenerator(Generator):
 
     def generate(self, spec: GroupSpec) -> list[Take]:
         seeds = spec.seeds()
-        codes, stopped, budget = self.generate_codes(spec, seeds)
+        return self._takes(spec, seeds, *self.generate_codes(spec, seeds))
+
+    def _takes(self, spec: GroupSpec, seeds, codes, stopped, budget) -> list[Take]:
         t0 = time.perf_counter()
         audios = self._codec().decode(codes)  # numpy out: the device work is done when it returns
         self.decode_s += time.perf_counter() - t0

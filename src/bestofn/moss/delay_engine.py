@@ -31,12 +31,19 @@ per codebook over its own generated codes (the published one pools the whole bat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
 from bestofn.moss.delay import MossDelayModel, undo_delay
-from bestofn.moss.engine_shell import EngineShell, GenerationOutput, StepState, run_captured
+from bestofn.moss.engine_shell import (
+    EngineShell,
+    GenerationOutput,
+    PairRequest,
+    StepState,
+    run_captured,
+)
 from bestofn.moss.sampling import (
     STEPS_PER_FRAME,
     SamplingParams,
@@ -95,8 +102,9 @@ class DelayState(StepState):
         self.finished = torch.zeros(batch, **boolean)
         self.history = torch.full((batch, max_steps + 1, 1 + c.n_vq), c.audio_pad_code, **long)
         self.seen = torch.zeros(batch, c.n_vq, c.audio_vocab + 1, **boolean)
-        self.min_frames = torch.zeros((), **long)
-        self.max_frames = torch.zeros((), **long)
+        # per row: the two requests of a pair may have different budgets
+        self.min_frames = torch.zeros(batch, **long)
+        self.max_frames = torch.zeros(batch, **long)
         # text-head masks: outside audio these four are banned; inside only gen/delay allowed
         V = c.vocab_size
         self.ban_text = torch.zeros(V, **boolean)
@@ -236,7 +244,66 @@ class MossDelayEngine(EngineShell):
         DelayBudget or max_frames. Returns de-delayed codes [T_b, n_vq] per row (complete
         frames of the first audio block), stopped = the row ended its audio by itself."""
         s, steps = self.run(input_ids, attention_mask, seeds, budget, params, max_steps)
-        return self._collect(s, steps, input_ids)
+        return self._collect(s, steps, input_ids[:, -1, 0])
+
+    @torch.inference_mode()
+    def generate_pair(
+        self, requests: Sequence[PairRequest], takes: int, params: SamplingParams | None = None
+    ) -> list[GenerationOutput]:
+        """One or two requests (``PairRequest``, budget: a ``DelayBudget``) in one decode of
+        2 x ``takes`` rows; a request's codes are the same alone or beside any partner of the
+        same prompt bucket (``EngineShell._pair_start`` says why; the budgets may differ, their
+        rules may not). One output per request."""
+        p, c = params or SamplingParams(), self.config
+        budgets = [r.budget for r in requests]
+        rules = {replace(b, max_frames=0, min_frames=int(b.min_frames > 0)) for b in budgets}
+        if len(rules) != 1 or not all(b.enforce and b.stop_at_audio_end for b in budgets):
+            raise ValueError(f"pair: budgets with different rules, or not enforced: {budgets}")
+        # the widest budget for the step's flags (the limits themselves are per row)
+        b = max(budgets, key=lambda x: x.max_frames)
+        max_steps = b.steps(c.n_vq)
+        B = 2 * takes
+        text = torch.full((B, 1), c.pad_token_id, dtype=torch.long)  # each row's last prompt token
+        mins, maxs = torch.zeros(B, dtype=torch.long), torch.zeros(B, dtype=torch.long)
+        for i, (r, rb) in enumerate(zip(requests, budgets, strict=True)):
+            rows = slice(i * takes, i * takes + len(r.seeds))
+            text[rows, 0] = int(r.prompt[-1, 0])
+            mins[rows], maxs[rows] = rb.min_frames, rb.max_frames
+
+        def reset(s, seeds):
+            # the prompt rules read only each row's last token here: the published prompt ends
+            # in "assistant\n" (not in audio), as every prompt of ours does
+            self._reset(s, p, b, seeds, text.unsqueeze(-1))
+            s.min_frames.copy_(mins)
+            s.max_frames.copy_(maxs)
+
+        if any(
+            int(r.prompt[-1, 0]) in (c.audio_start_token_id, c.audio_assistant_gen_slot_token_id)
+            for r in requests
+        ):
+            raise ValueError("pair: a Delay prompt that ends inside audio cannot pair")  # fmt: skip
+        s, T, h = self._pair_start(requests, takes, max_steps, reset)
+        self._heads_and_sampling(s, p, b, h)
+        step = lambda kv_len: self._run_step(s, p, b, kv_len)  # noqa: E731
+        *_, (steps, _) = self._loop(s, T, max_steps, step)
+        out = self._collect(s, steps, text[:, 0])
+        return [
+            GenerationOutput(
+                codes=out.codes[i * takes : i * takes + len(r.seeds)],
+                stopped=out.stopped[i * takes : i * takes + len(r.seeds)],
+                frames=steps,
+            )
+            for i, r in enumerate(requests)
+        ]
+
+    def _prefill_last(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        mask = torch.ones(ids.shape[:2], dtype=torch.bool, device=ids.device)
+        return self.model.prefill(ids, mask, cache, last_only=True)
+
+    def _pair_dummies(self, s: DelayState, dummy: torch.Tensor) -> None:
+        s.stopping |= dummy
+        s.finished |= dummy
+        s.alive &= ~dummy
 
     @torch.inference_mode()
     def run(self, input_ids, attention_mask, seeds, budget, params=None, max_steps=None):
@@ -295,13 +362,12 @@ class MossDelayEngine(EngineShell):
                b.enforce, b.force_audio_start, b.stop_at_audio_end, kv_len)  # fmt: skip
         run_captured(s, key, lambda: self._step(s, p, b, kv_len), self.use_cuda_graphs)
 
-    def _collect(self, s: DelayState, steps: int, input_ids) -> GenerationOutput:
+    def _collect(self, s: DelayState, steps: int, last_text) -> GenerationOutput:
+        """last_text [B]: each row's last prompt token (where its prompt left it)."""
         c = self.config
         hist = s.history[:, :steps].cpu()
-        text = input_ids[..., 0].cpu()
-        started = (text[:, -1] == c.audio_start_token_id) | (
-            text[:, -1] == c.audio_assistant_gen_slot_token_id
-        )
+        last = last_text.cpu()
+        started = (last == c.audio_start_token_id) | (last == c.audio_assistant_gen_slot_token_id)
         forced = s.forced_end.cpu()
         codes, stopped = [], []
         for b in range(s.batch):

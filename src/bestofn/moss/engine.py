@@ -10,7 +10,7 @@ pieces (``local_codes``) on rows that join a running decode.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +18,7 @@ import torch
 from bestofn.moss.engine_shell import (  # noqa: F401  (GenerationOutput: part of this API)
     EngineShell,
     GenerationOutput,
+    PairRequest,
     StepState,
     run_captured,
 )
@@ -229,6 +230,49 @@ class MossLocalEngine(EngineShell):
         step = lambda kv_len: self._run_step(s, p, kv_len)  # noqa: E731
         for frames, last in self._loop(s, T, max_frames, step, every, on_sync):
             yield s, frames, last
+
+    @torch.inference_mode()
+    def generate_pair(
+        self, requests: Sequence[PairRequest], takes: int, params: SamplingParams | None = None
+    ) -> list[GenerationOutput]:
+        """One or two requests (``PairRequest``: budget = max frames) in one decode of
+        2 x ``takes`` rows; a request's codes are the same alone or beside any partner of the
+        same prompt bucket (``EngineShell._pair_start`` says why). One output per request."""
+        p = params or SamplingParams()
+        budgets = [int(r.budget) for r in requests]
+        max_steps = max(budgets)
+        s, T, h = self._pair_start(
+            requests, takes, max_steps, lambda s, seeds: self._reset(s, p, seeds)
+        )
+        self._heads_and_sampling(s, p, h)
+        limits = torch.zeros(s.batch, dtype=torch.long)
+        for i, (r, b) in enumerate(zip(requests, budgets, strict=True)):
+            limits[i * takes : i * takes + len(r.seeds)] = b
+        limits = limits.to(self.device)
+
+        def on_sync():  # a row past its own budget stops (its codes are cut there below)
+            s.finished |= s.n_frames >= limits
+
+        step = lambda kv_len: self._run_step(s, p, kv_len)  # noqa: E731
+        *_, (frames, _) = self._loop(s, T, max_steps, step, 0, on_sync)
+        n = s.n_frames.cpu()
+        hist = s.history[:, :max_steps].cpu()
+        outs = []
+        for i, (r, b) in enumerate(zip(requests, budgets, strict=True)):
+            rows = range(i * takes, i * takes + len(r.seeds))
+            # stopped: the stop head fired within the budget (the row's frames end before it),
+            # as a call of its own would say; a row that ran on is cut at its budget
+            codes = [hist[k, : min(int(n[k]), b)].clone() for k in rows]
+            stopped = [int(n[k]) < b for k in rows]
+            outs.append(GenerationOutput(codes=codes, stopped=stopped, frames=min(frames, b)))
+        return outs
+
+    def _prefill_last(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        mask = torch.ones(ids.shape[:2], dtype=torch.bool, device=ids.device)
+        return self.model.prefill(ids, mask, cache)[:, -1]
+
+    def _pair_dummies(self, s: DecodeState, dummy: torch.Tensor) -> None:
+        s.finished |= dummy
 
     def _reset(self, s: DecodeState, p: SamplingParams, seeds) -> None:
         super()._reset(s, p, seeds)

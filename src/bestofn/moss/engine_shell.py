@@ -11,6 +11,10 @@
   see whether every row has stopped (``EngineShell._loop``).
 - **Sampling.** Per-take counter-based uniforms (``bestofn.moss.sampling``) and the sampling
   scalars kept on the device (``StepState``), so a replayed graph reads this request's values.
+- **Pairs.** ``generate_pair`` decodes two requests (two groups, or two chunks of one) in one
+  call of a fixed shape whatever the partner (``PairRequest``, ``pair_bucket``), so a take's
+  codes do not depend on whether, or beside whom, it ran (``EngineShell._pair_start`` says
+  how).
 
 The architectures are strategies on this shell: each says what its state holds and what one
 step does. ``MossLocalEngine`` (bestofn.moss.engine): a frame is a backbone step plus the local
@@ -22,7 +26,7 @@ states, graphs and sampling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +45,56 @@ def round_up(n: int, to: int = 64) -> int:
     """Shapes are rounded up (cache lengths, steps, attention windows) so that a few states and
     a few captured graphs serve many requests."""
     return -(-n // to) * to
+
+
+# ---- pairs: two requests in one decode, each computed as if alone ---------------------------
+
+PAIR_PROMPT_BUCKET = 64  # prompt rows: two requests pair only within one bucket
+
+
+def pair_bucket(prompt_len: int) -> int:
+    """The cache slot where every prompt of a pair ends (each is placed to end there): its
+    length rounded up to ``PAIR_PROMPT_BUCKET``. Two requests pair only with the same bucket."""
+    return round_up(prompt_len, PAIR_PROMPT_BUCKET)
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    """One half of a paired decode: a prompt [T, 1 + n_vq] that every row of the half shares,
+    a seed per row (at most the half's size; the rest of the half is dummy rows) and its
+    budget (Local: max frames, an int; Delay: a ``DelayBudget``)."""
+
+    prompt: torch.Tensor
+    seeds: Sequence[int]
+    budget: object
+
+
+def _copy_row(cache, r0: int, r1: int, slots: slice) -> None:
+    """Row ``r0``'s keys, values, key mask and position (``slots``) into rows (r0, r1)."""
+    if r1 - r0 < 2:
+        return
+    src, dst = slice(r0, r0 + 1), slice(r0 + 1, r1)
+    for t in (cache.k, cache.v) if cache.kv is None else (cache.kv,):
+        t[:, dst, :, slots] = t[:, src, :, slots]
+    cache.key_mask[dst, slots] = cache.key_mask[src, slots]
+    cache.pos[dst] = cache.pos[src]
+
+
+class CacheWindow:
+    """Rows [r0, r1) of a ``BackboneCache`` with its slots shifted by ``offset``: what a
+    model's ``prefill`` writes to slots [0, T) lands in slots [offset, offset + T) of those
+    rows. Its write index is its own (the pair sets the shared one after every prefill)."""
+
+    def __init__(self, cache, r0: int, r1: int, offset: int):
+        rows = slice(r0, r1)
+        self.kv = None if cache.kv is None else cache.kv[:, rows, :, offset:]
+        self.k = cache.k[:, rows, :, offset:]
+        self.v = cache.v[:, rows, :, offset:]
+        self.key_mask = cache.key_mask[rows, offset:]
+        self.pos = cache.pos[rows]
+        self.write_idx = torch.zeros_like(cache.write_idx)
+        self.max_len = cache.max_len - offset
+        self.batch = r1 - r0
 
 
 class StepState:
@@ -170,6 +224,71 @@ class EngineShell:
             raise ValueError(f"need one seed per row ({s.batch}), got {tuple(seeds.shape)}")
         s.seeds.copy_(seeds)
         s.set_sampling(p)
+
+    # ---- pairs ---------------------------------------------------------------------------
+
+    def _pair_start(self, requests: Sequence[PairRequest], takes: int, max_steps: int, reset):
+        """State, prefill and dummy rows of a paired decode; returns (state, prompt bucket,
+        last prompt hidden [2 * takes, H]). ``reset(state, seeds)``: the architecture's reset.
+
+        Why a row's computation depends only on its own request (and the model, the kernel
+        path): every call has the same shape, 2 x ``takes`` rows and prompts ending at slot
+        ``pair_bucket(T)``, whether a request runs alone (the other half dummy rows, finished
+        from the start) or beside a partner; so every GEMM, attention and sampling call has the
+        same shape, and each is computed row by row. Each request's prompt is prefilled on its
+        own, unpadded, once (its rows share it; its K/V copied to them), placed to end at the
+        bucket; its RoPE positions count from its own first row. The decode's attention
+        window is the bucket plus the steps so far (``_loop``), the same whatever the partner;
+        padded slots are masked (weight exactly 0). Frame budgets are per row (a row that runs
+        on because its partner has a larger budget is cut at its own), and a finished row's
+        codes never change, so the loop running longer for the partner changes nothing."""
+        if not 1 <= len(requests) <= 2:
+            raise ValueError(f"a pair is one or two requests, got {len(requests)}")
+        T = pair_bucket(int(requests[0].prompt.shape[0]))
+        for r in requests:
+            n = len(r.seeds)
+            if pair_bucket(int(r.prompt.shape[0])) != T:
+                raise ValueError(
+                    f"pair: prompts of {requests[0].prompt.shape[0]} and {r.prompt.shape[0]} "
+                    f"rows lie in different buckets of {PAIR_PROMPT_BUCKET}"
+                )
+            if not 1 <= n <= takes:
+                raise ValueError(f"pair: a request has {n} seeds, the half holds 1..{takes}")
+        B = 2 * takes
+        seeds = torch.zeros(B, dtype=torch.long)
+        real = torch.zeros(B, dtype=torch.bool)
+        for i, r in enumerate(requests):
+            n = len(r.seeds)
+            seeds[i * takes : i * takes + n] = torch.as_tensor(list(r.seeds), dtype=torch.long)
+            real[i * takes : i * takes + n] = True
+        s = self._state_for(B, T, max_steps)
+        reset(s, seeds)
+        dev = self.device
+        h = None
+        for i, r in enumerate(requests):
+            n, t, r0 = len(r.seeds), int(r.prompt.shape[0]), i * takes
+            # the half's rows share one prompt: prefill it once, into the half's first row
+            last = self._prefill_last(
+                r.prompt.to(dev)[None], CacheWindow(s.cache, r0, r0 + 1, T - t)
+            )
+            if h is None:
+                h = torch.zeros(B, last.shape[-1], dtype=last.dtype, device=dev)
+            h[r0 : r0 + n] = last
+            _copy_row(s.cache, r0, r0 + n, slice(T - t, T))
+        s.cache.write_idx.fill_(T)
+        dummy = ~real.to(dev)
+        # dummy rows attend one slot (no all-masked softmax) and never produce a frame
+        s.cache.key_mask[:, T - 1] |= dummy
+        self._pair_dummies(s, dummy)
+        return s, T, h
+
+    def _prefill_last(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """Prefill ``ids`` [n, T, 1 + n_vq] (unpadded) into ``cache``; the last hidden [n, H]."""
+        raise NotImplementedError
+
+    def _pair_dummies(self, s, dummy: torch.Tensor) -> None:
+        """Mark the ``dummy`` rows [B] finished before the first step."""
+        raise NotImplementedError
 
     def _loop(
         self, s, prompt_len: int, max_steps: int, step, every: int = 0, on_sync=None
