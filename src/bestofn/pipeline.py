@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from bestofn import __version__
 from bestofn.audio_gpu import scorer_input
-from bestofn.backends import registry
 from bestofn.backends.base import Generator, Restorer, Scorer, Take
 from bestofn.groupio import TAKES, take_name, write_group
 from bestofn.spec import GroupSpec

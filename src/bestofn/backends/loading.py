@@ -111,6 +111,6 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         "backends": per,
         "build_wall_s": time.perf_counter() - t0,
         # what a serial load of the same builds would have taken
-        "build_sum_s": sum(r.get("build_s", 0.0) + r.get("provenance_s", 0.0) for r in per.values()),
+        "build_sum_s": sum(r.get("build_s", 0) + r.get("provenance_s", 0) for r in per.values()),
     }
     return [b for b, _ in results], [p for _, p in results], report

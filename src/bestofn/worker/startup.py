@@ -1,10 +1,10 @@
 """A worker's start, and what it says about itself after each group.
 
-- **Caches** (config ``runtime.cache_dir``, handed to the worker as ``--cache-dir``): torch.compile's
-  Inductor and Triton kernels and the weight files' content hashes are kept there across worker
-  starts, so a second start skips the compiles and the hashing of tens of GB of weights. torch
-  and Triton read their cache directories from the process environment: the worker sets them for
-  itself (that is torch's interface), from the config, before anything compiles.
+- **Caches** (config ``runtime.cache_dir``, handed to the worker as ``--cache-dir``):
+  torch.compile's Inductor and Triton kernels and the weight files' content hashes are kept
+  there across worker starts, so a second start skips the compiles and the hashing of tens of
+  GB of weights. torch and Triton read their cache directories from the process environment:
+  the worker sets them for itself (torch's interface), from the config, before any compile.
 - **Warm-up** (``runtime.warm_up``): the group that made the client start this worker is run
   once through the stages, on the streams and gates a group uses, and nothing is written: its
   compiles, CUDA-graph captures and cuDNN plans happen before the worker answers ``/health``, so
