@@ -42,8 +42,14 @@ def _caller_threads() -> int:
     return torch.get_num_threads() if torch is not None else 0
 
 
-def _label(role: str, name: str, k: int) -> str:
-    return f"{role}:{name}" if role != "scorer" else f"scorer{k}:{name}"
+def _labels(entries) -> list[str]:
+    """``generator:NAME``, ``restorer:NAME``, ``scorer{i}:NAME`` (i: its place among scorers)."""
+    out, scorers = [], 0
+    for role, name, _ in entries:
+        if role == "scorer":
+            role, scorers = f"scorer{scorers}", scorers + 1
+        out.append(f"{role}:{name}")
+    return out
 
 
 def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool):
@@ -55,7 +61,7 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
     the backend keeps one, ``parts`` (its own ``load_seconds``: moss-fast's checkpoint read,
     device copies, codec, compile setup)."""
     t0 = time.perf_counter()
-    labels = [_label(role, name, k) for k, (role, name, _) in enumerate(entries)]
+    labels = _labels(entries)
     per: dict[str, dict] = {label: {} for label in labels}
     for label, (role, name, _) in zip(labels, entries, strict=True):
         a = time.perf_counter()
