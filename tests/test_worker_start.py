@@ -92,6 +92,11 @@ def test_threads_and_warm_up_change_no_take(project, weights):
     assert h["last_group"]["group_id"] == "calm/p1" and h["last_group"]["host_rss_mib"] > 0
     assert h["last_group"]["engine"]["states"] == 1  # the warm-up's decode state, reused
 
+    # the first group is charged the load and the warm-up
+    charged = pq.read_table(out / "scores.parquet", columns=["group_load_s"])[0][0].as_py()
+    assert charged == pytest.approx(h["load_s"])
+    assert charged > report["load_s"] + sum(start["warm_up_s"].values()) * 0.99
+
     log = (results / "logs/workers/slot0.log").read_text()
     for tag in ("load ", "worker-start ", "group-stats "):
         assert f" {tag}{{" in log, tag
