@@ -28,7 +28,12 @@ from bestofn.pipeline import Backends, load_backends
 from bestofn.runner import GroupJob, Runner, resolve_overlap
 from bestofn.schemas import runtime_defaults
 from bestofn.worker.handler import Handler
-from bestofn.worker.lifecycle import EXIT_GRACE_S, FatalErrorLifecycle
+from bestofn.worker.lifecycle import (
+    EXIT_GRACE_S,
+    FatalErrorLifecycle,
+    fatal_device_error,
+    release_cached_memory,
+)
 from bestofn.worker.requests import BadRequest, group_request, speech_request
 from bestofn.worker.speech_batcher import SpeechBatcher, SpeechJob
 from bestofn.worker.startup import group_stats, log_json, resolve_warm_up
@@ -92,7 +97,14 @@ class Worker(FatalErrorLifecycle):
         if warm and warm_up_spec is not None:
             from bestofn.spec import GroupSpec
 
-            self.warm_up_s = warm_up_group(self.runner, GroupSpec(**warm_up_spec))
+            try:
+                self.warm_up_s = warm_up_group(self.runner, GroupSpec(**warm_up_spec))
+            except Exception as e:  # the group itself will say what is wrong with it
+                if fatal_device_error(e):
+                    raise
+                release_cached_memory()
+                log.warning("slot %s: warm-up failed, the first group compiles instead: %s: %s",
+                            slot, type(e).__name__, e)  # fmt: skip
             # the first group is charged the warm-up too (its group_load_s): the cost of a
             # start stays in the throughput table, wherever the compiles now happen
             backends.load_s += time.time() - self.timeline["load_end_unix"]
