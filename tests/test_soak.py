@@ -15,10 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import tiny_config, write_tsv
 
-GROUPS = 16
-WARM_UP = 4  # groups before the baseline: first-call allocations (ONNX arenas, caches)
-# RSS may wander by allocator noise; growth with the groups served is what must not happen
-RSS_BOUND_MIB = 24
+GROUPS = 24
+WARM_UP = 4  # groups before the baseline: first-call allocations (caches, thread pools)
+# RSS wanders by allocator noise (glibc keeps or returns a freed ~40 MiB of piper's buffers:
+# seen up to 46 MiB above the warm-up's highest); growth with the groups served is what must
+# not happen: the leak issue 23 found (~4.7 MiB a group) gave 81 MiB here over these 20 groups.
+RSS_BOUND_MIB = 64
 
 
 def vm_rss_mib(pid: int) -> float:
@@ -29,12 +31,12 @@ def vm_rss_mib(pid: int) -> float:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23 found it: the CPU worker (piper, duration) grows ~4.7 MiB per group "
-    "(477 -> 590 MiB over 24 groups, 2026-12-01); not yet traced (worker/ is another helper's)",
-)
 def test_worker_rss_is_flat_over_many_groups(project):
+    """Issue 23 found the CPU worker (piper, duration) growing ~4.7 MiB a group: onnxruntime's
+    CPU memory arena in piper's session kept every block a new text length grew it to (fixed
+    there). What is left is glibc keeping freed buffers for reuse: RSS wanders by tens of MiB
+    between groups without a trend, so the bound is on the highest RSS after the warm-up
+    groups against the highest during them."""
     from bestofn.plan import build_plan
     from bestofn.worker.client import run_group_via_worker, stop_all
 
@@ -69,7 +71,7 @@ def test_worker_rss_is_flat_over_many_groups(project):
         os.chdir(cwd)
         stop_all(state)
     assert len(pids) == 1, f"{GROUPS} groups went to {len(pids)} workers"
-    base, later = rss[WARM_UP - 1], rss[WARM_UP:]
+    base, later = max(rss[:WARM_UP]), rss[WARM_UP:]
     growth = max(later) - base
     print(f"worker RSS MiB per group: {[round(r, 1) for r in rss]}")
     assert growth <= RSS_BOUND_MIB, (

@@ -11,6 +11,11 @@
 # checks and writes OUT/soak.json. Knobs: SOAK_GROUPS (150), FRAMES (48 codec frames, 3.8 s takes:
 # the soak is about memory over many groups, not audio length), TAKES (64), RSS_BOUND_MIB (256),
 # GPU_BOUND_MIB (512). CPU smoke test: SIZE=tiny PROFILE=local TAKES=2 FRAMES=8 SOAK_GROUPS=6.
+# The worker's own record of each group (its log's `group-stats` lines, bestofn.worker.startup):
+# the CUDA caching allocator's allocated and reserved MiB after the group, and the decode
+# states, CUDA graphs and graph pools its engine keeps. Checked from group 5 on: allocated
+# growth <= ALLOCATED_BOUND_MIB (256), reserved growth <= RESERVED_BOUND_MIB (512), graph pools
+# never more than at group 5, and no new CUDA graph in the second half of the run.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: soak_gpu.sh OUT}")
 groups=${SOAK_GROUPS:-150}
@@ -81,10 +86,29 @@ wait "$sampler" || true
 echo "soak: rc $rc, $(($(date +%s) - t0)) s"
 [ "$rc" = 0 ] || exit "$rc"
 
-$py - "$out" "$groups" "${RSS_BOUND_MIB:-256}" "${GPU_BOUND_MIB:-512}" <<'PYEOF'
-import json, sys
+$py - "$out" "$groups" "${RSS_BOUND_MIB:-256}" "${GPU_BOUND_MIB:-512}" \
+    "${ALLOCATED_BOUND_MIB:-256}" "${RESERVED_BOUND_MIB:-512}" <<'PYEOF'
+import glob, json, sys
 
 out, groups, rss_bound, gpu_bound = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+alloc_bound, reserved_bound = float(sys.argv[5]), float(sys.argv[6])
+# the worker's per-group lines: "... bestofn.worker group-stats {json}"
+stats = []
+for path in sorted(glob.glob(f"{out}/workflow/logs/workers/slot*.log")):
+    for line in open(path, errors="replace"):
+        if " group-stats {" in line:
+            stats.append(json.loads(line.split(" group-stats ", 1)[1]))
+stats.sort(key=lambda r: r["t_unix"])
+after = [r for r in stats if r["groups_done"] >= 5]
+def rise(key, sub=None):
+    vals = [(r.get(sub) or {}).get(key) if sub else r.get(key) for r in after]
+    vals = [v for v in vals if v is not None]
+    return (max(vals) - vals[0]) if vals else None
+half = after[len(after) // 2:]
+graphs = [(r.get("engine") or {}).get("graphs") for r in after]
+pools = [(r.get("engine") or {}).get("graph_pools") for r in after]
+late = [(r.get("engine") or {}).get("graphs") for r in half]
+late_graphs = late[-1] - late[0] if late and None not in (late[0], late[-1]) else None
 samples = json.load(open(f"{out}/samples.json"))
 summary = json.load(open(f"{out}/workflow/summary.json"))
 per_group = []
@@ -111,7 +135,16 @@ result = {
     "bounds": {"host_rss_mib": rss_bound, "gpu_mib": gpu_bound, "idle_fraction": 0.02},
     "per_group": per_group,
     "steady_state": summary["steady_state"],
+    "worker_groups": stats,
+    "cuda_allocated_growth_mib": rise("cuda_allocated_mib"),
+    "cuda_reserved_growth_mib": rise("cuda_reserved_mib"),
+    "engine_graphs": {"at_group_5": graphs[0] if graphs else None,
+                      "max": max((g for g in graphs if g is not None), default=None),
+                      "new_in_second_half": late_graphs},
+    "engine_graph_pools": {"at_group_5": pools[0] if pools else None,
+                           "max": max((p for p in pools if p is not None), default=None)},
 }
+result["bounds"].update(cuda_allocated_mib=alloc_bound, cuda_reserved_mib=reserved_bound)
 checks = {
     "one_worker": len(workers) == 1,
     "verify_clean": " 0 problem(s)" in summary["verify"],
@@ -119,9 +152,21 @@ checks = {
     and result["host_rss_growth_mib"] <= rss_bound,
     "gpu_flat": result["gpu_growth_mib"] is None or result["gpu_growth_mib"] <= gpu_bound,
     "idle_under_2pct": all(f is not None and f < 0.02 for f in idle),
+    "worker_stats_per_group": len(stats) == len(summary["groups"]),
+    "cuda_allocated_flat": result["cuda_allocated_growth_mib"] is None
+    or result["cuda_allocated_growth_mib"] <= alloc_bound,
+    "cuda_reserved_flat": result["cuda_reserved_growth_mib"] is None
+    or result["cuda_reserved_growth_mib"] <= reserved_bound,
+    "graph_pools_flat": all(p is None or pools[0] is None or p <= pools[0] for p in pools),
+    "no_new_graphs_late": not late_graphs,
 }
 result["checks"] = checks
 json.dump(result, open(f"{out}/soak.json", "w"), indent=1)
-print(json.dumps({k: v for k, v in result.items() if k not in ("per_group", "steady_state")},
-                 indent=1))
+print(json.dumps({k: v for k, v in result.items()
+                  if k not in ("per_group", "steady_state", "worker_groups")}, indent=1))
+for r in stats[:: max(1, len(stats) // 12)]:  # a dozen rows of the worker's own record
+    e = r.get("engine") or {}
+    print(f"group {r['groups_done']:4d}: rss {r.get('host_rss_mib') or 0:8.1f} MiB, allocated "
+          f"{r.get('cuda_allocated_mib') or 0:8.1f}, reserved {r.get('cuda_reserved_mib') or 0:8.1f}"
+          f", states {e.get('states')}, graphs {e.get('graphs')}, pools {e.get('graph_pools')}")
 PYEOF

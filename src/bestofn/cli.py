@@ -69,16 +69,27 @@ def _run_group(args) -> int:
 def _worker(args) -> int:
     import json
     import logging
+    import time
 
+    from bestofn.worker import startup
+
+    timeline = {"process_start_unix": startup.process_start_unix(), "main_unix": time.time()}
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    startup.use_cache_dir(args.cache_dir)  # before anything compiles
     from bestofn.worker.server import serve
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    timeline["imports_unix"] = time.time()
     with open(args.models_file) as f:
         models = json.load(f)
+    warm_up_spec = None
+    if args.warm_up_spec:
+        with open(args.warm_up_spec) as f:
+            warm_up_spec = json.load(f)
     serve(
         args.socket, models, args.models_hash, args.results, args.device, args.slot,
         args.idle_timeout, args.flac_subtype, args.worker_key, args.overlap,
-        args.speech_max_batch, args.speech_batch_window_ms,
+        args.speech_max_batch, args.speech_batch_window_ms, args.parallel_load,
+        args.warm_up, warm_up_spec, timeline,
     )  # fmt: skip
     return 0
 
@@ -197,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="runtime.speech_max_batch")  # fmt: skip
     p.add_argument("--speech-batch-window-ms", type=float, default=rt["speech_batch_window_ms"],
                    help="runtime.speech_batch_window_ms")  # fmt: skip
+    p.add_argument("--parallel-load", action=argparse.BooleanOptionalAction,
+                   default=rt["parallel_load"], help="runtime.parallel_load")  # fmt: skip
+    p.add_argument("--warm-up", default=rt["warm_up"], help="auto, true or false (runtime.warm_up)")
+    p.add_argument("--warm-up-spec", help="a group spec (JSON file) to warm up on before ready")
+    p.add_argument("--cache-dir", help="runtime.cache_dir, resolved (absent: no caches set)")
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="status or stop of this workflow directory's workers")

@@ -8,13 +8,25 @@ import json
 import os
 from pathlib import Path
 
+# The memo a caller without its own uses: set by a worker from config runtime.cache_dir
+# (bestofn.worker.startup.use_cache_dir); None: no memo.
+_memo_dir: Path | None = None
+
+
+def set_memo_dir(path: str | os.PathLike | None) -> None:
+    """The memo directory of every ``file_sha256`` call that names none (None: no memo)."""
+    global _memo_dir
+    _memo_dir = Path(path) if path else None
+
 
 def file_sha256(path: str | os.PathLike, memo_dir: Path | None = None) -> str:
     """sha256 of a file's bytes, memoised on disk by (path, size, mtime_ns, inode).
 
     Hashing 8 GB of weights takes seconds; the memo makes every later worker start free
-    while any rewrite of the file (new mtime/size/inode) still forces a re-hash.
+    while any rewrite of the file (new mtime/size/inode) still forces a re-hash. ``memo_dir``
+    None: the process's memo (``set_memo_dir``), if any.
     """
+    memo_dir = memo_dir if memo_dir is not None else _memo_dir
     path = Path(path).resolve()
     st = path.stat()
     memo_file = None

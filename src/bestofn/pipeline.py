@@ -23,7 +23,6 @@ import pyarrow as pa
 
 from bestofn import __version__
 from bestofn.audio_gpu import scorer_input
-from bestofn.backends import registry
 from bestofn.backends.base import Generator, Restorer, Scorer, Take
 from bestofn.groupio import TAKES, take_name, write_group
 from bestofn.spec import GroupSpec
@@ -113,6 +112,9 @@ class Backends:
     # (bestofn.torch_threads: some CPU kernels give other bits with another count); 0: the
     # default, fixed now from the environment
     cpu_threads: int = 0
+    # where load_s went (bestofn.backends.loading.load_report): per backend its import, build
+    # and provenance seconds (and a backend's own parts, e.g. moss-fast's checkpoint read)
+    load_report: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.cpu_threads = int(self.cpu_threads) or default_cpu_threads()
@@ -122,23 +124,31 @@ class Backends:
         return stable_hash(models_identity(self.models))
 
 
-def load_backends(models: dict, device: str = "cpu") -> Backends:
+def load_backends(models: dict, device: str = "cpu", parallel: bool | None = None) -> Backends:
     """Build every backend named in the config's ``models`` section, once.
 
     The weight files' facts are compared first (nothing loads on a mismatch), the rates between
-    the loaded stages after (bestofn.agreement): either raises AgreementError naming both."""
+    the loaded stages after (bestofn.agreement): either raises AgreementError naming both.
+    ``parallel`` (config ``runtime.parallel_load``; None: the schema's default): build the
+    backends in threads at once (bestofn.backends.loading); the backends are the same either
+    way. ``Backends.load_report`` says where the seconds went."""
     from bestofn import agreement
+    from bestofn.backends.loading import build_all
 
-    agreement.check_files(models)
+    if parallel is None:
+        from bestofn.schemas import runtime_defaults
+
+        parallel = runtime_defaults()["parallel_load"]
     t0 = time.perf_counter()
+    agreement.check_files(models)
+    checked_s = time.perf_counter() - t0
     gen = models["generator"]
     rest = models.get("restorer") or {"backend": "identity"}
-    generator = registry.build("generator", gen["backend"], _kwargs(gen), device)
-    restorer = registry.build("restorer", rest["backend"], _kwargs(rest), device)
-    scorers = [
-        registry.build("scorer", s["backend"], _kwargs(s), device)
-        for s in models.get("scorers", [])
-    ]
+    entries = [("generator", gen["backend"], _kwargs(gen)),
+               ("restorer", rest["backend"], _kwargs(rest))]  # fmt: skip
+    entries += [("scorer", s["backend"], _kwargs(s)) for s in models.get("scorers", [])]
+    built, provenances, report = build_all(entries, device, bool(parallel))
+    generator, restorer, *scorers = built
     seen: dict[str, str] = {}
     for s in scorers:
         for col in s.columns:
@@ -146,14 +156,24 @@ def load_backends(models: dict, device: str = "cpu") -> Backends:
                 raise ValueError(f"scorers {seen[col]!r} and {s.name!r} both write column {col!r}")
             seen[col] = s.name
     backends = Backends(generator, restorer, scorers, models)
+    t_agree = time.perf_counter()
     agreement.check_loaded(backends)
-    provenance = {
-        "generator": generator.provenance(),
-        "restorer": restorer.provenance(),
-        "scorers": [s.provenance() for s in scorers],
+    backends.provenance = {
+        "generator": provenances[0],
+        "restorer": provenances[1],
+        "scorers": provenances[2:],
     }
-    backends.provenance = provenance
+    if str(device).startswith("cuda"):  # load_s includes the device work the loads queued
+        import torch
+
+        torch.cuda.synchronize(device)
+        # the loads' temporaries (tensors read to the device, then fused or cast into the
+        # parameters) go back: the first group starts from the memory the weights need
+        torch.cuda.empty_cache()
     backends.load_s = time.perf_counter() - t0
+    report.update(check_files_s=checked_s, check_loaded_s=time.perf_counter() - t_agree,
+                  load_s=backends.load_s)  # fmt: skip
+    backends.load_report = report
     return backends
 
 

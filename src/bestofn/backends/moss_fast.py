@@ -62,12 +62,14 @@ def _auto(value, on_gpu: bool) -> bool:
 class MossFastGenerator(Generator):
     name = "moss-fast"
     decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)
+    load_seconds: dict = {}  # set by a build from a checkpoint: where its seconds went
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
         return frozenset(DEFAULTS)
 
     def __init__(self, device: str = "cpu", **options):
+        t_start = time.perf_counter()
         self._configure(device, options)
         from bestofn.moss.checkpoint import CheckpointError, load_model, weight_files
         from bestofn.moss.prompt import PromptBuilder
@@ -93,6 +95,8 @@ class MossFastGenerator(Generator):
         # int8: load on the CPU, then quantize weight by weight onto the device (the device
         # never holds the whole backbone in full precision)
         int8 = o["weights"] == "int8"
+        parts: dict[str, float] = {}  # load_seconds: where this build's time went
+        t0 = time.perf_counter()
         if self._is_delay(self.model_dir):
             from bestofn.moss.delay import load_delay_model
             from bestofn.moss.delay_prompt import DelayPromptBuilder
@@ -102,10 +106,18 @@ class MossFastGenerator(Generator):
             model = load_delay_model(self.load_dir, device=device, dtype=self.dtype)
             builder = DelayPromptBuilder
         else:
-            model = load_model(self.load_dir, device="cpu" if int8 else device, dtype=self.dtype)
+            where = "cpu" if int8 else device
+            model = load_model(self.load_dir, device=where, dtype=self.dtype, timings=parts)
             builder = PromptBuilder
+        parts["checkpoint_s"] = time.perf_counter() - t0
         prompt = builder.from_tokenizer_json(self.model_dir / "tokenizer.json", model.config)
-        self._attach(model, prompt)
+        self._attach(model, prompt, parts)
+        if self.codec_dir is not None:  # at load, not in the first group
+            t0 = time.perf_counter()
+            self._codec()
+            parts["codec_s"] = time.perf_counter() - t0
+        parts["total_s"] = time.perf_counter() - t_start
+        self.load_seconds = parts
 
     def _is_delay(self, model_dir: Path) -> bool:
         from bestofn.moss.delay import is_delay_checkpoint
@@ -158,14 +170,17 @@ class MossFastGenerator(Generator):
             torch.backends.cuda.enable_cudnn_sdp(False)  # as the model card advises
         self.model_dir = self.load_dir = None
 
-    def _attach(self, model, prompt_builder) -> None:
+    def _attach(self, model, prompt_builder, parts: dict | None = None) -> None:
+        parts = {} if parts is None else parts
         o = self.options
         on_gpu = torch.device(self.device).type == "cuda"
         if o["weights"] == "int8":
             from bestofn.moss.int8 import is_quantized, quantize_backbone_
 
             if not is_quantized(model):
+                t0 = time.perf_counter()
                 model = quantize_backbone_(model, self.device)
+                parts["int8_s"] = time.perf_counter() - t0
         # the kernel paths this backend's options name, on the model (before any cache exists:
         # the cache layout follows ``fused``)
         model.set_paths(o["fused"], o["decode_attention"], o["local_attention"])
@@ -179,12 +194,15 @@ class MossFastGenerator(Generator):
             from bestofn.moss.delay_engine import MossDelayEngine as Engine
         else:
             Engine = MossLocalEngine
+        t0 = time.perf_counter()
         self.engine = Engine(
             model,
             use_cuda_graphs=_auto(o["cuda_graphs"], on_gpu),
             compile=_auto(o["compile"], on_gpu),
             compile_mode=o["compile_mode"],
         )
+        # torch.compile wraps here; the compiles themselves run at the first generate
+        parts["compile_setup_s"] = time.perf_counter() - t0
         if self.is_delay and "text_temperature" not in self._given:
             o["text_temperature"] = DELAY_TEXT_TEMPERATURE
         if self.is_delay:  # the speech service renders Delay takes whole (no streaming yet)

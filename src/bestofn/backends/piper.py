@@ -107,6 +107,12 @@ class PiperGenerator(Generator):
         # On a CPU one take per core beats one take over every core (VITS is many small ops),
         # and takes are independent (each draws its own noise): the output is the same.
         opts = onnxruntime.SessionOptions()
+        # No CPU memory arena nor memory pattern: onnxruntime keeps every block they grow to,
+        # and each new text length grew them, so a warm worker's RSS rose ~4 MiB a group
+        # (tests/test_soak.py). Without them every buffer goes back when a take is done; the
+        # audio is the same (allocation does not change the arithmetic).
+        opts.enable_cpu_mem_arena = False
+        opts.enable_mem_pattern = False
         self.threads = 1
         if providers == ["CPUExecutionProvider"]:
             self.threads = int(threads) or len(os.sched_getaffinity(0))

@@ -32,6 +32,20 @@ REGISTRY: dict[str, dict[str, str]] = {
     },
 }
 
+# What a backend imports when it is built, beyond its own module: "module" or
+# "module:Attr,Attr" (a lazy package's attributes import their modules). bestofn.backends.loading
+# imports these in one thread, in config order, while other backends read their weights.
+PRELOAD: dict[str, tuple[str, ...]] = {
+    "sidon": (
+        "safetensors.torch",
+        "transformers:Wav2Vec2BertConfig,Wav2Vec2BertModel,SeamlessM4TFeatureExtractor",
+    ),
+    "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
+    "voiceclap": ("transformers:AutoModel",),
+    "empathic-insight": ("transformers:WhisperFeatureExtractor,WhisperModel",),
+    "whisper-asr": ("faster_whisper",),
+}
+
 ROLE_BASE = {"generator": Generator, "restorer": Restorer, "scorer": Scorer}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -37,9 +38,12 @@ def weight_files(ckpt_dir: Path) -> list[Path]:
 
 
 class _Tensors:
-    """Lazy name -> tensor access over all shards (mmap; nothing read until asked)."""
+    """Lazy name -> tensor access over all shards (mmap; nothing read until asked). ``device``:
+    where ``get`` puts a tensor (safetensors reads it there: on a GPU the fusing and the cast to
+    the model's dtype then run on the device, not on the host)."""
 
-    def __init__(self, files: list[Path]):
+    def __init__(self, files: list[Path], device: str | torch.device = "cpu"):
+        self.device = str(device)
         self.where: dict[str, Path] = {}
         for f in files:
             with safe_open(str(f), framework="pt") as sf:
@@ -50,7 +54,7 @@ class _Tensors:
     def get(self, key: str) -> torch.Tensor:
         f = self.where[key]
         if f not in self._open:
-            self._open[f] = safe_open(str(f), framework="pt")
+            self._open[f] = safe_open(str(f), framework="pt", device=self.device)
         return self._open[f].get_tensor(key)
 
     def __contains__(self, key):
@@ -80,11 +84,26 @@ class _DictTensors:
 
 
 def load_model(
-    ckpt_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+    ckpt_dir: str | Path,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    timings: dict | None = None,
 ) -> MossLocalModel:
+    """The model of ``ckpt_dir`` on ``device``: each tensor read straight to the device, fused
+    and cast there. ``timings`` (a dict): filled with the seconds spent reading tensors
+    (``read_s``: on a GPU, the host-to-device copy included) and placing them (``place_s``:
+    fusing, casting, copying into the parameters; device work is waited for)."""
     ckpt_dir = Path(ckpt_dir)
     cfg = load_config(ckpt_dir)
-    return model_from_tensors(cfg, _Tensors(weight_files(ckpt_dir)), device, dtype, str(ckpt_dir))
+    tensors = _Tensors(weight_files(ckpt_dir), device)
+    copier = TensorCopier(tensors, str(ckpt_dir))
+    model = model_from_tensors(cfg, copier, device, dtype, str(ckpt_dir))
+    t0 = time.perf_counter()
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # the copies still queued count as placing
+    if timings is not None:
+        timings.update(read_s=copier.read_s, place_s=copier.place_s + time.perf_counter() - t0)
+    return model
 
 
 def model_from_state_dict(cfg, sd: dict, device="cpu", dtype=torch.float32) -> MossLocalModel:
@@ -110,22 +129,28 @@ class TensorCopier:
     def __init__(self, t, where: str):
         self.t, self.where = t, where
         self.used: set[str] = set()
+        self.read_s = self.place_s = 0.0  # seconds in take (reads) and in put (the rest)
 
     def take(self, key: str) -> torch.Tensor:
         if key not in self.t:
             raise CheckpointError(f"{self.where}: missing tensor {key!r}")
         self.used.add(key)
-        return self.t.get(key)
+        t0 = time.perf_counter()
+        tensor = self.t.get(key)
+        self.read_s += time.perf_counter() - t0
+        return tensor
 
     def put(self, param: torch.Tensor, *keys: str) -> None:
         """Copy the tensor ``keys[0]`` (several keys: concatenated along dim 0) into param."""
-        take = self.take
-        src = torch.cat([take(k) for k in keys], dim=0) if len(keys) > 1 else take(keys[0])
+        parts = [self.take(k) for k in keys]
+        t0 = time.perf_counter()
+        src = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0]
         if tuple(src.shape) != tuple(param.shape):
             raise CheckpointError(
                 f"{self.where}: {keys} has shape {tuple(src.shape)}, expected {tuple(param.shape)}"
             )
         param.copy_(src)
+        self.place_s += time.perf_counter() - t0
 
     def put_qwen3_backbone(self, model, prefix: str) -> None:
         """A published Qwen3Model under ``prefix`` (embed_tokens, layers.{i}.*, norm) into
@@ -157,8 +182,10 @@ class TensorCopier:
 
 @torch.no_grad()
 def model_from_tensors(cfg, t, device, dtype, ckpt_dir: str) -> MossLocalModel:
+    """``t``: tensors by name (``_Tensors``, ``_DictTensors``) or a ``TensorCopier`` over them."""
     model = empty_model(MossLocalModel, cfg, device, dtype)
-    copier = TensorCopier(t, ckpt_dir)
+    copier = t if isinstance(t, TensorCopier) else TensorCopier(t, ckpt_dir)
+    t = copier.t
     take, put = copier.take, copier.put
     copier.put_qwen3_backbone(model, "transformer.")
     for i, block in enumerate(model.local_blocks):

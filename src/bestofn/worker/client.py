@@ -86,6 +86,9 @@ class Runtime:
     overlap: str = _DEFAULT["overlap"]
     speech_max_batch: int = _DEFAULT["speech_max_batch"]
     speech_batch_window_ms: float = _DEFAULT["speech_batch_window_ms"]
+    parallel_load: bool = _DEFAULT["parallel_load"]
+    cache_dir: str | None = _DEFAULT["cache_dir"]
+    warm_up: bool | str = _DEFAULT["warm_up"]
 
     @classmethod
     def from_config(cls, runtime: dict | None) -> Runtime:
@@ -238,9 +241,10 @@ def _serves(h: dict | None, key: str) -> bool:
 
 def ensure_worker(
     pool: SlotPool, slot: int, models: dict, results_dir: Path, rt: Runtime, log_dir: Path,
-    flac_subtype: str = "PCM_16",
+    flac_subtype: str = "PCM_16", warm_up_spec: dict | None = None,
 ) -> dict:  # fmt: skip
-    """Return the health of a ready worker on ``slot`` for this spec, starting it if needed."""
+    """Return the health of a ready worker on ``slot`` for this spec, starting it if needed.
+    ``warm_up_spec``: the group a worker started now warms up on (``runtime.warm_up``)."""
     spec = slot_spec(pool, slot, models, results_dir, flac_subtype)
     key = worker_key(spec)
     sock = pool.socket(slot)
@@ -267,14 +271,21 @@ def ensure_worker(
             if _serves(h, key):
                 return h
             stop_worker(pool, slot, timeout=10)
-        return _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype)
+        return _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype,
+                      warm_up_spec)  # fmt: skip
 
 
-def _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype) -> dict:
+def _start(
+    pool, slot, models, key, results_dir, rt, log_dir, flac_subtype, warm_up_spec=None
+) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"slot{slot}.log"
     models_file = pool.dir / f"slot{slot}.models.json"
     models_file.write_text(json.dumps(models))
+    warm_up_file = pool.dir / f"slot{slot}.warm-up.json"
+    warm_up_file.unlink(missing_ok=True)
+    if warm_up_spec is not None:
+        warm_up_file.write_text(json.dumps(warm_up_spec))
     env = dict(os.environ)
     device = pool.device
     if device.startswith("cuda"):
@@ -292,7 +303,13 @@ def _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype) -> d
         "--flac-subtype", flac_subtype, "--overlap", rt.overlap,
         "--speech-max-batch", str(rt.speech_max_batch),
         "--speech-batch-window-ms", str(rt.speech_batch_window_ms),
+        "--parallel-load" if rt.parallel_load else "--no-parallel-load",
+        "--warm-up", str(rt.warm_up).lower(),
     ]  # fmt: skip
+    if rt.cache_dir:  # relative: under the results directory
+        cmd += ["--cache-dir", str(Path(results_dir) / Path(rt.cache_dir).expanduser())]
+    if warm_up_spec is not None:
+        cmd += ["--warm-up-spec", str(warm_up_file)]
     with open(log_path, "ab") as logf:
         proc = subprocess.Popen(
             cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -361,7 +378,8 @@ def run_group_via_worker(
     results = Path(results_dir).resolve()
     with pool.place() as slot:
         for attempt in range(3):
-            h = ensure_worker(pool, slot, models, results, rt, log_dir, flac_subtype)
+            h = ensure_worker(pool, slot, models, results, rt, log_dir, flac_subtype,
+                              warm_up_spec=json.loads(params))  # fmt: skip
             log.info("slot %d: worker pid %s, %d groups served", slot, h["pid"], h["groups_served"])
             body = {"spec": json.loads(params), "out": str(Path(out).resolve()),
                     "worker_key": h["worker_key"], "workdir": os.getcwd()}  # fmt: skip

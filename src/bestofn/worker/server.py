@@ -28,9 +28,16 @@ from bestofn.pipeline import Backends, load_backends
 from bestofn.runner import GroupJob, Runner, resolve_overlap
 from bestofn.schemas import runtime_defaults
 from bestofn.worker.handler import Handler
-from bestofn.worker.lifecycle import EXIT_GRACE_S, FatalErrorLifecycle
+from bestofn.worker.lifecycle import (
+    EXIT_GRACE_S,
+    FatalErrorLifecycle,
+    fatal_device_error,
+    release_cached_memory,
+)
 from bestofn.worker.requests import BadRequest, group_request, speech_request
 from bestofn.worker.speech_batcher import SpeechBatcher, SpeechJob
+from bestofn.worker.startup import group_stats, log_json, resolve_warm_up
+from bestofn.worker.startup import warm_up as warm_up_group
 
 log = logging.getLogger("bestofn.worker")
 
@@ -49,6 +56,10 @@ class Worker(FatalErrorLifecycle):
         overlap: str | None = None,
         speech_max_batch: int | None = None,
         speech_batch_window_ms: float | None = None,
+        parallel_load: bool | None = None,
+        warm_up: bool | str | None = None,
+        warm_up_spec: dict | None = None,
+        timeline: dict | None = None,
     ):
         from bestofn.gpu_memory import cap_from_environment
         from bestofn.worker.contract import worker_key as key_of
@@ -69,17 +80,39 @@ class Worker(FatalErrorLifecycle):
         self.started = time.monotonic()
         # runtime.gpu_memory_gb, before any model loads (a cap too large for the device: error)
         self.gpu_memory_cap = cap_from_environment(device)
+        defaults = runtime_defaults()  # runtime.* (the schema holds the defaults), read now
+        warm = resolve_warm_up(defaults["warm_up"] if warm_up is None else warm_up, device)
+        # the start's timeline (bestofn.worker.startup): seconds since the process started
+        self.timeline = dict(timeline or {})
+        t_load = time.time()
+        backends = load_backends(models, device=device, parallel=parallel_load)
         self.runner = Runner(
-            load_backends(models, device=device), device, resolve_overlap(overlap, device),
+            backends, device, resolve_overlap(overlap, device),
             flac_subtype=flac_subtype, slot=slot, charge_load="first",
             admit=self.refuse_if_dying, on_error=self.on_device_error,
         ).setup()  # fmt: skip
         self.overlap = self.runner.overlap
+        self.timeline.update(load_start_unix=t_load, load_end_unix=time.time())
+        self.warm_up_s: dict | None = None
+        if warm and warm_up_spec is not None:
+            from bestofn.spec import GroupSpec
+
+            try:
+                self.warm_up_s = warm_up_group(self.runner, GroupSpec(**warm_up_spec))
+            except Exception as e:  # the group itself will say what is wrong with it
+                if fatal_device_error(e):
+                    raise
+                release_cached_memory()
+                log.warning("slot %s: warm-up failed, the first group compiles instead: %s: %s",
+                            slot, type(e).__name__, e)  # fmt: skip
+            # the first group is charged the warm-up too (its group_load_s): the cost of a
+            # start stays in the throughput table, wherever the compiles now happen
+            backends.load_s += time.time() - self.timeline["load_end_unix"]
+        self.timeline["warm_up_end_unix"] = time.time()
+        self.last_group: dict | None = None
         self.load_count = 1
         self.speech_served = 0
         self.in_flight = 0
-        # runtime.speech_* (the schema holds the defaults), read now
-        defaults = runtime_defaults()
         if speech_max_batch is None:
             speech_max_batch = defaults["speech_max_batch"]
         if speech_batch_window_ms is None:
@@ -87,7 +120,11 @@ class Worker(FatalErrorLifecycle):
         self.speech_batcher = SpeechBatcher(
             self, float(speech_batch_window_ms) / 1000.0, int(speech_max_batch)
         )
-        log.info("slot %s: models loaded in %.1f s on %s", slot, self.backends.load_s, device)
+        loaded = self.backends.load_report.get("load_s", self.backends.load_s)
+        log.info("slot %s: models loaded in %.1f s on %s", slot, loaded, device)
+        log_json("load", self.backends.load_report)
+        if self.warm_up_s is not None:
+            log.info("slot %s: warmed up in %.1f s", slot, sum(self.warm_up_s.values()))
 
     # the runner holds the backends, the gate and the idle clock; the worker reads them there
     @property
@@ -124,7 +161,10 @@ class Worker(FatalErrorLifecycle):
             "models_hash": self.models_hash,
             "models_loaded": True,
             "load_count": self.load_count,
-            "load_s": self.backends.load_s,
+            "load_s": self.backends.load_s,  # charged to the first group: load + warm-up
+            "load_report": self.backends.load_report,
+            "start": self.start_report(),
+            "last_group": self.last_group,
             "overlap": self.overlap,
             "stages": self.runner.describe()["stages"],
             "groups_served": self.groups_served,
@@ -137,12 +177,36 @@ class Worker(FatalErrorLifecycle):
             "results_dir": str(self.results_dir),
         }
 
+    def start_report(self) -> dict:
+        """The start in seconds from the process's start: imports, load, warm-up, ready."""
+        t = self.timeline
+        origin = t.get("process_start_unix") or t.get("main_unix") or t.get("load_start_unix")
+
+        def since(key):
+            return None if t.get(key) is None or origin is None else t[key] - origin
+
+        return {
+            "origin": "process start" if t.get("process_start_unix") else "worker main",
+            "main_s": since("main_unix"),  # the interpreter and the command line are up
+            "imports_done_s": since("imports_unix"),
+            "load_done_s": since("load_end_unix"),
+            "warm_up_done_s": since("warm_up_end_unix"),
+            "ready_s": since("ready_unix"),
+            "load_s": self.backends.load_report.get("load_s", self.backends.load_s),
+            "warm_up_s": self.warm_up_s,
+            "process_start_unix": t.get("process_start_unix"),
+        }
+
     def run_group(self, body: dict) -> dict:
         spec, out = group_request(body, self.worker_key, self.results_dir)
         workdir = body.get("workdir")
         job = GroupJob(spec, out, Path(workdir) if workdir else None)
         with self._active():
             timings = self.runner.run(job)
+        stats = group_stats(self.backends, self.device, self.groups_served)
+        stats.update(group_id=spec.group_id, wall_s=timings.get("wall_s"))
+        self.last_group = stats
+        log_json("group-stats", stats)
         idle = job.idle_s
         return {"group_id": spec.group_id, "out": str(out), "timings": timings, "idle_s": idle}
 
@@ -234,12 +298,19 @@ def serve(
     overlap: str | None = None,
     speech_max_batch: int | None = None,
     speech_batch_window_ms: float | None = None,
+    parallel_load: bool | None = None,
+    warm_up: bool | str | None = None,
+    warm_up_spec: dict | None = None,
+    timeline: dict | None = None,
 ) -> None:
     worker = Worker(
         models, models_hash, Path(results_dir), device, slot, idle_timeout_s, flac_subtype,
-        worker_key, overlap, speech_max_batch, speech_batch_window_ms,
+        worker_key, overlap, speech_max_batch, speech_batch_window_ms, parallel_load,
+        warm_up, warm_up_spec, timeline,
     )  # fmt: skip
     server = WorkerServer(socket_path, worker)
+    worker.timeline["ready_unix"] = time.time()  # the socket answers /health from now on
+    log_json("worker-start", worker.start_report())
     server.reap_when_idle()
     log.info("slot %s: serving on %s (pid %d)", slot, socket_path, os.getpid())
     try:

@@ -11,4 +11,6 @@ delay_profile.py           where a Delay decode step spends its time
 gemm_probe.py              the Local frame step's GEMM shapes alone, bf16 vs fp8
 triton_gemm_probe.py       a split-K Triton GEMM on those shapes (research only)
 decode_kernel_check.py     the split-K decode attention kernel against SDPA, alone
+worker_start.py            a production worker's start: imports, each backend's load, warm-up,
+                           ready, the first group (serial / cold / warm compile cache)
 """

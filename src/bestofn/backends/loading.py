@@ -1,0 +1,122 @@
+"""Building a config's backends, in threads at once, with a report of where the seconds went.
+
+The backends are independent (each reads its own files onto the device), and most of a load
+is work that lets other threads run: file reads and hashing (safetensors, hashlib), host to
+device copies, and CUDA work. Python itself (imports, module construction) holds the GIL, so:
+
+- the third-party packages a backend imports when it is built (``registry.PRELOAD``: NeMo,
+  transformers' model modules) are imported by ONE thread, in config order, while the other
+  threads read weights. Two threads importing the same package at once can meet a partially
+  initialised module; one import thread never does;
+- each backend is built in its own thread once its imports are in, with the calling thread's
+  torch intra-op thread count (``bestofn.torch_threads``: a CPU op run with another count can
+  round differently, so a weight folded at load gets the same bits as in a serial load);
+- its provenance (which hashes its weight files) is taken in the same thread, right after.
+
+The first error, in config order, is raised once every thread is done (a thread cannot be
+stopped half way through a load), so an error reads as it does in a serial load."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from bestofn.backends import registry
+from bestofn.torch_threads import torch_threads
+
+
+def preload(name: str) -> None:
+    """Import what backend ``name`` imports when it is built (``registry.PRELOAD``)."""
+    for target in registry.PRELOAD.get(name, ()):
+        module_name, _, attrs = target.partition(":")
+        module = importlib.import_module(module_name)
+        for attr in filter(None, attrs.split(",")):
+            getattr(module, attr)  # a lazy package (transformers) imports the class's module
+
+
+def _caller_threads() -> int:
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else 0
+
+
+def _labels(entries) -> list[str]:
+    """``generator:NAME``, ``restorer:NAME``, ``scorer{i}:NAME`` (i: its place among scorers)."""
+    out, scorers = [], 0
+    for role, name, _ in entries:
+        if role == "scorer":
+            role, scorers = f"scorer{scorers}", scorers + 1
+        out.append(f"{role}:{name}")
+    return out
+
+
+def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool):
+    """Build ``entries`` [(role, backend name, kwargs)] on ``device``.
+
+    Returns (backends, their provenance dicts, a report): per backend (by label, e.g.
+    ``generator:moss-fast``) ``import_s`` (its module and ``PRELOAD``), ``build_s``,
+    ``provenance_s``, ``start_s`` / ``end_s`` (offsets from the start of this call) and, when
+    the backend keeps one, ``parts`` (its own ``load_seconds``: moss-fast's checkpoint read,
+    device copies, codec, compile setup)."""
+    t0 = time.perf_counter()
+    labels = _labels(entries)
+    per: dict[str, dict] = {label: {} for label in labels}
+    for label, (role, name, _) in zip(labels, entries, strict=True):
+        a = time.perf_counter()
+        registry.backend_class(role, name)  # our own modules: light, imported here in turn
+        per[label]["import_s"] = time.perf_counter() - a
+    threads = _caller_threads()
+    imported = [threading.Event() for _ in entries]
+    import_errors: list[BaseException | None] = [None] * len(entries)
+
+    def import_all():
+        for k, (_, name, _) in enumerate(entries):
+            a = time.perf_counter()
+            try:
+                preload(name)
+            except BaseException as e:  # raised by the build, which imports it again
+                import_errors[k] = e
+            per[labels[k]]["import_s"] += time.perf_counter() - a
+            imported[k].set()
+
+    def build(k: int):
+        role, name, kwargs = entries[k]
+        imported[k].wait()
+        rec = per[labels[k]]
+        rec["start_s"] = time.perf_counter() - t0
+        with torch_threads(threads):
+            backend = registry.build(role, name, kwargs, device)
+            rec["build_s"] = time.perf_counter() - t0 - rec["start_s"]
+            a = time.perf_counter()
+            provenance = backend.provenance()
+            rec["provenance_s"] = time.perf_counter() - a
+        parts = getattr(backend, "load_seconds", None)
+        if isinstance(parts, dict) and parts:
+            rec["parts"] = dict(parts)
+        rec["end_s"] = time.perf_counter() - t0
+        return backend, provenance
+
+    if not parallel:
+        import_all()
+        results = [build(k) for k in range(len(entries))]
+    else:
+        loader = threading.Thread(target=import_all, name="bestofn-imports", daemon=True)
+        loader.start()
+        with ThreadPoolExecutor(len(entries), thread_name_prefix="bestofn-load") as pool:
+            futures = [pool.submit(build, k) for k in range(len(entries))]
+        loader.join()
+        errors = [f.exception() for f in futures]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        results = [f.result() for f in futures]
+    report = {
+        "parallel": parallel,
+        "backends": per,
+        "build_wall_s": time.perf_counter() - t0,
+        # what a serial load of the same builds would have taken
+        "build_sum_s": sum(r.get("build_s", 0) + r.get("provenance_s", 0) for r in per.values()),
+    }
+    return [b for b, _ in results], [p for _, p in results], report

@@ -1,0 +1,155 @@
+"""A worker's start, and what it says about itself after each group.
+
+- **Caches** (config ``runtime.cache_dir``, handed to the worker as ``--cache-dir``):
+  torch.compile's Inductor and Triton kernels and the weight files' content hashes are kept
+  there across worker starts, so a second start skips the compiles and the hashing of tens of
+  GB of weights. torch and Triton read their cache directories from the process environment:
+  the worker sets them for itself (torch's interface), from the config, before any compile.
+- **Warm-up** (``runtime.warm_up``): the group that made the client start this worker is run
+  once through the stages, on the streams and gates a group uses, and nothing is written: its
+  compiles, CUDA-graph captures and cuDNN plans happen before the worker answers ``/health``, so
+  the first group is as fast as the next. Every later take is unchanged: takes are functions of
+  their spec, seed and model (counter-based random numbers), and the state a warm-up leaves
+  (compiled kernels, captured graphs, kept decode states) is what the first group would leave.
+- **Timeline**: process start, imports, each backend's load, warm-up, ready (``/health``'s
+  ``start``; one ``worker-start`` JSON line in the worker log).
+- **Per group** (``group_stats``): the CUDA caching allocator's allocated and reserved bytes
+  after the group, the CUDA graphs and graph pools the generator's engine keeps, the host RSS;
+  a ``group-stats`` JSON line per group in the worker log (docs/bench/soak_gpu.sh reads them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("bestofn.worker")
+
+WARM_UP_MODES = ("auto", True, False)
+
+
+def resolve_warm_up(value, device: str) -> bool:
+    """``runtime.warm_up``: auto -> on CUDA only (on the CPU a group compiles nothing)."""
+    if isinstance(value, str):
+        value = {"true": True, "false": False, "auto": "auto"}.get(value.strip().lower(), value)
+    if value not in WARM_UP_MODES:
+        raise ValueError(f"runtime.warm_up must be auto, true or false; got {value!r}")
+    return str(device).startswith("cuda") if value == "auto" else bool(value)
+
+
+def use_cache_dir(cache_dir: str | os.PathLike | None) -> dict:
+    """Point torch.compile's caches and the weight-hash memo at ``cache_dir`` (None: leave
+    torch's defaults and hash every start). Call before anything compiles; returns the paths."""
+    if not cache_dir:
+        return {}
+    from bestofn import hashing
+
+    root = Path(cache_dir).expanduser().resolve()
+    paths = {
+        "inductor": root / "torch-compile",
+        "triton": root / "triton",
+        "sha256": root / "sha256-memo",
+    }
+    for p in paths.values():
+        p.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(paths["inductor"])
+    os.environ["TRITON_CACHE_DIR"] = str(paths["triton"])
+    hashing.set_memo_dir(paths["sha256"])
+    return {k: str(v) for k, v in paths.items()}
+
+
+def process_start_unix() -> float | None:
+    """When this process started (Linux: /proc), as a Unix time; None where unknown."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[19])  # starttime: clock ticks after boot
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return int(line.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def warm_up(runner, spec) -> dict:
+    """Run ``spec`` once through the runner's GPU phases (each on its stream, inside its gate,
+    as a group runs) and finish its scorers' host work; write nothing. Returns seconds per
+    stage. Reads the runner's phases (``bestofn.runner``) without changing them."""
+    from bestofn.runner import GroupJob
+
+    runner.setup()
+    job = GroupJob(spec, Path(os.devnull))
+    seconds: dict[str, float] = {}
+    for phase in runner._phases():  # the runner's own phases, streams and gates
+        with phase.gate, runner._on_stream(phase.stream):
+            for stage in phase.stages:
+                if stage.device != "gpu":
+                    continue  # the write: nothing is published
+                t0 = time.perf_counter()
+                stage.process(job)
+                seconds[stage.name] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for finish in job.work.deferred.values():  # text normalisation, WER: warmed, discarded
+        finish()
+    seconds["score_host"] = time.perf_counter() - t0
+    if runner.device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(runner.device)
+    return seconds
+
+
+def engine_graphs(generator) -> dict | None:
+    """The decode states, CUDA graphs and graph memory pools the generator's engine keeps
+    (moss-fast: its ``StateCache``), read without touching the engine; None without one."""
+    engine = getattr(generator, "engine", None)
+    states = getattr(engine, "states", None)
+    if states is None:
+        states = getattr(engine, "_states", None)  # the engine shell keeps them here today
+    if states is None:
+        return None
+    for _ in range(3):  # the GPU thread may add or drop a state while this reads
+        with contextlib.suppress(RuntimeError):
+            kept = list(dict(states).values())
+            break
+    else:
+        return None
+    pools = {id(s.graph_pool) for s in kept if getattr(s, "graph_pool", None) is not None}
+    return {
+        "states": len(kept),
+        "graphs": sum(len(getattr(s, "graphs", {}) or {}) for s in kept),
+        "graph_pools": len(pools),
+    }
+
+
+def rss_mib() -> float | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def group_stats(backends, device: str, groups_done: int) -> dict:
+    """What the worker holds after a group: memory (allocator, host) and the engine's graphs."""
+    out: dict = {"groups_done": groups_done, "t_unix": time.time(), "host_rss_mib": rss_mib()}
+    torch = sys.modules.get("torch")
+    if torch is not None and str(device).startswith("cuda") and torch.cuda.is_initialized():
+        # allocator counters only: no CUDA call, safe beside another thread's graph capture
+        out["cuda_allocated_mib"] = torch.cuda.memory_allocated(device) / 2**20
+        out["cuda_reserved_mib"] = torch.cuda.memory_reserved(device) / 2**20
+        out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+    graphs = engine_graphs(backends.generator)
+    if graphs is not None:
+        out["engine"] = graphs
+    return out
+
+
+def log_json(tag: str, record: dict) -> None:
+    """One ``TAG {json}`` line in the worker log (machine-readable: soak and start probes)."""
+    log.info("%s %s", tag, json.dumps(record, sort_keys=True, default=str))

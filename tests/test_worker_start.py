@@ -1,0 +1,114 @@
+"""A worker's start (issue 24): backends built in threads and a warm-up before ready change no
+take, and the worker says where its start and each group's memory went.
+
+One tiny production-shaped set (moss-fast with its v2 codec, VoiceCLAP, Empathic-Insight: their
+imports go through the one import thread) runs one group twice: loaded one backend after the
+other in this process with no warm-up, and through a worker started as a group job starts one,
+with ``parallel_load``, ``warm_up`` and ``cache_dir`` on."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import tiny_config, write_tsv
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    from bestofn.fakes import empathic, moss, voiceclap
+
+    out = tmp_path_factory.mktemp("weights")
+    gen = moss.write(out, "tiny", 0, p_stop=1e-9)
+    return {
+        "generator": {
+            "backend": "moss-fast",
+            "options": {**gen, "min_frames": 6, "max_frames": 6},
+            "runtime": {"batch_size": 2, "decode_batch_size": 2},
+        },
+        "restorer": {"backend": "identity"},
+        "scorers": [
+            {"backend": "duration"},
+            {
+                "backend": "voiceclap",
+                "options": {**voiceclap.write(out, "tiny", 0), "window_s": 1.0},
+            },  # fmt: skip
+            {"backend": "empathic-insight", "options": empathic.write(out, "tiny", 0)},
+        ],
+    }
+
+
+def group_files(out):
+    takes = {p.name: p.read_bytes() for p in sorted((out / "takes").glob("*.flac"))}
+    table = pq.read_table(out / "scores.parquet").to_pylist()
+    keep = [c for c in table[0] if c.startswith(("vc_", "ei_", "duration", "seed", "n_frames"))]
+    return takes, [{c: r[c] for c in keep} for r in table], table[0]["models"]
+
+
+def test_threads_and_warm_up_change_no_take(project, weights):
+    from bestofn.pipeline import load_backends
+    from bestofn.plan import build_plan
+    from bestofn.runner import run_group
+    from bestofn.spec import GroupSpec
+    from bestofn.worker.client import health, run_group_via_worker, stop_all
+
+    write_tsv(project / "config/emotions.tsv", ["emotion", "description"], [["calm", "Calm."]])
+    write_tsv(project / "config/prompts.tsv", ["prompt_id", "text"], [["p1", "Good day."]])
+    state = project / "state"
+    runtime = {"state_dir": str(state), "idle_timeout_s": 60, "parallel_load": True,
+               "warm_up": True, "cache_dir": "cache"}  # fmt: skip
+    plan = build_plan(tiny_config(takes=2, models=weights, runtime=runtime), base=project)
+    params = plan.group_params("calm", "p1")
+    results = project / "results"
+
+    serial = load_backends(weights, "cpu", parallel=False)
+    assert serial.load_report["parallel"] is False
+    alone = project / "alone"
+    run_group(GroupSpec(**json.loads(params)), serial, alone)
+
+    out = results / "groups" / "calm" / "p1"
+    cwd = os.getcwd()
+    os.chdir(project)
+    try:
+        run_group_via_worker(params, json.dumps(weights), str(out), "cpu", runtime, str(results))
+        h = health(str(state / "slot0.sock"))
+    finally:
+        os.chdir(cwd)
+        stop_all(state)
+    assert group_files(out) == group_files(alone)  # FLAC bytes, scores, provenance
+
+    report = h["load_report"]
+    assert report["parallel"] is True
+    gen = report["backends"]["generator:moss-fast"]
+    assert {"read_s", "place_s", "checkpoint_s", "codec_s", "compile_setup_s"} <= set(gen["parts"])
+    assert set(report["backends"]) == {"generator:moss-fast", "restorer:identity",
+                                       "scorer0:duration", "scorer1:voiceclap",
+                                       "scorer2:empathic-insight"}  # fmt: skip
+    start = h["start"]
+    assert start["warm_up_s"] and set(start["warm_up_s"]) >= {"generate", "restore", "score"}
+    assert 0 < start["load_done_s"] <= start["warm_up_done_s"] <= start["ready_s"]
+    assert h["last_group"]["group_id"] == "calm/p1" and h["last_group"]["host_rss_mib"] > 0
+    assert h["last_group"]["engine"]["states"] == 1  # the warm-up's decode state, reused
+
+    # the first group is charged the load and the warm-up
+    charged = pq.read_table(out / "scores.parquet", columns=["group_load_s"])[0][0].as_py()
+    assert charged == pytest.approx(h["load_s"])
+    assert charged > report["load_s"] + sum(start["warm_up_s"].values()) * 0.99
+
+    log = (results / "logs/workers/slot0.log").read_text()
+    for tag in ("load ", "worker-start ", "group-stats "):
+        assert f" {tag}{{" in log, tag
+    assert any((results / "cache/sha256-memo").iterdir())  # weight hashes memoised
+
+
+def test_a_failing_backend_fails_the_parallel_load_with_its_own_error(weights):
+    from bestofn.pipeline import load_backends
+
+    models = json.loads(json.dumps(weights))
+    models["scorers"][2]["options"]["heads_path"] = "/nowhere"
+    with pytest.raises(Exception, match="/nowhere") as serial:
+        load_backends(models, "cpu", parallel=False)
+    with pytest.raises(type(serial.value), match="/nowhere"):
+        load_backends(models, "cpu", parallel=True)
