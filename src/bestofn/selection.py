@@ -14,10 +14,10 @@ from bestofn.takes_schema import BASE_COLUMNS, SelectionError
 
 __all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"]
 
-# DuckDB's own memory, whatever the run's size: past it, sorts, joins and aggregates spill to
-# a temporary directory beside the database (under results/). The rest of the process holds
-# one chunk of takes (CHUNK_TAKES) and per-group rows.
-MEMORY_LIMIT = "1GB"
+# DuckDB's own memory (config: database.memory_limit, passed in by the rule) bounds the rule
+# whatever the run's size: past it, sorts, joins and aggregates spill to a temporary directory
+# beside the database (under results/). The rest of the process holds one chunk of takes
+# (CHUNK_TAKES) and per-group rows.
 # Takes per chunk of whole groups (files): above DuckDB's row group (122,880 rows), so that each
 # chunk's append to ``takes`` is written straight to the file, not through the WAL (2-3x faster).
 CHUNK_TAKES = 131_072
@@ -156,6 +156,14 @@ _THROUGHPUT_SQL = """
 """
 
 
+def database_defaults() -> dict:
+    """The ``database:`` settings' defaults, as the config schema declares them."""
+    from bestofn.schemas import schema
+
+    props = schema("config")["properties"]["database"]["properties"]
+    return {key: sub["default"] for key, sub in props.items()}
+
+
 class _SplitGroup(Exception):
     """A group's takes came in files of two chunks (not the results layout)."""
 
@@ -168,14 +176,16 @@ def build_database(
     held_out: list | None = None,
     seed: int = 0,
     directions: dict[str, str] | None = None,
-    memory_limit: str = MEMORY_LIMIT,
+    memory_limit: str | None = None,
+    threads: int | None = None,
 ) -> dict:
     """(Re)build the DuckDB file from group parquets. Returns a few counts for the log.
 
-    ``held_out`` (selection.held_out), ``seed`` and ``directions`` (which way is better per
-    column, as the scorers declare it: bestofn.trust.scorer_directions) feed the trust tables
-    (bestofn.trust): held-out comparisons, per-score gains, correlations, the filter funnel,
-    listening order.
+    ``memory_limit`` and ``threads`` are DuckDB's (config ``database:``; None: the schema's
+    default memory and DuckDB's threads). ``held_out`` (selection.held_out), ``seed`` and
+    ``directions`` (which way is better per column, as the scorers declare it:
+    bestofn.trust.scorer_directions) feed the trust tables (bestofn.trust): held-out
+    comparisons, per-score gains, correlations, the filter funnel, listening order.
 
     The parquets are read by DuckDB in chunks of whole files (a group is one file), each
     chunk once: its takes are appended to ``takes`` and reduced to per-group rows and sums,
@@ -183,22 +193,26 @@ def build_database(
     whose takes span files of two chunks makes one pass over all files instead."""
     db_path = Path(db_path)
     files = [str(p) for p in parquets]
+    if memory_limit is None:  # a library call: the config schema's default (database:)
+        memory_limit = database_defaults()["memory_limit"]
     try:
         return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
-                      memory_limit, chunked=True)  # fmt: skip
+                      memory_limit, threads, chunked=True)  # fmt: skip
     except _SplitGroup:
         return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
-                      memory_limit, chunked=False)  # fmt: skip
+                      memory_limit, threads, chunked=False)  # fmt: skip
 
 
 def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directions,
-           memory_limit, chunked: bool) -> dict:  # fmt: skip
+           memory_limit, threads, chunked: bool) -> dict:  # fmt: skip
     tmp = db_path.with_suffix(".tmp.duckdb")
     tmp.unlink(missing_ok=True)
     spill = db_path.parent / ".duckdb-tmp"
     con = duckdb.connect(str(tmp))
     try:
-        con.execute(f"SET memory_limit = '{memory_limit}'")
+        con.execute("SET memory_limit = ?", [memory_limit])
+        if threads:
+            con.execute("SET threads = ?", [int(threads)])
         con.execute(f"SET temp_directory = '{spill}'")
         _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked)
         counts = dict(
