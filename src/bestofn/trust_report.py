@@ -218,7 +218,7 @@ def _correlation_section(con, out: Path, plt) -> list[str]:
         fig.colorbar(im, ax=ax, shrink=0.8, label="ρ within groups")
     ax.set_title("Score correlations (* held out)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / FILES["correlation"], dpi=120)
+    fig.savefig(out / FILES["correlation"], dpi=100)
     plt.close(fig)
     return md
 
