@@ -172,6 +172,12 @@ def test_tables_equal_the_old_implementation(case, chunk_takes, tmp_path, monkey
     assert_same(dump(db), json.loads((EXPECTED / f"{case}.json").read_text()))
 
 
+def test_duckdb_settings_do_not_change_the_tables(tmp_path):
+    """The config's database.memory_limit and threads (here small and one) change no table."""
+    db = build("synthetic", tmp_path, directions=OLD_DIRECTIONS, memory_limit="200MB", threads=1)
+    assert_same(dump(db), json.loads((EXPECTED / "synthetic.json").read_text()))
+
+
 def test_a_group_split_over_chunks_is_read_in_one_pass(tmp_path, monkeypatch):
     """Takes of one group in two files of different chunks (not the results layout, but the
     library accepts any files): the same tables as one pass."""

@@ -149,37 +149,6 @@ def _bootstrap_ci(d: np.ndarray, rng: np.random.Generator) -> tuple[float, float
     return float(lo), float(hi)
 
 
-def within_group_ranks(groups: np.ndarray, column) -> np.ndarray:
-    """Per take: (rank within its group, ties averaged, minus the group's mean rank) divided
-    by the group's count of values; NaN where the take has no value. NULLs rank after every
-    value and NaN after every number, as DuckDB orders them; the arithmetic is the SQL's
-    ``(rank + (ties - 1) / 2 - (count + 1) / 2) / count`` of the tree before."""
-    null = column.is_null().to_numpy(zero_copy_only=False)
-    v = column.fill_null(0.0).to_numpy(zero_copy_only=False).astype(float)
-    nan = np.isnan(v) & ~null
-    v = np.where(nan | null, 0.0, v)
-    order = np.lexsort((v, nan, null, groups))
-    g, n_, u, vv = groups[order], nan[order], null[order], v[order]
-    n = len(order)
-    new_group = np.ones(n, dtype=bool)
-    new_group[1:] = g[1:] != g[:-1]
-    new_tie = new_group.copy()
-    new_tie[1:] |= (n_[1:] != n_[:-1]) | (u[1:] != u[:-1]) | (vv[1:] != vv[:-1])
-    pos = np.arange(n)
-    group_start = np.maximum.accumulate(np.where(new_group, pos, 0))
-    tie_start = np.maximum.accumulate(np.where(new_tie, pos, 0))
-    tie_id = np.cumsum(new_tie) - 1
-    ties = np.bincount(tie_id)[tie_id]
-    group_id = np.cumsum(new_group) - 1
-    count = np.bincount(group_id, weights=~u)[group_id]
-    rank = (tie_start - group_start + 1).astype(float)
-    with np.errstate(divide="ignore", invalid="ignore"):  # groups with no value: NaN below
-        ranked = (rank + (ties - 1) / 2.0 - (count + 1) / 2.0) / count
-    out = np.empty(n)
-    out[order] = np.where(u, np.nan, ranked)
-    return out
-
-
 class TrustTables:
     """The trust tables of this module's docstring, fed chunk by chunk.
 
@@ -229,15 +198,8 @@ class TrustTables:
 
     def add_chunk(self) -> None:
         self._random_takes()
-        self._group_gains()
-        self._correlation_sums()
+        self._numeric_stats()
         self._funnel_counts()
-        if self.candidates:
-            counts = self.con.execute(
-                "SELECT " + ", ".join(f"count({_q(c)})" for c in self.candidates)
-                + " FROM chunk_scored"
-            ).fetchone()  # fmt: skip
-            self.non_null += np.array(counts, dtype=np.int64)
 
     def _random_takes(self) -> None:
         import pyarrow as pa
@@ -277,56 +239,97 @@ class TrustTables:
         _insert_arrow(self.con, "chunk_random", data)
         self.con.execute("INSERT INTO part_random SELECT * FROM chunk_random")
 
-    def _group_gains(self) -> None:
-        """Per selected group and column: one aggregate over the chunk for every column, then
-        unnested to a row per (group, column)."""
-        values = ", ".join(f"{_q(c)}::DOUBLE AS v{i}" for i, c in enumerate(self.cols))
-        aggs = ", ".join(
-            f"any_value(v{i}) FILTER (WHERE s.take = g.selected_take) AS sel{i}, "
-            f"median(v{i}) AS med{i}, any_value(v{i}) FILTER (WHERE s.take = r.random_take) "
-            f"AS rnd{i}, min(v{i}) AS min{i}, max(v{i}) AS max{i}, count(v{i}) AS n{i}"
-            for i in range(len(self.cols))
-        )
-        rows = []
-        for i, col in enumerate(self.cols):
-            better = self.better(col)
-            best = {"higher": f"max{i}", "lower": f"min{i}"}.get(better, "NULL::DOUBLE")
-            rows.append(
-                f"{{'column_name': {_lit(col)}, 'better': {_lit(better)}, 'selected': sel{i}, "
-                f"'median': med{i}, 'random': rnd{i}, 'min': min{i}, 'max': max{i}, "
-                f"'best': {best}, 'n_takes': n{i}, 'position': {i}}}"
-            )
-        self.con.execute(
-            f"""
-            INSERT INTO part_gains
-            SELECT group_id, emotion, unnest([{", ".join(rows)}], recursive := true)
-            FROM (
-                SELECT s.group_id, any_value(s.emotion) AS emotion, {aggs}
-                FROM (SELECT group_id, emotion, take, {values} FROM chunk_scored) s
-                JOIN chunk_groups g USING (group_id) JOIN chunk_random r USING (group_id)
-                WHERE g.status = 'selected'
-                GROUP BY s.group_id
-            )
-            """
-        )
+    def _numeric_stats(self) -> None:
+        """One pull of the chunk's numeric columns; per selected group and column the gains
+        row (bestofn.group_stats: selected, median, random, min, max, best, count), and the
+        pairwise sums of the centred within-group ranks over the chunk's takes (a Pearson
+        correlation needs no more), in a few vectorised passes."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-    def _correlation_sums(self) -> None:
-        """Each column becomes its within-group rank (ties averaged), centred on the group's
-        mean rank and divided by the group's count of values (within_group_ranks); the
-        pairwise sums of those over the chunk's takes are added up (a Pearson correlation
-        needs no more)."""
-        values = ", ".join(f"{_q(c)}::DOUBLE" for c in self.cols)
-        table = self.con.sql(f"SELECT group_id, {values} FROM chunk_scored").to_arrow_table()
-        groups = table.column(0).combine_chunks().dictionary_encode().indices.to_numpy()
-        x = np.column_stack(
-            [within_group_ranks(groups, col) for col in table.columns[1:]]
-        )  # NaN where the take has no value
-        valid = (~np.isnan(x)).astype(float)
-        x0 = np.where(valid > 0, x, 0.0)
+        from bestofn.group_stats import group_stats
+
+        con, cols = self.con, self.cols
+        values = ", ".join(f"{_q(c)}::DOUBLE" for c in cols)
+        table = con.sql(f"SELECT group_id, take, {values} FROM chunk_scored").to_arrow_table()
+        if not table.num_rows:
+            return
+        codes = table.column(0).combine_chunks().dictionary_encode()
+        names = codes.dictionary
+        groups = con.sql(
+            "SELECT g.group_id, g.emotion, g.status = 'selected', g.selected_take, r.random_take "
+            "FROM chunk_groups g JOIN chunk_random r USING (group_id)"
+        ).to_arrow_table()
+        at = pc.index_in(groups.column(0), value_set=names).to_numpy(zero_copy_only=False)
+        n_groups = len(names)
+
+        def per_group(column, fill):
+            out = np.full(n_groups, fill, dtype=np.int64)
+            v = groups.column(column).fill_null(fill).to_numpy(zero_copy_only=False)
+            out[at] = v
+            return out
+
+        cells = [table.column(i).combine_chunks() for i in range(2, table.num_columns)]
+        nulls = np.column_stack([c.is_null().to_numpy(zero_copy_only=False) for c in cells])
+        x = np.column_stack([c.fill_null(0.0).to_numpy(zero_copy_only=False) for c in cells])
+        takes = table.column(1).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        stats, ranks = group_stats(
+            codes.indices.to_numpy(zero_copy_only=False), takes, x, nulls,
+            [per_group(3, -1), per_group(4, -1)], n_groups,
+        )  # fmt: skip
+        self.non_null += (~nulls[:, : len(self.candidates)]).sum(axis=0)
+
+        valid = (~np.isnan(ranks)).astype(float)
+        r0 = np.where(valid > 0, ranks, 0.0)
         self.sums["n"] += valid.T @ valid
-        self.sums["a"] += x0.T @ valid  # [a, b]: sum of a over takes where a and b are set
-        self.sums["aa"] += (x0 * x0).T @ valid
-        self.sums["ab"] += x0.T @ x0
+        self.sums["a"] += r0.T @ valid  # [a, b]: sum of a over takes where a and b are set
+        self.sums["aa"] += (r0 * r0).T @ valid
+        self.sums["ab"] += r0.T @ r0
+
+        selected = np.zeros(n_groups, dtype=bool)
+        selected[at] = groups.column(2).fill_null(False).to_numpy(zero_copy_only=False)
+        emotion = np.empty(n_groups, dtype=object)
+        emotion[at] = groups.column(1).to_numpy(zero_copy_only=False)
+        g = np.flatnonzero(selected)
+        if not len(g):
+            return
+        k = len(cols)
+        better = [self.better(c) for c in cols]
+        sel, rnd = stats.picked
+        sel_null, rnd_null = stats.picked_null
+        empty = stats.count == 0
+        best = np.full_like(stats.max, np.nan)
+        for i, b in enumerate(better):
+            if b == "higher":
+                best[:, i] = stats.max[:, i]
+            elif b == "lower":
+                best[:, i] = stats.min[:, i]
+        best_null = empty | np.array([b not in ("higher", "lower") for b in better])[None, :]
+
+        def flat(a, null=None):  # (groups, columns) -> column-major over the selected groups
+            v = a[g].T.ravel()
+            return pa.array(v, mask=None if null is None else null[g].T.ravel())
+
+        rows = pa.table(
+            {
+                "group_id": pa.array(np.tile(names.to_numpy(zero_copy_only=False)[g], k),
+                                     pa.string()),
+                "emotion": pa.array(np.tile(emotion[g], k), pa.string()),
+                "column_name": pa.array(np.repeat(np.array(cols, dtype=object), len(g)),
+                                        pa.string()),
+                "better": pa.array(np.repeat(np.array(better, dtype=object), len(g)),
+                                   pa.string()),
+                "selected": flat(sel, sel_null),
+                "median": flat(stats.median, empty),
+                "random": flat(rnd, rnd_null),
+                "min": flat(stats.min, empty),
+                "max": flat(stats.max, empty),
+                "best": flat(best, best_null),
+                "n_takes": flat(stats.count),
+                "position": pa.array(np.repeat(np.arange(k, dtype=np.int32), len(g))),
+            }
+        )  # fmt: skip
+        _insert_arrow(con, "part_gains", rows)
 
     def _funnel_counts(self) -> None:
         cums = [

@@ -198,14 +198,18 @@ def _correlation_section(con, out: Path, plt) -> list[str]:
     import numpy as np
 
     n = len(cols)
-    fig, ax = plt.subplots(figsize=(max(5.5, 2.0 + 0.6 * n), max(4.5, 1.4 + 0.55 * n)))
+    # Cells big enough for their numbers where annotated; past that, small ones (a 57-column
+    # heatmap at the annotated size was 4,300 px square: seconds to draw and encode).
+    cell = 0.6 if n <= ANNOTATED_CELLS else 0.22
+    fig, ax = plt.subplots(figsize=(max(5.5, 2.0 + cell * n), max(4.5, 1.4 + 0.92 * cell * n)))
     if n:
         m = np.array([[np.nan if rho.get((a, b)) is None else rho[(a, b)] for b in cols]
                       for a in cols])  # fmt: skip
         im = ax.imshow(m, cmap="RdBu_r", vmin=-1, vmax=1)
         labels = [f"{c} *" if c in held else c for c in cols]
-        ax.set_xticks(range(n), labels, rotation=60, ha="right", fontsize=8)
-        ax.set_yticks(range(n), labels, fontsize=8)
+        size = 8 if n <= ANNOTATED_CELLS else 6
+        ax.set_xticks(range(n), labels, rotation=60, ha="right", fontsize=size)
+        ax.set_yticks(range(n), labels, fontsize=size)
         for i in range(n if n <= ANNOTATED_CELLS else 0):  # past that, the colour says it
             for j in range(n):
                 if not np.isnan(m[i, j]):
@@ -214,7 +218,7 @@ def _correlation_section(con, out: Path, plt) -> list[str]:
         fig.colorbar(im, ax=ax, shrink=0.8, label="ρ within groups")
     ax.set_title("Score correlations (* held out)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(out / FILES["correlation"], dpi=120)
+    fig.savefig(out / FILES["correlation"], dpi=100)
     plt.close(fig)
     return md
 

@@ -17,5 +17,8 @@ rule database:
         seed=config["seed"],
         # Which way is better per score column, as the configured scorers declare it.
         directions=scorer_directions(config["models"]),
+        # DuckDB's memory and threads (database: in the config), whatever the run's size.
+        memory_limit=config["database"]["memory_limit"],
+        threads=config["database"]["threads"],
     script:
         "../scripts/build_database.py"

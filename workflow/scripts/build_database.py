@@ -15,6 +15,8 @@ counts = build_database(
     held_out=snakemake.params.held_out,
     seed=snakemake.params.seed,
     directions=snakemake.params.directions,
+    memory_limit=snakemake.params.memory_limit,
+    threads=snakemake.params.threads,
 )
 logging.info("database: %s", counts)
 # Listener votes live in RESULTS/votes/ (bestofn.votes); the rebuilt database gets them back.
