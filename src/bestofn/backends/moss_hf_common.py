@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import sys
 import types
 from pathlib import Path
@@ -152,8 +151,8 @@ def _torchaudio_importable():
 
 
 def _default_cache_dir() -> Path:
-    root = os.environ.get("BESTOFN_CACHE") or Path.home() / ".cache" / "bestofn"
-    return Path(root) / "moss"
+    """Where merged LoRA weights and the hash memo go when the option ``cache_dir`` is unset."""
+    return Path.home() / ".cache" / "bestofn" / "moss"
 
 
 # ---------------------------------------------------------------------------------------------
