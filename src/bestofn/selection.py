@@ -18,13 +18,15 @@ __all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"
 # whatever the run's size: past it, sorts, joins and aggregates spill to a temporary directory
 # beside the database (under results/). The rest of the process holds one chunk of takes
 # (CHUNK_TAKES) and per-group rows.
-# Takes per chunk of whole groups (files): above DuckDB's row group (122,880 rows), so that each
-# chunk's append to ``takes`` is written straight to the file, not through the WAL (2-3x faster).
-CHUNK_TAKES = 131_072
+CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files)
+# Takes are appended to ``takes`` in batches of at least DuckDB's row group (122,880 rows): a
+# batch that size is written straight to the file, not through the WAL (2-3x faster).
+APPEND_TAKES = 131_072
 FIRST_CHUNK_FILES = 64
-# Files per chunk at most: each open parquet reader holds its footer and buffers, so 8k small
-# files of 4 takes in one read_parquet ran out of the 1 GB (13k files, 2026-12-01).
-MAX_CHUNK_FILES = 2048
+# Files per chunk at most: each open parquet reader holds its footer and buffers (~0.4 MB at 90
+# columns, outside DuckDB's memory_limit): 2,048 files a chunk peaked at 1.6 GB, 512 at 1.06 GB
+# (6,000 files of 4 takes, 2026-12-01), and 8k files ran DuckDB out of its 1 GB.
+MAX_CHUNK_FILES = 512
 # Group-level columns older parquets may lack (added as NULL)
 _LATE_COLUMNS = (
     "host", "worker_pid", "slurm_job_id", "group_generate_gpu_s", "group_restore_gpu_s",
@@ -250,6 +252,7 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
     entries = trust.resolve_held_out(con, held_out, directions)
     con.execute("CREATE TEMP TABLE chunk_scored AS FROM scored LIMIT 0")
+    con.execute("CREATE TEMP TABLE pending_takes AS FROM takes LIMIT 0")
     con.execute("CREATE TEMP TABLE part_selection AS SELECT * EXCLUDE (passes) FROM scored LIMIT 0")
     con.execute(
         "CREATE TEMP TABLE chunk_selection AS "
@@ -264,6 +267,7 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked
             _add_chunk(con, chunk, filter_sql, score_sql, tables, union)
     else:
         _add_chunk(con, files, filter_sql, score_sql, tables, union)
+    _flush_takes(con, 1)
     split = con.execute(
         "SELECT group_id FROM part_groups GROUP BY group_id HAVING count(*) > 1 LIMIT 1"
     ).fetchone()
@@ -275,7 +279,13 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked
     con.execute("CREATE VIEW unselected AS SELECT * FROM groups WHERE status <> 'selected'")
     con.execute(_THROUGHPUT_SQL)
     tables.finish()
-    for name in ("chunk_scored", "chunk_selection", "chunk_groups", "chunk_random"):
+    for name in (
+        "chunk_scored",
+        "chunk_selection",
+        "chunk_groups",
+        "chunk_random",
+        "pending_takes",
+    ):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     for name in ("selection", "groups", "per_group"):
         con.execute(f"DROP TABLE part_{name}")
@@ -299,6 +309,13 @@ def _read_chunk(con, chunk: list[str], union: list[tuple]) -> None:
     )
 
 
+def _flush_takes(con, at_least: int) -> None:
+    """Append the pending takes to ``takes`` once there are ``at_least`` of them."""
+    if con.execute("SELECT count(*) FROM pending_takes").fetchone()[0] >= max(at_least, 1):
+        con.execute("INSERT INTO takes FROM pending_takes")
+        con.execute("DELETE FROM pending_takes")
+
+
 def _add_chunk(con, chunk: list[str], filter_sql, score_sql, tables, union) -> None:
     """Read one chunk of files once: append its takes, reduce them to per-group rows."""
     con.execute("DELETE FROM chunk_scored")
@@ -310,7 +327,8 @@ def _add_chunk(con, chunk: list[str], filter_sql, score_sql, tables, union) -> N
         )
     except duckdb.Error as e:
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
-    con.execute("INSERT INTO takes SELECT * EXCLUDE (score, passes) FROM chunk_scored")
+    con.execute("INSERT INTO pending_takes SELECT * EXCLUDE (score, passes) FROM chunk_scored")
+    _flush_takes(con, APPEND_TAKES)
     # The best passing take per group (a narrow window; the whole row joins back by rowid).
     con.execute("DELETE FROM chunk_selection")
     con.execute(
