@@ -216,7 +216,7 @@ def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directio
         if threads:
             con.execute("SET threads = ?", [int(threads)])
         con.execute(f"SET temp_directory = '{spill}'")
-        _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked)
+        _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked, spill)
         counts = dict(
             takes=con.execute("SELECT count(*) FROM takes").fetchone()[0],
             groups=con.execute("SELECT count(*) FROM groups").fetchone()[0],
@@ -233,13 +233,31 @@ def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directio
     return counts
 
 
-def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked) -> None:
-    # The schema first, from every file's footer: union_by_name over all of them, so the
-    # takes table has the columns (and types) the whole run has, in first-seen order.
-    con.execute(
-        "CREATE TABLE takes AS SELECT * FROM read_parquet(?, union_by_name = true) LIMIT 0",
-        [files],
-    )
+def _union_schema(con, files: list[str], spill: Path) -> None:
+    """``takes`` (empty) with the columns and types the whole run has, in first-seen order:
+    union_by_name over every file's footer, MAX_CHUNK_FILES files at a time (over all files
+    at once, DuckDB held every footer: 2.7 GB for 16k files). A batch whose schema differs
+    from the union so far is merged through two empty parquet files of the two schemas."""
+    ubn = "SELECT * FROM read_parquet(?, union_by_name = true) LIMIT 0"
+    con.execute(f"CREATE TABLE takes AS {ubn}", [files[:MAX_CHUNK_FILES]])
+    union = con.execute("DESCRIBE takes").fetchall()
+    spill.mkdir(parents=True, exist_ok=True)
+    for start in range(MAX_CHUNK_FILES, len(files), MAX_CHUNK_FILES):
+        batch = files[start : start + MAX_CHUNK_FILES]
+        if con.execute(f"DESCRIBE {ubn}", [batch]).fetchall() == union:
+            continue
+        so_far, other = str(spill / "union-a.parquet"), str(spill / "union-b.parquet")
+        con.execute(f"COPY (FROM takes) TO '{so_far}' (FORMAT parquet)")
+        con.execute(f"COPY ({ubn}) TO '{other}' (FORMAT parquet)", [batch])
+        con.execute("DROP TABLE takes")
+        con.execute(f"CREATE TABLE takes AS {ubn}", [[so_far, other]])
+        union = con.execute("DESCRIBE takes").fetchall()
+        Path(so_far).unlink()
+        Path(other).unlink()
+
+
+def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked, spill) -> None:
+    _union_schema(con, files, spill)
     union = [tuple(r[:2]) for r in con.execute("DESCRIBE takes").fetchall()]
     have = {name for name, _ in union}
     for col in _LATE_COLUMNS:  # older parquets may lack them
