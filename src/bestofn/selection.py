@@ -18,13 +18,15 @@ __all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"
 # whatever the run's size: past it, sorts, joins and aggregates spill to a temporary directory
 # beside the database (under results/). The rest of the process holds one chunk of takes
 # (CHUNK_TAKES) and per-group rows.
-# Takes per chunk of whole groups (files): above DuckDB's row group (122,880 rows), so that each
-# chunk's append to ``takes`` is written straight to the file, not through the WAL (2-3x faster).
-CHUNK_TAKES = 131_072
+CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files)
+# Takes are appended to ``takes`` in batches of at least DuckDB's row group (122,880 rows): a
+# batch that size is written straight to the file, not through the WAL (2-3x faster).
+APPEND_TAKES = 131_072
 FIRST_CHUNK_FILES = 64
-# Files per chunk at most: each open parquet reader holds its footer and buffers, so 8k small
-# files of 4 takes in one read_parquet ran out of the 1 GB (13k files, 2026-12-01).
-MAX_CHUNK_FILES = 2048
+# Files per chunk at most: each open parquet reader holds its footer and buffers (~0.4 MB at 90
+# columns, outside DuckDB's memory_limit): 2,048 files a chunk peaked at 1.6 GB, 512 at 1.06 GB
+# (6,000 files of 4 takes, 2026-12-01), and 8k files ran DuckDB out of its 1 GB.
+MAX_CHUNK_FILES = 512
 # Group-level columns older parquets may lack (added as NULL)
 _LATE_COLUMNS = (
     "host", "worker_pid", "slurm_job_id", "group_generate_gpu_s", "group_restore_gpu_s",
@@ -214,7 +216,7 @@ def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directio
         if threads:
             con.execute("SET threads = ?", [int(threads)])
         con.execute(f"SET temp_directory = '{spill}'")
-        _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked)
+        _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked, spill)
         counts = dict(
             takes=con.execute("SELECT count(*) FROM takes").fetchone()[0],
             groups=con.execute("SELECT count(*) FROM groups").fetchone()[0],
@@ -231,13 +233,31 @@ def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directio
     return counts
 
 
-def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked) -> None:
-    # The schema first, from every file's footer: union_by_name over all of them, so the
-    # takes table has the columns (and types) the whole run has, in first-seen order.
-    con.execute(
-        "CREATE TABLE takes AS SELECT * FROM read_parquet(?, union_by_name = true) LIMIT 0",
-        [files],
-    )
+def _union_schema(con, files: list[str], spill: Path) -> None:
+    """``takes`` (empty) with the columns and types the whole run has, in first-seen order:
+    union_by_name over every file's footer, MAX_CHUNK_FILES files at a time (over all files
+    at once, DuckDB held every footer: 2.7 GB for 16k files). A batch whose schema differs
+    from the union so far is merged through two empty parquet files of the two schemas."""
+    ubn = "SELECT * FROM read_parquet(?, union_by_name = true) LIMIT 0"
+    con.execute(f"CREATE TABLE takes AS {ubn}", [files[:MAX_CHUNK_FILES]])
+    union = con.execute("DESCRIBE takes").fetchall()
+    spill.mkdir(parents=True, exist_ok=True)
+    for start in range(MAX_CHUNK_FILES, len(files), MAX_CHUNK_FILES):
+        batch = files[start : start + MAX_CHUNK_FILES]
+        if con.execute(f"DESCRIBE {ubn}", [batch]).fetchall() == union:
+            continue
+        so_far, other = str(spill / "union-a.parquet"), str(spill / "union-b.parquet")
+        con.execute(f"COPY (FROM takes) TO '{so_far}' (FORMAT parquet)")
+        con.execute(f"COPY ({ubn}) TO '{other}' (FORMAT parquet)", [batch])
+        con.execute("DROP TABLE takes")
+        con.execute(f"CREATE TABLE takes AS {ubn}", [[so_far, other]])
+        union = con.execute("DESCRIBE takes").fetchall()
+        Path(so_far).unlink()
+        Path(other).unlink()
+
+
+def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked, spill) -> None:
+    _union_schema(con, files, spill)
     union = [tuple(r[:2]) for r in con.execute("DESCRIBE takes").fetchall()]
     have = {name for name, _ in union}
     for col in _LATE_COLUMNS:  # older parquets may lack them
@@ -250,6 +270,7 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
     entries = trust.resolve_held_out(con, held_out, directions)
     con.execute("CREATE TEMP TABLE chunk_scored AS FROM scored LIMIT 0")
+    con.execute("CREATE TEMP TABLE pending_takes AS FROM takes LIMIT 0")
     con.execute("CREATE TEMP TABLE part_selection AS SELECT * EXCLUDE (passes) FROM scored LIMIT 0")
     con.execute(
         "CREATE TEMP TABLE chunk_selection AS "
@@ -264,6 +285,7 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked
             _add_chunk(con, chunk, filter_sql, score_sql, tables, union)
     else:
         _add_chunk(con, files, filter_sql, score_sql, tables, union)
+    _flush_takes(con, 1)
     split = con.execute(
         "SELECT group_id FROM part_groups GROUP BY group_id HAVING count(*) > 1 LIMIT 1"
     ).fetchone()
@@ -275,7 +297,13 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, chunked
     con.execute("CREATE VIEW unselected AS SELECT * FROM groups WHERE status <> 'selected'")
     con.execute(_THROUGHPUT_SQL)
     tables.finish()
-    for name in ("chunk_scored", "chunk_selection", "chunk_groups", "chunk_random"):
+    for name in (
+        "chunk_scored",
+        "chunk_selection",
+        "chunk_groups",
+        "chunk_random",
+        "pending_takes",
+    ):
         con.execute(f"DROP TABLE IF EXISTS {name}")
     for name in ("selection", "groups", "per_group"):
         con.execute(f"DROP TABLE part_{name}")
@@ -299,6 +327,13 @@ def _read_chunk(con, chunk: list[str], union: list[tuple]) -> None:
     )
 
 
+def _flush_takes(con, at_least: int) -> None:
+    """Append the pending takes to ``takes`` once there are ``at_least`` of them."""
+    if con.execute("SELECT count(*) FROM pending_takes").fetchone()[0] >= max(at_least, 1):
+        con.execute("INSERT INTO takes FROM pending_takes")
+        con.execute("DELETE FROM pending_takes")
+
+
 def _add_chunk(con, chunk: list[str], filter_sql, score_sql, tables, union) -> None:
     """Read one chunk of files once: append its takes, reduce them to per-group rows."""
     con.execute("DELETE FROM chunk_scored")
@@ -310,7 +345,8 @@ def _add_chunk(con, chunk: list[str], filter_sql, score_sql, tables, union) -> N
         )
     except duckdb.Error as e:
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
-    con.execute("INSERT INTO takes SELECT * EXCLUDE (score, passes) FROM chunk_scored")
+    con.execute("INSERT INTO pending_takes SELECT * EXCLUDE (score, passes) FROM chunk_scored")
+    _flush_takes(con, APPEND_TAKES)
     # The best passing take per group (a narrow window; the whole row joins back by rowid).
     con.execute("DELETE FROM chunk_selection")
     con.execute(

@@ -231,7 +231,9 @@ def run_phase(
         raise SystemExit(f"{phase} failed (exit {proc.returncode})")
     # after the last marker: DuckDB's progress bar may share the line
     answer = json.loads(out.rpartition("BENCH_RESULT ")[2].splitlines()[0])
-    return {"wall_s": wall, "peak_rss_mib": usage.ru_maxrss / 1024, **answer}
+    # CPU seconds beside the wall: on a shared machine the wall follows the neighbours' load
+    cpu = usage.ru_utime + usage.ru_stime
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mib": usage.ru_maxrss / 1024, **answer}
 
 
 def database_kwargs(results: Path, paths: list[Path], args) -> dict:
@@ -307,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
         total += r["wall_s"]
         row[phase] = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}
         print(
-            f"{phase}: {r['wall_s']:.1f} s wall, peak RSS {r['peak_rss_mib']:.0f} MiB", flush=True
+            f"{phase}: {r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU, "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB",
+            flush=True,
         )
     row["total_s"] = round(total, 2)
     print(f"total: {total:.1f} s")
