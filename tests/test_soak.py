@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -71,6 +72,16 @@ def test_worker_rss_is_flat_over_many_groups(project):
         os.chdir(cwd)
         stop_all(state)
     assert len(pids) == 1, f"{GROUPS} groups went to {len(pids)} workers"
+    # after each group the worker gives malloc's free pages back (glibc malloc_trim: see
+    # bestofn.worker.startup.trim_host_heap), and says so in its per-group record
+    stats = [
+        json.loads(line.split(" group-stats ", 1)[1])
+        for line in (results / "logs/workers/slot0.log").read_text().splitlines()
+        if " group-stats {" in line
+    ]
+    assert len(stats) == GROUPS
+    if platform.libc_ver()[0] == "glibc":
+        assert all(isinstance(r["malloc_trim_s"], float) for r in stats), stats[-1]
     base, later = max(rss[:WARM_UP]), rss[WARM_UP:]
     growth = max(later) - base
     print(f"worker RSS MiB per group: {[round(r, 1) for r in rss]}")

@@ -2,7 +2,9 @@
 # A long soak through ONE warm worker: >= 150 groups x 64 takes of the production set at real
 # size (random weights) on one GPU, through snakemake, with a sample per group of the worker's
 # host RSS and its GPU memory (nvidia-smi's per-process figure: the caching allocator's reserved
-# memory, CUDA-graph pools included, plus the context), then `verify` and the idle share.
+# memory, CUDA-graph pools included, plus the context) and its RSS by mapping kind (glibc's
+# arenas, brk heap, other anonymous memory, files: which one grows), then `verify` and the idle
+# share.
 #
 #   CUDA_VISIBLE_DEVICES=0 bash docs/bench/soak_gpu.sh OUT
 #
@@ -13,9 +15,11 @@
 # GPU_BOUND_MIB (512). CPU smoke test: SIZE=tiny PROFILE=local TAKES=2 FRAMES=8 SOAK_GROUPS=6.
 # The worker's own record of each group (its log's `group-stats` lines, bestofn.worker.startup):
 # the CUDA caching allocator's allocated and reserved MiB after the group, and the decode
-# states, CUDA graphs and graph pools its engine keeps. Checked from group 5 on: allocated
-# growth <= ALLOCATED_BOUND_MIB (256), reserved growth <= RESERVED_BOUND_MIB (512), graph pools
-# never more than at group 5, and no new CUDA graph in the second half of the run.
+# states, CUDA graphs and graph pools its engine keeps. Growth is the median of the last 20
+# groups minus the median of groups 5-24 (the first groups load and capture; a one-group
+# transient moves no median), the max minus that baseline reported beside it: host RSS growth
+# <= RSS_BOUND_MIB, allocated <= ALLOCATED_BOUND_MIB (256), reserved <= RESERVED_BOUND_MIB
+# (512); graph pools never more than at group 5, and no new CUDA graph in the second half.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: soak_gpu.sh OUT}")
 groups=${SOAK_GROUPS:-150}
@@ -53,6 +57,36 @@ def rss_mib(pid):
     except OSError:
         return None
 
+ARENA = 64 << 20  # glibc's HEAP_MAX_SIZE on 64-bit: non-main arenas' heaps, 64 MiB-aligned
+
+def rss_by_kind(pid):
+    """The resident MiB by mapping kind (/proc/PID/smaps): brk heap (glibc's main arena),
+    anonymous 64 MiB-aligned regions of at most 64 MiB (glibc's other arenas' heaps; an
+    unrelated mapping can match: approximate), other anonymous (big malloc chunks, pinned
+    host memory, allocator pools), files; and the thread count."""
+    kinds, kind = {}, None
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(maxsplit=6)
+                if not head[0].endswith(":"):
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    name = head[5].strip() if len(head) > 5 else ""
+                    if name == "[heap]":
+                        kind = "brk_heap"
+                    elif name:
+                        kind = "files" if name.startswith("/") else "other"
+                    elif lo % ARENA == 0 and hi - lo <= ARENA:
+                        kind = "arena_heaps"
+                    else:
+                        kind = "anon_other"
+                elif head[0] == "Rss:":
+                    kinds[kind] = kinds.get(kind, 0) + int(head[1])
+        threads = len(list(Path(f"/proc/{pid}/task").iterdir()))
+    except (OSError, ValueError):
+        return None
+    return {"threads": threads, **{k: round(v / 1024, 1) for k, v in kinds.items()}}
+
 def gpu_mib():
     try:
         text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
@@ -68,7 +102,8 @@ while not stop.exists():
     if n != last:
         gpu = gpu_mib()
         samples.append({"groups_done": n, "t_s": round(time.time() - t0, 2),
-                        "workers": {str(p): {"host_rss_mib": rss_mib(p), "gpu_mib": gpu.get(p)}
+                        "workers": {str(p): {"host_rss_mib": rss_mib(p), "gpu_mib": gpu.get(p),
+                                             "rss_by_kind_mib": rss_by_kind(p)}
                                     for p in workers()}})
         last = n
         (out / "samples.json").write_text(json.dumps(samples))
@@ -100,10 +135,24 @@ for path in sorted(glob.glob(f"{out}/workflow/logs/workers/slot*.log")):
             stats.append(json.loads(line.split(" group-stats ", 1)[1]))
 stats.sort(key=lambda r: r["t_unix"])
 after = [r for r in stats if r["groups_done"] >= 5]
-def rise(key, sub=None):
-    vals = [(r.get(sub) or {}).get(key) if sub else r.get(key) for r in after]
-    vals = [v for v in vals if v is not None]
-    return (max(vals) - vals[0]) if vals else None
+
+def median(vals):
+    vals = sorted(vals)
+    n = len(vals)
+    return (vals[n // 2] + vals[(n - 1) // 2]) / 2
+
+def growth_of(rows, key):
+    """Growth of ``key`` over the run: the median of the last 20 groups minus the median of
+    groups 5-24 (a one-group transient, e.g. the next group in flight under overlap full when
+    the stats are taken, moves neither), and the highest value minus that baseline."""
+    vals = [(r["groups_done"], r[key]) for r in rows if r.get(key) is not None]
+    if not vals:
+        return None, None
+    base = median([v for n, v in vals if n < 25])
+    return median([v for _, v in vals[-20:]]) - base, max(v for _, v in vals) - base
+
+def rise(key):
+    return growth_of(after, key)
 half = after[len(after) // 2:]
 graphs = [(r.get("engine") or {}).get("graphs") for r in after]
 pools = [(r.get("engine") or {}).get("graph_pools") for r in after]
@@ -116,12 +165,12 @@ for s in samples:
     if s["groups_done"] and s["workers"]:
         pid, w = max(s["workers"].items(), key=lambda kv: kv[1]["host_rss_mib"] or 0)
         per_group.append({"groups_done": s["groups_done"], "t_s": s["t_s"], "pid": pid,
-                          "host_rss_mib": w["host_rss_mib"], "gpu_mib": w["gpu_mib"]})
+                          "host_rss_mib": w["host_rss_mib"], "gpu_mib": w["gpu_mib"],
+                          "rss_by_kind_mib": w.get("rss_by_kind_mib")})
 # The first groups load the models and capture the CUDA graphs: the baseline is group 5.
 warm = [g for g in per_group if g["groups_done"] >= 5]
 def growth(key):
-    vals = [g[key] for g in warm if g[key] is not None]
-    return (max(vals) - vals[0]) if vals else None
+    return growth_of(warm, key)
 workers = summary["workers"]
 idle = [w["idle_fraction"] for w in workers]
 result = {
@@ -130,14 +179,20 @@ result = {
     "workers": len(workers),
     "verify": summary["verify"],
     "idle_fraction": idle,
-    "host_rss_growth_mib": growth("host_rss_mib"),
-    "gpu_growth_mib": growth("gpu_mib"),
+    "host_rss_growth_mib": growth("host_rss_mib")[0],
+    "host_rss_max_growth_mib": growth("host_rss_mib")[1],
+    "gpu_growth_mib": growth("gpu_mib")[0],
+    "gpu_max_growth_mib": growth("gpu_mib")[1],
     "bounds": {"host_rss_mib": rss_bound, "gpu_mib": gpu_bound, "idle_fraction": 0.02},
     "per_group": per_group,
     "steady_state": summary["steady_state"],
     "worker_groups": stats,
-    "cuda_allocated_growth_mib": rise("cuda_allocated_mib"),
-    "cuda_reserved_growth_mib": rise("cuda_reserved_mib"),
+    "cuda_allocated_growth_mib": rise("cuda_allocated_mib")[0],
+    "cuda_allocated_max_growth_mib": rise("cuda_allocated_mib")[1],
+    "cuda_reserved_growth_mib": rise("cuda_reserved_mib")[0],
+    "cuda_reserved_max_growth_mib": rise("cuda_reserved_mib")[1],
+    "worker_host_rss_growth_mib": rise("host_rss_mib")[0],
+    "worker_host_rss_max_growth_mib": rise("host_rss_mib")[1],
     "engine_graphs": {"at_group_5": graphs[0] if graphs else None,
                       "max": max((g for g in graphs if g is not None), default=None),
                       "new_in_second_half": late_graphs},

@@ -36,7 +36,7 @@ from bestofn.worker.lifecycle import (
 )
 from bestofn.worker.requests import BadRequest, group_request, speech_request
 from bestofn.worker.speech_batcher import SpeechBatcher, SpeechJob
-from bestofn.worker.startup import group_stats, log_json, resolve_warm_up
+from bestofn.worker.startup import group_stats, log_json, resolve_warm_up, trim_host_heap
 from bestofn.worker.startup import warm_up as warm_up_group
 
 log = logging.getLogger("bestofn.worker")
@@ -203,8 +203,9 @@ class Worker(FatalErrorLifecycle):
         job = GroupJob(spec, out, Path(workdir) if workdir else None)
         with self._active():
             timings = self.runner.run(job)
+        trim_s = trim_host_heap()  # the group's freed buffers back to the OS: see its doc
         stats = group_stats(self.backends, self.device, self.groups_served)
-        stats.update(group_id=spec.group_id, wall_s=timings.get("wall_s"))
+        stats.update(group_id=spec.group_id, wall_s=timings.get("wall_s"), malloc_trim_s=trim_s)
         self.last_group = stats
         log_json("group-stats", stats)
         idle = job.idle_s

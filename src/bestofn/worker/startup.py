@@ -135,6 +135,44 @@ def rss_mib() -> float | None:
     return None
 
 
+def _glibc_malloc_trim():
+    """glibc's ``malloc_trim``, or None (another C library, or no ctypes)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+        return trim
+    return None
+
+
+def trim_host_heap() -> float | None:
+    """Give the free pages of every malloc arena back to the OS (glibc ``malloc_trim(0)``);
+    returns the seconds it took, None where there is no glibc. Changes no computation, only
+    which freed pages stay resident.
+
+    Why, after every group: a group's buffers (takes, restored audio, features) are freed, but
+    glibc keeps the pages. Each group runs in a new request thread and its helpers in new pool
+    threads (resample, FLAC writers); a new thread takes whichever of up to 8 x cores arenas is
+    free, so over the groups every arena grows to the largest set of buffers any thread ever
+    left in it, and RSS climbs in steps of an arena heap (64 MiB) for hundreds of groups (issue
+    23's soak: +1.27 GB over 150 groups on a 16-core H200 box, up to 128 arenas). glibc itself
+    only returns the top of a heap past M_TRIM_THRESHOLD, which its dynamic mmap threshold
+    raises to as much as 64 MiB. On the CPU soak (2 cores, 16 arenas) the growth was in those
+    arena heaps, and this call cut it from 5.8 to 1.1 MiB a group (docs/PERFORMANCE.md)."""
+    global _trim
+    if _trim is False:
+        _trim = _glibc_malloc_trim()
+    if _trim is None:
+        return None
+    t0 = time.perf_counter()
+    _trim(0)
+    return time.perf_counter() - t0
+
+
+_trim = False  # looked up on the first call
+
+
 def group_stats(backends, device: str, groups_done: int) -> dict:
     """What the worker holds after a group: memory (allocator, host) and the engine's graphs."""
     out: dict = {"groups_done": groups_done, "t_unix": time.time(), "host_rss_mib": rss_mib()}
