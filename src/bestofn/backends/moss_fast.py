@@ -6,8 +6,10 @@ directly, no remote code), same prompt, same frame budget and the same per-take 
 prefill, static KV caches, one CUDA graph per frame step (torch.compile'd pieces inside), all
 sampling on the GPU. ~10x faster than the published generate at batch 64 on an H200 (see
 ``python -m bestofn.bench generate``). The codec comes from ``bestofn.moss.codec.load_codec``:
-MOSS-Audio-Tokenizer-v2 (48 kHz) still runs through its published remote code, batched, bf16 on
-the GPU; a 24 kHz MOSS-Audio-Tokenizer directory runs on our own implementation.
+MOSS-Audio-Tokenizer-v2 (48 kHz) and MOSS-Audio-Tokenizer (24 kHz) both run on our own
+implementation (``bestofn.moss.audio_tokenizer``), batched, bf16 on the GPU by default. With
+runtime ``pair_groups`` every call has one pair shape, so two groups can share a call
+(``generate_pair``) and a take is the same alone or paired.
 
 MOSS-TTS v1.5 Delay (8B, 32 codebooks, 24 kHz) runs on its own engine
 (``bestofn.moss.delay_engine``): chosen when the checkpoint's config.json says
