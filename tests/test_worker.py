@@ -218,7 +218,10 @@ def test_worker_sigkill_mid_group_is_retried_and_completes(project):
     logs = "\n".join(p.read_text() for p in (project / "results/logs/groups").rglob("*.log"))
     assert f"worker pid {killed} on slot 0 died while running" in logs + out
     assert "6 groups checked, 0 problem(s)" in verify(project)
-    assert len({r[2] for r in per_group(project)}) == 2  # a fresh worker took over
+    # a fresh worker took over. The killed one's finished groups may carry its pid, or not: a
+    # group published just before the kill, whose answer never reached its job, is run again
+    # (the same takes) by the fresh worker.
+    assert {r[2] for r in per_group(project)} - {killed}
 
 
 def test_gpu_slots_follow_cuda_visible_devices(tmp_path, monkeypatch):
