@@ -82,6 +82,9 @@ def test_worker_rss_is_flat_over_many_groups(project):
     assert len(stats) == GROUPS
     if platform.libc_ver()[0] == "glibc":
         assert all(isinstance(r["malloc_trim_s"], float) for r in stats), stats[-1]
+        # glibc's own heap count beside the RSS: live blocks, and a heap that holds them
+        assert all(0 < r["malloc_in_use_mib"] < r["host_rss_mib"] for r in stats), stats[-1]
+    assert all(r["python_blocks"] > 0 for r in stats), stats[-1]
     base, later = max(rss[:WARM_UP]), rss[WARM_UP:]
     growth = max(later) - base
     print(f"worker RSS MiB per group: {[round(r, 1) for r in rss]}")

@@ -193,6 +193,11 @@ result = {
     "cuda_reserved_max_growth_mib": rise("cuda_reserved_mib")[1],
     "worker_host_rss_growth_mib": rise("host_rss_mib")[0],
     "worker_host_rss_max_growth_mib": rise("host_rss_mib")[1],
+    # which host memory grows (the worker's own counts): glibc's live and free heap blocks,
+    # Python's live objects, torch's pinned host cache
+    "host_growth": {key: rise(key)[0] for key in (
+        "malloc_in_use_mib", "malloc_free_mib", "malloc_mmapped_mib", "python_blocks",
+        "pinned_host_mib")},
     "engine_graphs": {"at_group_5": graphs[0] if graphs else None,
                       "max": max((g for g in graphs if g is not None), default=None),
                       "new_in_second_half": late_graphs},
@@ -223,5 +228,8 @@ for r in stats[:: max(1, len(stats) // 12)]:  # a dozen rows of the worker's own
     e = r.get("engine") or {}
     print(f"group {r['groups_done']:4d}: rss {r.get('host_rss_mib') or 0:8.1f} MiB, allocated "
           f"{r.get('cuda_allocated_mib') or 0:8.1f}, reserved {r.get('cuda_reserved_mib') or 0:8.1f}"
-          f", states {e.get('states')}, graphs {e.get('graphs')}, pools {e.get('graph_pools')}")
+          f", states {e.get('states')}, graphs {e.get('graphs')}, pools {e.get('graph_pools')}"
+          f", malloc in use/free {r.get('malloc_in_use_mib') or 0:.0f}/"
+          f"{r.get('malloc_free_mib') or 0:.0f}, python blocks {r.get('python_blocks')}, pinned "
+          f"{r.get('pinned_host_mib') or 0:.0f}")
 PYEOF

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -173,15 +174,49 @@ def trim_host_heap() -> float | None:
 _trim = False  # looked up on the first call
 
 
+class _Mallinfo2(ctypes.Structure):  # glibc >= 2.33, <malloc.h>
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]  # fmt: skip
+
+
+def malloc_heap_mib() -> dict | None:
+    """glibc's own count of the malloc heap, every arena: ``in_use`` (live blocks, mmapped
+    ones included), ``free`` (free blocks still mapped) and ``mmapped``, MiB; None without
+    glibc's ``mallinfo2``. Tells a live leak (in_use grows) from fragmentation (free grows)
+    where RSS alone cannot (issue 23's soak: the brk heap grew after malloc_trim)."""
+    with contextlib.suppress(Exception):
+        fn = ctypes.CDLL(None).mallinfo2
+        fn.restype = _Mallinfo2
+        m = fn()
+        return {
+            "in_use": (m.uordblks + m.hblkhd) / 2**20,
+            "free": m.fordblks / 2**20,
+            "mmapped": m.hblkhd / 2**20,
+        }
+    return None
+
+
 def group_stats(backends, device: str, groups_done: int) -> dict:
-    """What the worker holds after a group: memory (allocator, host) and the engine's graphs."""
+    """What the worker holds after a group: memory (allocator, host) and the engine's graphs.
+
+    Host memory beside the RSS: glibc's heap (``malloc_*_mib``), Python's live objects
+    (``python_blocks``) and torch's pinned host cache (``pinned_host_mib``), so a soak can say
+    which one grows."""
     out: dict = {"groups_done": groups_done, "t_unix": time.time(), "host_rss_mib": rss_mib()}
+    heap = malloc_heap_mib()
+    if heap is not None:
+        out.update({f"malloc_{key}_mib": value for key, value in heap.items()})
+    out["python_blocks"] = sys.getallocatedblocks()
     torch = sys.modules.get("torch")
     if torch is not None and str(device).startswith("cuda") and torch.cuda.is_initialized():
         # allocator counters only: no CUDA call, safe beside another thread's graph capture
         out["cuda_allocated_mib"] = torch.cuda.memory_allocated(device) / 2**20
         out["cuda_reserved_mib"] = torch.cuda.memory_reserved(device) / 2**20
         out["cuda_max_allocated_mib"] = torch.cuda.max_memory_allocated(device) / 2**20
+        with contextlib.suppress(Exception):  # torch >= 2.5; counters of the pinned cache
+            pinned = torch.cuda.host_memory_stats()
+            out["pinned_host_mib"] = pinned.get("allocated_bytes.current", 0) / 2**20
     graphs = engine_graphs(backends.generator)
     if graphs is not None:
         out["engine"] = graphs
