@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 # The memo a caller without its own uses: set by a worker from config runtime.cache_dir
@@ -47,6 +48,20 @@ def file_sha256(path: str | os.PathLike, memo_dir: Path | None = None) -> str:
     return digest
 
 
+def hash_files(paths, memo_dir: Path | None = None) -> dict[str, str]:
+    """{str(path): sha256} for ``paths``, in their order, hashed in threads (hashlib drops the
+    GIL while it hashes, so the files of a checkpoint hash at once on as many cores: a cold
+    worker start spent 29 s on moss-fast's files and 22 s on Empathic-Insight's, one file at a
+    time, 2026-12-01). ``memo_dir`` as for ``file_sha256``."""
+    paths = [str(p) for p in paths]
+    workers = min(8, os.cpu_count() or 1, len(paths))
+    if workers <= 1:
+        return {p: file_sha256(p, memo_dir) for p in paths}
+    with ThreadPoolExecutor(workers, thread_name_prefix="bestofn-hash") as pool:
+        digests = list(pool.map(lambda p: file_sha256(p, memo_dir), paths))
+    return dict(zip(paths, digests, strict=True))
+
+
 def files_under(directory: Path) -> list[Path]:
     """Regular files under ``directory``, sorted, skipping hidden entries (.cache, .git)."""
     out = []
@@ -61,7 +76,9 @@ def files_under(directory: Path) -> list[Path]:
 def dir_digest(directory: Path, memo_dir: Path | None = None) -> dict[str, str]:
     """{relative path: sha256} for every file of a checkpoint directory."""
     directory = Path(directory)
-    return {str(p.relative_to(directory)): file_sha256(p, memo_dir) for p in files_under(directory)}
+    files = files_under(directory)
+    digests = hash_files(files, memo_dir)
+    return {str(p.relative_to(directory)): digests[str(p)] for p in files}
 
 
 def combined_sha256(mapping: dict[str, str]) -> str:

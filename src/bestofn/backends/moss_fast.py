@@ -400,17 +400,15 @@ class MossFastGenerator(Generator):
 
     def _weight_hashes(self) -> dict:
         if self._hashes is None:
-            from bestofn.hashing import file_sha256
+            from bestofn.hashing import hash_files
             from bestofn.moss.checkpoint import weight_files
 
-            h = {}
+            files = []
             if self.load_dir is not None and self.options["hash_weights"]:
-                for f in [*weight_files(self.load_dir), self.load_dir / "config.json"]:
-                    h[str(f)] = file_sha256(f)
+                files += [*weight_files(self.load_dir), self.load_dir / "config.json"]
             if self.codec_dir is not None and self.options["hash_weights"]:
-                for f in sorted(self.codec_dir.glob("*.safetensors")):
-                    h[str(f)] = file_sha256(f)
-            self._hashes = h
+                files += sorted(self.codec_dir.glob("*.safetensors"))
+            self._hashes = hash_files(files)
         return self._hashes
 
     def provenance(self) -> dict:

@@ -288,9 +288,9 @@ class VoiceCLAPScorer(Scorer):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_hashes"):
-            from bestofn.hashing import file_sha256
+            from bestofn.hashing import hash_files
 
-            self._hashes = {str(p): file_sha256(p, self._hash_memo) for p in self._weight_files}
+            self._hashes = hash_files(self._weight_files, self._hash_memo)
         return {
             "backend": self.name,
             **self._paths,
