@@ -62,3 +62,28 @@ def test_gain_table_never_shows_minus_zero():
     rows = [("speaker_sim", "calm", "higher", -0.0001, 0.01)]
     rows.append(("speaker_sim", None, "higher", 0.0, 0.01))
     assert score_gain_table(rows)[2] == "| speaker_sim | higher | +0.000 | +0.000 |"
+
+
+def test_report_connections_carry_the_database_settings(tmp_path):
+    """The report opens the database with the config's database: settings (DuckDB caches what
+    it reads up to its memory limit: 80 % of RAM unset), and its connections agree."""
+    import duckdb
+
+    from bestofn.selection import database_defaults, open_read_only
+
+    db = tmp_path / "x.duckdb"
+    duckdb.connect(str(db)).execute("CREATE TABLE t AS SELECT 1 AS a").close()
+    settings = {"memory_limit": "300MB", "threads": 1}
+    con = open_read_only(db, settings)
+    again = open_read_only(db, settings)  # the report's second connection, same process
+    limit, threads = con.execute(
+        "SELECT current_setting('memory_limit'), current_setting('threads')"
+    ).fetchone()
+    assert (limit, threads) == ("286.1 MiB", 1)
+    assert again.execute("SELECT a FROM t").fetchone() == (1,)
+    con.close()
+    again.close()
+    default = open_read_only(db)
+    assert database_defaults()["memory_limit"] == "1GB"
+    assert default.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "953.6 MiB"
+    default.close()

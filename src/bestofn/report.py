@@ -7,6 +7,8 @@ from pathlib import Path
 
 import duckdb
 
+from bestofn.selection import open_read_only
+
 STAGES = ["load", "generate", "restore", "score", "write", "idle"]
 UNSELECTED_LISTED = 200  # groups with no passing take named in throughput.md at most
 
@@ -172,7 +174,9 @@ def gpu_busy_table(rows: list[tuple]) -> list[str]:
     return [*out, ""]
 
 
-def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
+def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None = None) -> Path:
+    """The report's files in ``out_dir``; ``database``: the config's ``database:`` settings
+    (DuckDB's memory limit and threads; None: the schema's defaults)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -180,7 +184,7 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_read_only(db_path, database)
     # one row as a dict (no pandas: its import alone is ~0.5 s of a report that has ~2 s)
     cur = con.execute("SELECT * FROM throughput WHERE level = 'overall'")
     overall = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
@@ -280,7 +284,7 @@ def write_report(db_path: str | Path, out_dir: str | Path) -> Path:
     # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).
     from bestofn.trust_report import write_selection_report
 
-    lines += write_selection_report(db_path, out_dir)
+    lines += write_selection_report(db_path, out_dir, database)
     if n_unselected:
         lines += ["## Groups with no passing take", ""]
         listed = con.execute(

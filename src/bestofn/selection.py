@@ -12,7 +12,7 @@ import duckdb
 from bestofn import trust
 from bestofn.takes_schema import BASE_COLUMNS, SelectionError
 
-__all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"]
+__all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection", "open_read_only"]
 
 # DuckDB's own memory (config: database.memory_limit, passed in by the rule) bounds the rule
 # whatever the run's size: past it, sorts, joins and aggregates spill to a temporary directory
@@ -164,6 +164,19 @@ def database_defaults() -> dict:
 
     props = schema("config")["properties"]["database"]["properties"]
     return {key: sub["default"] for key, sub in props.items()}
+
+
+def open_read_only(db_path: str | Path, database: dict | None = None):
+    """A read-only connection to the results database with the config's ``database:``
+    settings (None: the schema's defaults). DuckDB keeps the blocks it reads cached up to its
+    memory limit, 80 % of the RAM by default: the report over 4M takes peaked at 1.95 GB
+    without a limit, 0.70 GB with 500MB. Every connection of one process to the file must
+    pass the same settings (DuckDB refuses a second configuration)."""
+    settings = {**database_defaults(), **(database or {})}
+    config = {"memory_limit": settings["memory_limit"]}
+    if settings.get("threads"):
+        config["threads"] = int(settings["threads"])
+    return duckdb.connect(str(db_path), read_only=True, config=config)
 
 
 class _SplitGroup(Exception):

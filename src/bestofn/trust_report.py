@@ -8,8 +8,6 @@ import html
 import json
 from pathlib import Path
 
-import duckdb
-
 # Files this writes into the report directory (the report rule lists them as outputs).
 FILES = {
     "selection": "selection.md",
@@ -277,20 +275,23 @@ def _funnel_section(con, out: Path, plt) -> list[str]:
     return md
 
 
-def write_selection_report(db_path: str | Path, out_dir: str | Path) -> list[str]:
+def write_selection_report(
+    db_path: str | Path, out_dir: str | Path, database: dict | None = None
+) -> list[str]:
     """Write FILES into ``out_dir``; return the short summary for throughput.md (the held-out
-    verdicts, and links)."""
+    verdicts, and links). ``database``: as for ``bestofn.report.write_report``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from bestofn.listen import write_listening_page
+    from bestofn.selection import open_read_only
     from bestofn.votes_report import listener_section
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_read_only(db_path, database)
     try:
         held_md, summary, held_html = _held_out_section(con)
         gains_md, gains_html = _gains_section(con)
@@ -309,7 +310,7 @@ def write_selection_report(db_path: str | Path, out_dir: str | Path) -> list[str
     ]
     lines += held_md + gains_md + corr_md + funnel_md
     # Listener votes (bestofn.votes_report): agreement with the selection, or "no votes yet".
-    votes_md, votes_summary = listener_section(db_path, out)
+    votes_md, votes_summary = listener_section(db_path, out, database)
     lines += votes_md
     (out / FILES["selection"]).write_text("\n".join(lines))
     summary += [

@@ -199,12 +199,15 @@ def import_main(files: list[str], results_dir: str, db_path: str | None = None) 
     return 1 if summary["errors"] else 0
 
 
-def listener_section(db_path: str | Path, out_dir: str | Path) -> tuple[list, list]:
-    """:func:`votes_section` for the report: the database read-only, the results directory its
-    parent (as for the listening page)."""
-    import duckdb
+def listener_section(
+    db_path: str | Path, out_dir: str | Path, database: dict | None = None
+) -> tuple[list, list]:
+    """:func:`votes_section` for the report: the database read-only (``database``: the config's
+    settings, as the report's other connections), the results directory its parent (as for the
+    listening page)."""
+    from bestofn.selection import open_read_only
 
-    con = duckdb.connect(str(db_path), read_only=True)
+    con = open_read_only(db_path, database)
     try:
         return votes_section(con, Path(db_path).parent, out_dir)
     finally:

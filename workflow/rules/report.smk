@@ -61,5 +61,9 @@ rule report:
         listen=f"{RESULTS}/report/index.html",
     log:
         f"{RESULTS}/logs/report.log",
+    params:
+        # DuckDB's memory and threads (database: in the config), as for the database rule.
+        memory_limit=config["database"]["memory_limit"],
+        threads=config["database"]["threads"],
     script:
         "../scripts/write_report.py"
