@@ -83,7 +83,9 @@ def test_report_connections_carry_the_database_settings(tmp_path):
     assert again.execute("SELECT a FROM t").fetchone() == (1,)
     con.close()
     again.close()
-    default = open_read_only(db)
     assert database_defaults()["memory_limit"] == "1GB"
-    assert default.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "953.6 MiB"
-    default.close()
+    for unset in (None, {"memory_limit": None, "threads": None}):  # None: the schema's default
+        default = open_read_only(db, unset)
+        limit = default.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+        assert limit == "953.6 MiB"
+        default.close()

@@ -17,7 +17,8 @@ __all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"
 # DuckDB's own memory (config: database.memory_limit, passed in by the rule) bounds the rule
 # whatever the run's size: past it, sorts, joins and aggregates spill to a temporary directory
 # beside the database (under results/). The rest of the process holds one chunk of takes
-# (CHUNK_TAKES) and per-group rows.
+# (CHUNK_TAKES) and per-group rows, and the transaction below keeps every chunk's replaced rows
+# until its commit (610 MB at 256k takes: peak RSS still grows with the run, docs/PERFORMANCE.md).
 CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files)
 # The whole build is one transaction: DuckDB then writes the appended takes' row groups
 # straight to the file as they fill, not through the WAL (an append per chunk outside a
@@ -172,7 +173,8 @@ def open_read_only(db_path: str | Path, database: dict | None = None):
     memory limit, 80 % of the RAM by default: the report over 4M takes peaked at 1.95 GB
     without a limit, 0.70 GB with 500MB. Every connection of one process to the file must
     pass the same settings (DuckDB refuses a second configuration)."""
-    settings = {**database_defaults(), **(database or {})}
+    given = {key: value for key, value in (database or {}).items() if value is not None}
+    settings = {**database_defaults(), **given}  # None: the default, as for build_database
     config = {"memory_limit": settings["memory_limit"]}
     if settings.get("threads"):
         config["threads"] = int(settings["threads"])

@@ -136,14 +136,12 @@ def rss_mib() -> float | None:
     return None
 
 
-def _glibc_malloc_trim():
-    """glibc's ``malloc_trim``, or None (another C library, or no ctypes)."""
+def _glibc(name: str, restype, argtypes=()):
+    """glibc's function ``name`` with its C signature, or None (another C library)."""
     with contextlib.suppress(Exception):
-        import ctypes
-
-        trim = ctypes.CDLL(None).malloc_trim
-        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-        return trim
+        fn = getattr(ctypes.CDLL(None), name)
+        fn.restype, fn.argtypes = restype, list(argtypes)
+        return fn
     return None
 
 
@@ -163,7 +161,7 @@ def trim_host_heap() -> float | None:
     arena heaps, and this call cut it from 5.8 to 1.1 MiB a group (docs/PERFORMANCE.md)."""
     global _trim
     if _trim is False:
-        _trim = _glibc_malloc_trim()
+        _trim = _glibc("malloc_trim", ctypes.c_int, [ctypes.c_size_t])
     if _trim is None:
         return None
     t0 = time.perf_counter()
@@ -185,16 +183,20 @@ def malloc_heap_mib() -> dict | None:
     ones included), ``free`` (free blocks still mapped) and ``mmapped``, MiB; None without
     glibc's ``mallinfo2``. Tells a live leak (in_use grows) from fragmentation (free grows)
     where RSS alone cannot (issue 23's soak: the brk heap grew after malloc_trim)."""
-    with contextlib.suppress(Exception):
-        fn = ctypes.CDLL(None).mallinfo2
-        fn.restype = _Mallinfo2
-        m = fn()
-        return {
-            "in_use": (m.uordblks + m.hblkhd) / 2**20,
-            "free": m.fordblks / 2**20,
-            "mmapped": m.hblkhd / 2**20,
-        }
-    return None
+    global _mallinfo2
+    if _mallinfo2 is False:
+        _mallinfo2 = _glibc("mallinfo2", _Mallinfo2)
+    if _mallinfo2 is None:
+        return None
+    m = _mallinfo2()
+    return {
+        "in_use": (m.uordblks + m.hblkhd) / 2**20,
+        "free": m.fordblks / 2**20,
+        "mmapped": m.hblkhd / 2**20,
+    }
+
+
+_mallinfo2 = False  # looked up on the first call
 
 
 def group_stats(backends, device: str, groups_done: int) -> dict:
