@@ -300,8 +300,9 @@ def test_codec_bench_runs_every_row_on_a_cpu(tmp_path):
     result = json.loads(out.read_text())
     rows = {(r["path"], r["dtype"]): r for r in result["rows"]}
     assert result["meta"]["frames_per_clip"] == 15 and result["meta"]["random_weights"]
-    assert rows[("ours batched", "fp32")]["s_per_clip"] > 0
-    assert "codec_compute_dtype: fp8" in rows[("ours batched", "fp8")]["status"]
+    assert rows[("ours batched (eager)", "fp32")]["s_per_clip"] > 0
+    assert "codec_compute_dtype: fp8" in rows[("ours batched (eager)", "fp8")]["status"]
+    assert "codec_kernels: compiled" in rows[("ours batched (compiled)", "bf16")]["status"]
     assert rows[("ours one clip at a time", "fp32")]["snr_db"] > 60  # same as batched
-    if rows[("ours batched", "bf16")].get("snr_db") is not None:
-        assert rows[("ours batched", "bf16")]["snr_db"] > 20
+    if rows[("ours batched (eager)", "bf16")].get("snr_db") is not None:
+        assert rows[("ours batched (eager)", "bf16")]["snr_db"] > 20

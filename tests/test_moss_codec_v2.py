@@ -127,6 +127,41 @@ def test_sliding_window_attention_equals_the_dense_window_mask(T, window):
     torch.testing.assert_close(ours, dense, rtol=1e-5, atol=1e-6)
 
 
+def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
+    from bestofn.moss.codec_layers import heads_with_rope, residual_norm
+
+    g = torch.Generator().manual_seed(5)
+    B, T, H, dh = 2, 6, 3, 8
+    qkv = torch.randn(B, T, 3 * H * dh, generator=g)
+    ang = torch.rand(T, dh // 2, generator=g, dtype=torch.float64) * 6
+    q, k, v = heads_with_rope(qkv, ang.cos().float(), ang.sin().float(), H)
+    parts = qkv.double().view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
+    # RoPE on interleaved pairs is a complex rotation of (x[2j] + i x[2j+1]) by angle[t, j]
+    rot = torch.polar(torch.ones_like(ang), ang)
+    for got, want in ((q, parts[0]), (k, parts[1])):
+        z = torch.view_as_complex(want.unflatten(-1, (-1, 2)).contiguous()) * rot
+        torch.testing.assert_close(got.double(), torch.view_as_real(z).flatten(-2))
+    assert torch.equal(v, parts[2].float()) and q.is_contiguous() and v.is_contiguous()
+    x, u, scale = (torch.randn(B, T, 16, generator=g) for _ in range(3))
+    w, b = torch.randn(16, generator=g), torch.randn(16, generator=g)
+    new_x, normed = residual_norm(x, u, scale[0, 0], w, b, 1e-5)
+    torch.testing.assert_close(new_x, x + scale[0, 0] * u)
+    mean, var = new_x.mean(-1, keepdim=True), new_x.var(-1, unbiased=False, keepdim=True)
+    torch.testing.assert_close(normed, (new_x - mean) / torch.sqrt(var + 1e-5) * w + b)
+
+
+def test_compiled_codec_kernels_resolve_per_device_and_are_refused_off_cuda(ckpt):
+    from bestofn.moss.codec_layers import resolve_kernels
+
+    assert resolve_kernels("auto", "cpu") == "eager"
+    assert resolve_kernels("eager", "cpu") == "eager"
+    with pytest.raises(ValueError, match="codec_kernels is 'fast'"):
+        resolve_kernels("fast", "cpu")
+    with pytest.raises(AudioTokenizerError, match="codec_kernels: compiled needs a CUDA GPU"):
+        MossAudioTokenizer(ckpt, compute_dtype="bf16", kernels="compiled")
+    assert MossAudioTokenizer(ckpt, compute_dtype="fp32").kernels == "eager"
+
+
 def test_batched_decode_is_stereo_trimmed_and_batch_independent(codec):
     lengths = [30, 7, 19, 1]
     clips = _clips(lengths, seed=5)
@@ -209,15 +244,24 @@ def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
 
     out = tmp_path / "codec.json"
     args = ["--version", "v2", "--size", "tiny", "--device", "cpu", "--batch", "2"]
-    args += ["--seconds", "0.8", "--dtypes", "fp32", "--one-clip-n", "1", "--repeats", "1"]
+    args += ["--seconds", "0.8", "--dtypes", "fp32,bf16", "--one-clip-n", "1", "--repeats", "1"]
+    args += ["--kernels", "eager", "--decode-batches", "2,1", "--profile"]
     if (REF / "audio_tokenizer_v2.py").is_file():
         args += ["--reference-code", str(REF)]
     assert main([*args, "--work", str(tmp_path), "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    rows = {(r["path"], r["dtype"]): r for r in result["rows"]}
+    rows = {(r["path"], r["dtype"], r["batch"]): r for r in result["rows"]}
     assert result["meta"]["frames_per_clip"] == 10 and result["meta"]["n_vq"] == 12
     assert result["meta"]["version"] == "v2"
-    assert rows[("ours batched", "fp32")]["s_per_clip"] > 0
+    assert rows[("ours batched (eager)", "fp32", 2)]["s_per_clip"] > 0
+    # the same clips in calls of 2 and of 1: the same audio (the calls pad nothing here)
+    in_twos, in_ones = (
+        rows[("ours batched (eager)", "bf16", 2)],
+        rows[("ours batched (eager)", "bf16", 1)],
+    )
+    assert in_twos["snr_db"] > 20 and in_ones["snr_vs_eager_bf16_db"] > 90
+    assert any("aten::" in line for line in in_ones["profile"])  # where the call's time went
+    rows = {(path, dtype): r for (path, dtype, _), r in rows.items()}
     exact = rows[("ours serve stream (exact)", "fp32")]
     window = rows[("ours overlap-window chunks", "fp32")]
     assert exact["snr_db"] > 90 and window["max_abs_diff"] >= 0

@@ -248,6 +248,8 @@ def test_backend_generates_reproducible_takes(tmp_path, model_dir):
     assert prov["backend"] == "moss-fast" and any(
         k.endswith("model.safetensors") for k in prov["weights_sha256"]
     )
+    # runtime codec_kernels: auto asked for, the eager pieces ran (no CUDA here)
+    assert prov["settings"]["codec_kernels"] == "auto" and prov["codec_kernels"] == "eager"
 
 
 def test_random_tiny_build_runs():
@@ -276,7 +278,7 @@ def test_kernel_paths_are_schema_options_checked_with_their_field():
     assert tuple(props["local_attention"]["enum"]) == LOCAL_ATTENTION_MODES
     assert engine_defaults() == {
         "fused": True, "decode_attention": "auto", "local_attention": "auto", "compile_mode": None,
-        "pair_groups": False,
+        "codec_kernels": "auto", "pair_groups": False,
     }  # fmt: skip
 
     def errors(runtime, backend="moss-fast"):

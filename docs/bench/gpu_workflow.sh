@@ -19,6 +19,12 @@ py=${PYTHON:-python3}
 # A CPU smoke test of this script: SIZE=tiny PROFILE=local TAKES=4 FRAMES=16 BENCH=0
 # OVERLAP=off|host|full sets runtime.overlap in the run's config (default: the config's, auto);
 # PARAKEET_ATTENTION=sdpa|manual the Parakeet scorer's runtime.attention (default: auto).
+# PARAKEET=calibrated|plain: which random Parakeet fake-weights points the config at (default
+# calibrated: its joint emits speech's token rate; the plain one runs NeMo's greedy loop to
+# max_symbols on every frame, ~6x the real decoder's work); only when the weights are written.
+# CODEC_KERNELS=eager|compiled the generator's runtime.codec_kernels (default: auto);
+# PAIR_GROUPS=1: runtime.pair_groups true and runtime.queue_depth 3 (pairing needs a third
+# group queued).
 size=${SIZE:-real}
 profile=${PROFILE:-a100x8}
 takes=${TAKES:-64}
@@ -31,7 +37,7 @@ t0=$(date +%s)
 writer=
 if [ ! -f "$work/weights/config.yaml" ]; then
     $py -m bestofn.cli fake-weights "$work/weights" --size "$size" --p-stop 1e-9 --no-delay \
-        >"$out/fake_weights.log" 2>&1 &
+        --parakeet "${PARAKEET:-calibrated}" >"$out/fake_weights.log" 2>&1 &
     writer=$!
 fi
 if [ "${BENCH:-1}" = 1 ]; then
@@ -69,6 +75,12 @@ config.update(emotions=str(project / "emotions.tsv"), prompts=str(project / "pro
 config["models"]["generator"]["options"].update(min_frames=frames, max_frames=frames)
 if os.environ.get("OVERLAP"):  # runtime.overlap for this run (off, host, full; default auto)
     config.setdefault("runtime", {})["overlap"] = os.environ["OVERLAP"]
+generator_runtime = config["models"]["generator"].setdefault("runtime", {})
+if os.environ.get("CODEC_KERNELS"):  # the codec's eager or compiled pieces (default: auto)
+    generator_runtime["codec_kernels"] = os.environ["CODEC_KERNELS"]
+if os.environ.get("PAIR_GROUPS") == "1":  # two groups per generate call
+    generator_runtime["pair_groups"] = True
+    config.setdefault("runtime", {})["queue_depth"] = 3
 if os.environ.get("PARAKEET_ATTENTION"):  # the scorer's runtime.attention (sdpa, manual)
     for scorer in config["models"]["scorers"]:
         if scorer["backend"] == "parakeet":
@@ -91,6 +103,7 @@ kill "$smi" 2>/dev/null || true
 echo "snakemake: rc $rc, $(($(date +%s) - t0)) s"
 tail -n 30 "$out/snakemake.log"
 cp -r results/logs "$out/logs" 2>/dev/null || true
+cp config.yaml "$out/config.yaml"
 bestofn_verify=$($py -m bestofn.cli verify results | tail -n 1)
 echo "verify: $bestofn_verify"
 [ "$rc" = 0 ] || exit "$rc"

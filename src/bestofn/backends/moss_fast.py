@@ -47,8 +47,9 @@ DEFAULTS = {
     "architecture": "auto",  # auto (from config.json) | local | delay
     # Delay only: the delay slot (the model's "stop") is banned before this many frames
     "delay_min_frames": 0,
-    # the kernel paths (runtime: fused, decode_attention, local_attention, compile_mode): the
-    # config schema's $defs.moss_fast_runtime declares them and their defaults
+    # the kernel paths (runtime: fused, decode_attention, local_attention, compile_mode,
+    # codec_kernels, pair_groups): the config schema's $defs.moss_fast_runtime declares them
+    # and their defaults
     **engine_defaults(),
 }
 
@@ -244,6 +245,7 @@ class MossFastGenerator(Generator):
                 weight_dtype=self.options["codec_weight_dtype"],
                 compute_dtype=self.options["codec_compute_dtype"],
                 decode_batch_size=self.options["decode_batch_size"],
+                kernels=self.options["codec_kernels"],
             )
             self.sample_rate = self.codec.sample_rate
         return self.codec
@@ -433,6 +435,7 @@ class MossFastGenerator(Generator):
             "local_attention": "none (Delay)"
             if self.is_delay
             else local_attention_path(self.device, o["local_attention"]),
+            "codec_kernels": getattr(self.codec, "kernels", None),
             "sampling": self.params.to_dict(),
             "frame_budget": self.budget.as_dict(),
             "settings": settings,

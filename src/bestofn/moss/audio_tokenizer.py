@@ -62,7 +62,13 @@ from bestofn.moss.codec_config import (  # noqa: F401 - re-exported: what caller
     is_audio_tokenizer_config,
     read_config,
 )
-from bestofn.moss.codec_layers import Linear, Transformer, patch_down, patch_up
+from bestofn.moss.codec_layers import (
+    Linear,
+    Transformer,
+    patch_down,
+    patch_up,
+    resolve_kernels,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +115,8 @@ class MossAudioTokenizer:
     """MOSS-Audio-Tokenizer decode/encode, batched on one device (implements ``Codec``).
 
     ``n_vq``: codebooks decoded/encoded (default all); ``compute_dtype``/``weight_dtype``: see
-    the module docstring; ``decode_batch_size``: clips per forward pass. The encoder's weights
+    the module docstring; ``decode_batch_size``: clips per forward pass; ``kernels``: auto | eager | compiled
+    (``bestofn.moss.codec_layers``; auto: compiled on CUDA where Triton imports). The encoder's weights
     are read on the first ``encode`` (a decode-only worker never holds them).
     """
 
@@ -121,6 +128,7 @@ class MossAudioTokenizer:
         weight_dtype: str | None = None,
         n_vq: int | None = None,
         decode_batch_size: int = 64,
+        kernels: str = "auto",
     ):
         self.codec_dir = Path(codec_dir).expanduser()
         self.raw_config, self.config = read_config(self.codec_dir)
@@ -161,11 +169,17 @@ class MossAudioTokenizer:
             self.dtype = name
             self.mode = "fp8-upcast" if weights == "fp8" else "dense"
         self.compute_dtype, self.weight_dtype = compute, ("fp8" if compute == "fp8" else weights)
+        try:
+            self.kernels = resolve_kernels(kernels, self.device)
+        except ValueError as e:
+            raise AudioTokenizerError(str(e)) from None
         self._ck = Checkpoint(self.codec_dir)
         self._check_keys()
         self._load_quantizer()
         self.decoder = [
-            Transformer(s, self._ck, f"decoder.{i}", self.mode, self.dtype, self.device)
+            Transformer(
+                s, self._ck, f"decoder.{i}", self.mode, self.dtype, self.device, self.kernels
+            )
             if s.kind == "transformer"
             else s.patch
             for i, s in enumerate(c.decoder)
@@ -218,7 +232,7 @@ class MossAudioTokenizer:
         ck, c = self._ck, self.config
         enc_dtype = torch.bfloat16 if self.mode == "fp8" else self.dtype
         self.encoder = [
-            Transformer(s, ck, f"encoder.{i}", "dense", enc_dtype, self.device)
+            Transformer(s, ck, f"encoder.{i}", "dense", enc_dtype, self.device, self.kernels)
             if s.kind == "transformer"
             else s.patch
             for i, s in enumerate(c.encoder)

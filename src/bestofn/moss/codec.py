@@ -38,10 +38,12 @@ def load_codec(
     weight_dtype: str | None = "bf16",
     compute_dtype: str | None = "bf16",
     decode_batch_size: int = 16,
+    kernels: str = "auto",
 ) -> Codec:
     """The ``Codec`` for ``codec_dir`` (see the module docstring for which class). Options as
     in config: ``codec_weight_dtype`` / ``codec_compute_dtype`` (fp32, bf16; fp8 for
-    MOSS-Audio-Tokenizer on GPUs with fp8 matmuls), ``decode_batch_size``."""
+    MOSS-Audio-Tokenizer on GPUs with fp8 matmuls), ``decode_batch_size``, ``kernels``
+    (runtime ``codec_kernels``: auto, eager, compiled)."""
     import json
 
     path = Path(codec_dir).expanduser() / "config.json"
@@ -66,4 +68,5 @@ def load_codec(
         weight_dtype=weight_dtype,
         n_vq=n_vq,
         decode_batch_size=decode_batch_size,
+        kernels=kernels,
     )

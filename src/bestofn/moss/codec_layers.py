@@ -20,6 +20,16 @@ The sliding window is computed in blocks of ``context`` queries: each block atte
 (causal) and to the block before it, masked to the window, so attention costs O(T * context),
 not O(T^2) as a full [T, T] mask would (15-s clips are 6016 steps in the last v2 stage, window
 400), and every block is one batched SDPA call: no Python loop over frames.
+
+Kernels (``kernels``): a layer is written as the matmuls and attention with two fused pieces
+between them, ``heads_with_rope`` (the fused q|k|v output split into heads and RoPE'd) and
+``residual_norm`` (a residual add with its layer scale and the next LayerNorm). ``eager`` runs
+them as plain torch ops, the same ops in the same order as the published layer; ``compiled``
+runs them through ``torch.compile`` (dynamic shapes: one compile per piece, not per clip
+length), so each is one pass over the activations instead of a dozen (the RoPE's fp32 pairs
+alone were ~half the activation traffic of a 768-wide stage). Compiled kernels compute the
+elementwise chains in fp32 and round once, so bf16 output differs from ``eager`` in its last
+bits: a kernel path, named in the provenance.
 """
 
 from __future__ import annotations
@@ -147,14 +157,84 @@ def sliding_window_attention(q, k, v, window: int | None, mask_cache: dict) -> t
     return out.reshape(B, H, nb * W, dh)[:, :, :T]
 
 
+def rotate_pairs(x, cos, sin):
+    """RoPE on interleaved pairs (x[2j], x[2j+1]), angles in float32, as the published code."""
+    pairs = x.unflatten(-1, (-1, 2)).float()
+    a, b = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+def heads_with_rope(qkv, cos, sin, heads: int):
+    """The fused projection's output [B, T, 3 D] -> q, k (RoPE'd unless ``cos`` is None), v,
+    each [B, heads, T, D / heads] and contiguous (the attention blocks reshape them freely)."""
+    B, T, _ = qkv.shape
+    q, k, v = qkv.view(B, T, 3, heads, -1).permute(2, 0, 3, 1, 4)
+    if cos is not None:
+        q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def residual_norm(x, u, scale, w, b, eps: float):
+    """x + scale * u (scale None: x + u), and that sum LayerNorm'd: (new x, normed)."""
+    x = x + (u * scale if scale is not None else u)
+    return x, F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+KERNELS = ("eager", "compiled")
+_COMPILED: dict = {}
+
+
+def layer_pieces(kernels: str):
+    """(heads_with_rope, residual_norm) for ``kernels``: plain, or torch.compile'd once per
+    process with dynamic shapes (CUDA; ``resolve_kernels`` says where it may run)."""
+    if kernels == "eager":
+        return heads_with_rope, residual_norm
+    if not _COMPILED:
+        import torch._dynamo
+
+        # every stage width and window is its own graph; the engine raises the limit too
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        _COMPILED["pieces"] = tuple(
+            torch.compile(fn, dynamic=True) for fn in (heads_with_rope, residual_norm)
+        )
+    return _COMPILED["pieces"]
+
+
+def resolve_kernels(value: str, device) -> str:
+    """``auto`` -> compiled on a CUDA device where Triton imports, else eager; ``compiled``
+    elsewhere is refused with the reason (Inductor's CPU kernels are not built here)."""
+    dev = torch.device(device)
+    why = None
+    if dev.type != "cuda":
+        why = f"device {str(device)!r} is not a CUDA GPU"
+    else:
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            why = "Triton does not import"
+    if value == "auto":
+        return "eager" if why else "compiled"
+    if value not in KERNELS:
+        raise ValueError(f"codec_kernels is {value!r}; known: auto, {', '.join(KERNELS)}")
+    if value == "compiled" and why:
+        raise ValueError(f"codec_kernels: compiled needs a CUDA GPU with Triton: {why}")
+    return value
+
+
 class Transformer:
     """One ``Transformer`` stage, channel-last: [B, T, input_dim] -> [B, T, output_dim].
 
     ``mode``/``dtype``: the layers' Linear precision (see ``Linear``); norms, layer scales and
-    attention run in ``dtype``."""
+    attention run in ``dtype``; ``kernels``: eager or compiled (see the module docstring)."""
 
-    def __init__(self, cfg: StageCfg, ck: Checkpoint, prefix: str, mode, dtype, device):
+    def __init__(
+        self, cfg: StageCfg, ck: Checkpoint, prefix: str, mode, dtype, device, kernels="eager"
+    ):
         self.cfg, self.dtype = cfg, dtype
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels is {kernels!r}; known: {', '.join(KERNELS)}")
+        self.kernels = kernels
         D, F_ = cfg.d_model, cfg.ff
         # fp8 inside the layers only: the stage's input/output projections (a small share of
         # the work, next to the code embeddings and the samples) stay in `dtype`; on random
@@ -217,35 +297,36 @@ class Transformer:
             self._rope = {key: (torch.cos(ang), torch.sin(ang))}  # one length at a time
         return self._rope[key]
 
-    @staticmethod
-    def _rotate(x, cos, sin):
-        # interleaved pairs (x[2j], x[2j+1]), angles in float32, as the published code
-        pairs = x.unflatten(-1, (-1, 2)).float()
-        a, b = pairs[..., 0], pairs[..., 1]
-        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1)
-        return out.flatten(-2).to(x.dtype)
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.dtype)
+        dt = self.dtype
+        x = x.to(dt)
         if self.in_proj is not None:
-            x = self.in_proj(x).to(self.dtype)
+            x = self.in_proj(x).to(dt)
         B, T, D = x.shape
-        H = self.cfg.heads
         cos, sin = self._rope_tables(T, x.device) if self.cfg.rope else (None, None)
-        for L in self.layers:
-            h = L["norm1"](x)
-            q, k, v = L["qkv"](h).to(self.dtype).view(B, T, 3, H, D // H).permute(2, 0, 3, 1, 4)
-            if cos is not None:
-                q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        heads, add_norm = layer_pieces(self.kernels)
+        layers = self.layers
+        h = layers[0]["norm1"](x) if layers else x
+        for i, L in enumerate(layers):
+            q, k, v = heads(L["qkv"](h).to(dt), cos, sin, self.cfg.heads)
             a = sliding_window_attention(q, k, v, self.cfg.context, self._mask)
-            u = L["o"](a.transpose(1, 2).reshape(B, T, D)).to(self.dtype)
-            x = x + (u * L["layer_scale_1"] if L["layer_scale_1"] is not None else u)
-            h = L["norm2"](x)
-            u = L["fc2"](F.gelu(L["fc1"](h).to(self.dtype))).to(self.dtype)
-            x = x + (u * L["layer_scale_2"] if L["layer_scale_2"] is not None else u)
+            u = L["o"](a.transpose(1, 2).reshape(B, T, D)).to(dt)
+            x, h = self._residual(add_norm, x, u, L["layer_scale_1"], L["norm2"])
+            u = L["fc2"](F.gelu(L["fc1"](h).to(dt))).to(dt)
+            following = layers[i + 1]["norm1"] if i + 1 < len(layers) else None
+            x, h = self._residual(add_norm, x, u, L["layer_scale_2"], following)
         if self.out_proj is not None:
-            x = self.out_proj(x).to(self.dtype)
+            x = self.out_proj(x).to(dt)
         return x
+
+    @staticmethod
+    def _residual(add_norm, x, u, scale, norm: Norm | None):
+        """x + scale * u and the next norm of it (None after the last layer), fused where the
+        norm is a LayerNorm."""
+        if norm is not None and norm.kind == "layer_norm":
+            return add_norm(x, u, scale, norm.w, norm.b, norm.eps)
+        x = x + (u * scale if scale is not None else u)
+        return x, (norm(x) if norm is not None else None)
 
     def linears(self):
         for p in (self.in_proj, self.out_proj):

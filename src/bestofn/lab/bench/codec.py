@@ -83,6 +83,21 @@ def _mem_peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
 
 
+def _profile(codec, clips, device: str, top: int = 25) -> list[str]:
+    """One decode call under torch.profiler: the ``top`` ops by device time, as table lines
+    (where a decode's time goes: GEMMs, attention, the elementwise passes)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=acts) as prof:
+        codec.decode(clips)
+        _sync(device)
+    key = "cuda_time_total" if device.startswith("cuda") else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60)
+    print(table, flush=True)
+    return table.splitlines()
+
+
 def _chunk_duration(cfg: dict) -> float:
     """The processor's 8 s, or the longest whole-frame chunk the checkpoint allows."""
     rate, hop = int(cfg["sampling_rate"]), int(cfg["downsample_rate"])
@@ -271,39 +286,57 @@ def run(args) -> dict:
             flush=True,
         )
 
+    eager_bf16 = None  # the audio of the first eager bf16 row: compiled rows compare to it
     for dtype in args.dtypes.split(","):
-        _mem_start(device)
-        try:
-            t0 = time.perf_counter()
-            # fp8w: fp8-stored weights upcast per layer to bf16 (memory dial, any device)
-            compute, weights = ("bf16", "fp8") if dtype == "fp8w" else (dtype, None)
-            codec = MossAudioTokenizer(
-                codec_dir,
-                device=device,
-                compute_dtype=compute,
-                weight_dtype=weights,
-                n_vq=n_vq,
-                decode_batch_size=args.batch,
-            )
-            load_s = time.perf_counter() - t0
-        except AudioTokenizerError as e:
-            add("ours batched", args.batch, dtype, status=f"refused: {e}")
-            continue
-        t, audio = _timed(lambda codec=codec: codec.decode(clips), device, args.repeats)
-        if reference_audio is None and dtype == "fp32":
-            reference_audio = audio
-        add(
-            "ours batched",
-            args.batch,
-            dtype,
-            s_per_clip=t / len(clips),
-            s_per_call=t,
-            load_s=load_s,
-            peak_gib=_mem_peak_gib(device),
-            weight_gib=codec.weight_bytes() / 2**30,
-            snr_db=_snr_db(reference_audio, audio) if reference_audio is not None else None,
-        )
-        del codec, audio
+        for kernels in ["eager"] if dtype == "fp32" else args.kernels.split(","):
+            for per_call in [int(b) for b in args.decode_batches.split(",")]:
+                name = f"ours batched ({kernels})"
+                _mem_start(device)
+                try:
+                    t0 = time.perf_counter()
+                    # fp8w: fp8-stored weights upcast per layer to bf16 (memory dial, any device)
+                    compute, weights = ("bf16", "fp8") if dtype == "fp8w" else (dtype, None)
+                    codec = MossAudioTokenizer(
+                        codec_dir,
+                        device=device,
+                        compute_dtype=compute,
+                        weight_dtype=weights,
+                        n_vq=n_vq,
+                        decode_batch_size=per_call,
+                        kernels=kernels,
+                    )
+                    load_s = time.perf_counter() - t0
+                except AudioTokenizerError as e:
+                    add(name, per_call, dtype, status=f"refused: {e}")
+                    continue
+                t0 = time.perf_counter()
+                codec.decode(clips[:per_call])  # the first call compiles (compiled kernels)
+                _sync(device)
+                first_s = time.perf_counter() - t0
+                t, audio = _timed(lambda codec=codec: codec.decode(clips), device, args.repeats)
+                if reference_audio is None and dtype == "fp32":
+                    reference_audio = audio
+                if eager_bf16 is None and dtype == "bf16" and kernels == "eager":
+                    eager_bf16 = audio
+                prof = _profile(codec, clips[:per_call], device) if args.profile else None
+                add(
+                    name,
+                    per_call,
+                    dtype,
+                    kernels=codec.kernels,
+                    s_per_clip=t / len(clips),
+                    s_per_call=t * per_call / len(clips),
+                    load_s=load_s,
+                    first_call_s=first_s,
+                    peak_gib=_mem_peak_gib(device),
+                    weight_gib=codec.weight_bytes() / 2**30,
+                    snr_db=_snr_db(reference_audio, audio) if reference_audio is not None else None,
+                    snr_vs_eager_bf16_db=_snr_db(eager_bf16, audio)
+                    if eager_bf16 is not None and audio is not eager_bf16
+                    else None,
+                    profile=prof,
+                )
+                del codec, audio
     if reference_audio is None:
         print("(no fp32 row: SNRs below are not computed)")
 
@@ -382,6 +415,21 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--batch", type=int, default=64, help="clips per batched call")
     p.add_argument(
+        "--kernels",
+        default="eager,compiled",
+        help="codec_kernels of the batched non-fp32 rows (eager, compiled; compiled is refused "
+        "off CUDA, and the row says why)",
+    )
+    p.add_argument(
+        "--decode-batches",
+        default=None,
+        help="decode_batch_size of the batched rows, comma-separated (default: --batch); the "
+        "rows decode --batch clips in calls of that many (the workflow's default is 16)",
+    )
+    p.add_argument(
+        "--profile", action="store_true", help="each batched row: the top ops of one call"
+    )
+    p.add_argument(
         "--seconds",
         type=float,
         default=None,
@@ -397,6 +445,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", help="write the rows and run metadata as JSON here")
     args = p.parse_args(argv)
     args.argv = "python -m bestofn.bench codec " + " ".join(argv)
+    args.decode_batches = args.decode_batches or str(args.batch)
     if args.seconds is None:
         tiny = args.size == "tiny" and not args.codec_dir
         args.seconds = (2.0 if args.version == "v2" else 0.04) if tiny else 15.0
