@@ -115,9 +115,10 @@ class MossAudioTokenizer:
     """MOSS-Audio-Tokenizer decode/encode, batched on one device (implements ``Codec``).
 
     ``n_vq``: codebooks decoded/encoded (default all); ``compute_dtype``/``weight_dtype``: see
-    the module docstring; ``decode_batch_size``: clips per forward pass; ``kernels``: auto | eager | compiled
-    (``bestofn.moss.codec_layers``; auto: compiled on CUDA where Triton imports). The encoder's weights
-    are read on the first ``encode`` (a decode-only worker never holds them).
+    the module docstring; ``decode_batch_size``: clips per forward pass; ``kernels``: auto,
+    eager or compiled (``bestofn.moss.codec_layers``; auto: compiled on CUDA where Triton
+    imports). The encoder's weights are read on the first ``encode`` (a decode-only worker
+    never holds them).
     """
 
     def __init__(

@@ -92,7 +92,7 @@ def _profile(codec, clips, device: str, top: int = 25) -> list[str]:
     with profile(activities=acts) as prof:
         codec.decode(clips)
         _sync(device)
-    key = "cuda_time_total" if device.startswith("cuda") else "cpu_time_total"
+    key = "device_time_total" if device.startswith("cuda") else "cpu_time_total"
     table = prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60)
     print(table, flush=True)
     return table.splitlines()
