@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from bestofn.fakes import moss_codec
 from bestofn.moss.audio_tokenizer import AudioTokenizerError, MossAudioTokenizer
 from bestofn.moss.codec_config import AudioTokenizerConfig
-from bestofn.moss.codec_layers import sliding_window_attention
+from bestofn.moss.codec_layers import sliding_window_attention, window_pad
 
 REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_audio_tokenizer_v2"
 CODEBOOK = moss_codec.CODEBOOK["tiny"]
@@ -123,8 +123,15 @@ def test_sliding_window_attention_equals_the_dense_window_mask(T, window):
     dense = torch.nn.functional.scaled_dot_product_attention(
         q, k, v, attn_mask=(delta >= 0) & (delta < window)
     )
+    dense = dense.transpose(1, 2).reshape(2, T, 3 * 8)  # heads merged, as the layers take it
     ours = sliding_window_attention(q, k, v, window, {})
     torch.testing.assert_close(ours, dense, rtol=1e-5, atol=1e-6)
+    # q, k, v padded to whole blocks by the caller (heads_with_rope): the same
+    pad = window_pad(T, window)
+    padded = [torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, v)]
+    torch.testing.assert_close(
+        sliding_window_attention(*padded, window, {}, T), dense, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
@@ -135,6 +142,9 @@ def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
     qkv = torch.randn(B, T, 3 * H * dh, generator=g)
     ang = torch.rand(T, dh // 2, generator=g, dtype=torch.float64) * 6
     q, k, v = heads_with_rope(qkv, ang.cos().float(), ang.sin().float(), H)
+    padded = heads_with_rope(qkv, ang.cos().float(), ang.sin().float(), H, window=4)
+    assert [t.shape[2] for t in padded] == [8, 8, 8]  # 6 steps fill two blocks of 4
+    assert torch.equal(padded[0][:, :, :T], q) and not padded[2][:, :, T:].any()
     parts = qkv.double().view(B, T, 3, H, dh).permute(2, 0, 3, 1, 4)
     # RoPE on interleaved pairs is a complex rotation of (x[2j] + i x[2j+1]) by angle[t, j]
     rot = torch.polar(torch.ones_like(ang), ang)

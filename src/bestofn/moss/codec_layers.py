@@ -122,25 +122,34 @@ class Norm:
         return y.to(dt)
 
 
-def sliding_window_attention(q, k, v, window: int | None, mask_cache: dict) -> torch.Tensor:
-    """q, k, v [B, H, T, dh] -> [B, H, T, dh]; key k is visible to query q iff 0 <= q-k < window.
+def window_pad(T: int, window: int | None) -> int:
+    """Steps added at the end so that T fills whole blocks of ``window`` (0: one block)."""
+    return 0 if window is None or window >= T else (-T) % window
 
-    T <= window: plain causal attention. Else the T steps (padded at the end to whole blocks;
-    causal, so the pad changes no real step) form blocks of ``window`` queries: block 0 is
-    causal within itself; block i > 0 sees blocks i-1 and i through one [window, 2 window]
-    mask that every such block shares."""
-    B, H, T, dh = q.shape
-    if window is None or window >= T:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+def sliding_window_attention(q, k, v, window: int | None, mask_cache: dict, length=None):
+    """q, k, v [B, H, Tp, dh] -> [B, T, H * dh] (heads merged, ready for the output
+    projection); key k is visible to query q iff 0 <= q-k < window; T = ``length`` or Tp.
+
+    T <= window: plain causal attention. Else the steps, padded at the end to whole blocks
+    (the caller may pass them padded by ``window_pad``; causal, so the pad changes no real
+    step), form blocks of ``window`` queries: block 0 is causal within itself; block i > 0
+    sees blocks i-1 and i through one [window, 2 window] mask that every such block shares.
+    Those key spans are read in place, as overlapping strided views of the keys, not copied."""
+    B, H, Tq, dh = q.shape
+    T = Tq if length is None else length
+    pad = window_pad(T, window)
+    if pad == 0 and (window is None or window >= T):
+        a = F.scaled_dot_product_attention(q[:, :, :T], k[:, :, :T], v[:, :, :T], is_causal=True)
+        return a.transpose(1, 2).reshape(B, T, H * dh)
     W = window
-    nb = -(-T // W)
-    pad = nb * W - T
-    if pad:
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-    qb, kb, vb = (t.reshape(B, H, nb, W, dh) for t in (q, k, v))
-    first = F.scaled_dot_product_attention(qb[:, :, 0], kb[:, :, 0], vb[:, :, 0], is_causal=True)
+    nb = (T + pad) // W
+    if Tq != nb * W:  # not padded by the caller
+        q, k, v = (F.pad(t[:, :, :T], (0, 0, 0, pad)) for t in (q, k, v))
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    first = F.scaled_dot_product_attention(q[:, :, :W], k[:, :, :W], v[:, :, :W], is_causal=True)
     if nb == 1:
-        return first[:, :, :T]
+        return first.transpose(1, 2)[:, :T].reshape(B, T, H * dh)
     key = (W, str(q.device))
     if key not in mask_cache:
         i = torch.arange(W, device=q.device)[:, None]
@@ -148,13 +157,15 @@ def sliding_window_attention(q, k, v, window: int | None, mask_cache: dict) -> t
         # query at W + i (from the previous block's start) sees key j iff 0 <= W + i - j < W
         mask_cache.clear()
         mask_cache[key] = (j > i) & (j <= i + W)
-    n = nb - 1
-    qr = qb[:, :, 1:].reshape(B, H * n, W, dh)
-    kr = torch.cat((kb[:, :, :-1], kb[:, :, 1:]), dim=3).reshape(B, H * n, 2 * W, dh)
-    vr = torch.cat((vb[:, :, :-1], vb[:, :, 1:]), dim=3).reshape(B, H * n, 2 * W, dh)
-    rest = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask_cache[key])
-    out = torch.cat((first[:, :, None], rest.view(B, H, n, W, dh)), dim=2)
-    return out.reshape(B, H, nb * W, dh)[:, :, :T]
+    n, Tp = nb - 1, nb * W
+    qr = q[:, :, W:].reshape(B * H, n, W, dh)
+    # block i's keys are steps (i - 1) W .. (i + 1) W: one span of 2 W rows, W rows apart
+    span = ((B * H, n, 2 * W, dh), (Tp * dh, W * dh, dh, 1))
+    rest = F.scaled_dot_product_attention(
+        qr, k.as_strided(*span), v.as_strided(*span), attn_mask=mask_cache[key]
+    )
+    out = torch.cat((first.transpose(1, 2), rest.view(B, H, n * W, dh).transpose(1, 2)), dim=1)
+    return out[:, :T].reshape(B, T, H * dh)
 
 
 def rotate_pairs(x, cos, sin):
@@ -165,13 +176,16 @@ def rotate_pairs(x, cos, sin):
     return out.flatten(-2).to(x.dtype)
 
 
-def heads_with_rope(qkv, cos, sin, heads: int):
+def heads_with_rope(qkv, cos, sin, heads: int, window: int | None = None):
     """The fused projection's output [B, T, 3 D] -> q, k (RoPE'd unless ``cos`` is None), v,
-    each [B, heads, T, D / heads] and contiguous (the attention blocks reshape them freely)."""
+    each [B, heads, T + window_pad(T, window), D / heads], contiguous, zeros in the pad."""
     B, T, _ = qkv.shape
     q, k, v = qkv.view(B, T, 3, heads, -1).permute(2, 0, 3, 1, 4)
     if cos is not None:
         q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
+    pad = window_pad(T, window)
+    if pad:
+        return tuple(F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
     return q.contiguous(), k.contiguous(), v.contiguous()
 
 
@@ -187,7 +201,9 @@ _COMPILED: dict = {}
 
 def layer_pieces(kernels: str):
     """(heads_with_rope, residual_norm) for ``kernels``: plain, or torch.compile'd once per
-    process with dynamic shapes (CUDA; ``resolve_kernels`` says where it may run)."""
+    process (CUDA; ``resolve_kernels`` says where it may run), with the steps dimension
+    dynamic and batch, width and heads static: one compile per stage shape, not per clip
+    length, and kernels that divide by constants (all-dynamic shapes ran ~5-10x slower)."""
     if kernels == "eager":
         return heads_with_rope, residual_norm
     if not _COMPILED:
@@ -195,9 +211,25 @@ def layer_pieces(kernels: str):
 
         # every stage width and window is its own graph; the engine raises the limit too
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        _COMPILED["pieces"] = tuple(
-            torch.compile(fn, dynamic=True) for fn in (heads_with_rope, residual_norm)
-        )
+        heads_c = torch.compile(heads_with_rope)
+        norm_c = torch.compile(residual_norm)
+        mark = torch._dynamo.mark_dynamic
+
+        def heads(qkv, cos, sin, n_heads, window=None):
+            if qkv.shape[1] < 2 or cos is None:  # sizes 0 and 1 are always specialised
+                return heads_with_rope(qkv, cos, sin, n_heads, window)
+            for t, dim in ((qkv, 1), (cos, 0), (sin, 0)):
+                mark(t, dim)
+            return heads_c(qkv, cos, sin, n_heads, window)
+
+        def add_norm(x, u, scale, w, b, eps):
+            if x.shape[1] < 2:
+                return residual_norm(x, u, scale, w, b, eps)
+            mark(x, 1)
+            mark(u, 1)
+            return norm_c(x, u, scale, w, b, eps)
+
+        _COMPILED["pieces"] = (heads, add_norm)
     return _COMPILED["pieces"]
 
 
@@ -308,9 +340,9 @@ class Transformer:
         layers = self.layers
         h = layers[0]["norm1"](x) if layers else x
         for i, L in enumerate(layers):
-            q, k, v = heads(L["qkv"](h).to(dt), cos, sin, self.cfg.heads)
-            a = sliding_window_attention(q, k, v, self.cfg.context, self._mask)
-            u = L["o"](a.transpose(1, 2).reshape(B, T, D)).to(dt)
+            q, k, v = heads(L["qkv"](h).to(dt), cos, sin, self.cfg.heads, self.cfg.context)
+            a = sliding_window_attention(q, k, v, self.cfg.context, self._mask, T)
+            u = L["o"](a).to(dt)
             x, h = self._residual(add_norm, x, u, L["layer_scale_1"], L["norm2"])
             u = L["fc2"](F.gelu(L["fc1"](h).to(dt))).to(dt)
             following = layers[i + 1]["norm1"] if i + 1 < len(layers) else None
