@@ -108,6 +108,17 @@ def fp8_matmul_problem(device) -> str | None:
     return None
 
 
+def _to_host(x: torch.Tensor) -> torch.Tensor:
+    """``x`` on the host. From a GPU through page-locked memory (torch's caching host
+    allocator reuses the block call after call): a pageable copy of a batch's fp32 audio
+    (64 x 15-s stereo clips, 370 MB) took ~250 ms on an H200, a quarter of the decode."""
+    if x.device.type != "cuda":
+        return x.cpu()
+    host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    host.copy_(x)
+    return host
+
+
 # ---- the codec ---------------------------------------------------------------------------
 
 
@@ -327,7 +338,7 @@ class MossAudioTokenizer:
                         f"clip {i}: codes of shape {tuple(c.shape)}; expected [T, {self.n_vq}]"
                     )
                 grid[b, : c.shape[0]] = c[:, : self.n_vq]
-            audio = self.decode_padded(grid).cpu().numpy()
+            audio = _to_host(self.decode_padded(grid)).numpy()
             for b, i in enumerate(idx):
                 n = int(codes[i].shape[0]) * self.hop
                 out[i] = np.ascontiguousarray(audio[b, :n])

@@ -164,7 +164,8 @@ def sliding_window_attention(q, k, v, window: int | None, mask_cache: dict, leng
     rest = F.scaled_dot_product_attention(
         qr, k.as_strided(*span), v.as_strided(*span), attn_mask=mask_cache[key]
     )
-    out = torch.cat((first.transpose(1, 2), rest.view(B, H, n * W, dh).transpose(1, 2)), dim=1)
+    rest = rest.reshape(B, H, n * W, dh)  # a copy where the kernel wrote another layout
+    out = torch.cat((first.transpose(1, 2), rest.transpose(1, 2)), dim=1)
     return out[:, :T].reshape(B, T, H * dh)
 
 
