@@ -244,7 +244,7 @@ class MossAudioTokenizer:
         ck, c = self._ck, self.config
         enc_dtype = torch.bfloat16 if self.mode == "fp8" else self.dtype
         self.encoder = [
-            Transformer(s, ck, f"encoder.{i}", "dense", enc_dtype, self.device, self.kernels)
+            Transformer(s, ck, f"encoder.{i}", "dense", enc_dtype, self.device, "eager")
             if s.kind == "transformer"
             else s.patch
             for i, s in enumerate(c.encoder)
