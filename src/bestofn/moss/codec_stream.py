@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bestofn.moss.codec_layers import Transformer, patch_up
+from bestofn.moss.codec_layers import Transformer, patch_up, rotate_pairs
 
 
 class _StageCache:
@@ -33,12 +33,6 @@ class _StageCache:
         shape = (slots, c.heads, self.keep, dh)
         self.k = [torch.zeros(shape, dtype=stage.dtype, device=device) for _ in stage.layers]
         self.v = [torch.zeros(shape, dtype=stage.dtype, device=device) for _ in stage.layers]
-
-
-def _rope(x, cos, sin):
-    pairs = x.unflatten(-1, (-1, 2)).float()
-    a, b = pairs[..., 0], pairs[..., 1]
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
 def _stream_stage(stage: Transformer, cache: _StageCache, slots, pos, lens, x):
@@ -67,7 +61,7 @@ def _stream_stage(stage: Transformer, cache: _StageCache, slots, pos, lens, x):
         h = L["norm1"](x)
         q, k, v = L["qkv"](h).to(stage.dtype).view(B, N, 3, H, dh).permute(2, 0, 3, 1, 4)
         if cos is not None:
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
         keys = torch.cat((cache.k[i][slots], k), dim=2)
         values = torch.cat((cache.v[i][slots], v), dim=2)
         a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
