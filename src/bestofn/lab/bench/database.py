@@ -194,8 +194,10 @@ def write_groups(results: Path, groups: int, takes: int, seed: int, n_heads: int
     return paths
 
 
+# children_peak_rss_mib: the largest process the rule started (the report's forked half);
+# wait4's peak_rss_mib is the larger of the rule's process and it, not their sum.
 _CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
 args = json.loads(open(sys.argv[1]).read())
 t0 = time.perf_counter()
 if args["phase"] == "database":
@@ -204,7 +206,9 @@ if args["phase"] == "database":
 else:
     from bestofn.report import write_report
     out = str(write_report(**args["kwargs"]))
-print("BENCH_RESULT", json.dumps({"inner_s": time.perf_counter() - t0, "result": out}))
+children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print("BENCH_RESULT", json.dumps({"inner_s": time.perf_counter() - t0, "result": out,
+                                  "children_peak_rss_mib": children}))
 """
 
 
