@@ -295,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        # the machine's load beside the timings (a shared machine: neighbours move the wall)
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
     print(f"{args.groups} groups x {args.takes} takes, {row['columns']} columns "
           f"(written/checked in {write_s:.1f} s)", flush=True)  # fmt: skip
@@ -318,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     row["total_s"] = round(total, 2)
+    row["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(f"total: {total:.1f} s")
     if args.json:
         with open(args.json, "a") as f:
