@@ -194,8 +194,8 @@ def write_groups(results: Path, groups: int, takes: int, seed: int, n_heads: int
     return paths
 
 
-# children_peak_rss_mib: the largest process the rule started (the report's forked half);
-# wait4's peak_rss_mib is the larger of the rule's process and it, not their sum.
+# self_peak_rss_mib: the rule's process; children_peak_rss_mib: the largest process it started
+# (the report's forked half); wait4's peak_rss_mib is the larger of the two, not their sum.
 _CHILD = r"""
 import json, resource, sys, time
 args = json.loads(open(sys.argv[1]).read())
@@ -207,8 +207,9 @@ else:
     from bestofn.report import write_report
     out = str(write_report(**args["kwargs"]))
 children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("BENCH_RESULT", json.dumps({"inner_s": time.perf_counter() - t0, "result": out,
-                                  "children_peak_rss_mib": children}))
+                                  "self_peak_rss_mib": own, "children_peak_rss_mib": children}))
 """
 
 
