@@ -89,3 +89,23 @@ def test_report_connections_carry_the_database_settings(tmp_path):
         limit = default.execute("SELECT current_setting('memory_limit')").fetchone()[0]
         assert limit == "953.6 MiB"
         default.close()
+
+
+def _failing_selection_report(db_path, out_dir, database=None):
+    raise RuntimeError("selection half failed")
+
+
+def test_the_forked_selection_half_writes_its_files_and_raises_its_errors(
+    report, tmp_path, monkeypatch
+):
+    """The selection report is written by a forked process (report._forked): its files are
+    there, its lines are in throughput.md, and its error is the report's."""
+    from bestofn import trust_report
+
+    out = report.parent
+    for name in trust_report.FILES.values():
+        assert (out / name).stat().st_size > 0, name
+    assert "[selection.md](selection.md)" in report.read_text()
+    monkeypatch.setattr(trust_report, "write_selection_report", _failing_selection_report)
+    with pytest.raises(RuntimeError, match="selection half failed"):
+        write_report(tmp_path / "db.duckdb", tmp_path / "again")

@@ -82,3 +82,73 @@ def test_sql_that_fails_on_data_is_reported(tmp_path):
     with pytest.raises(SelectionError, match="selection SQL failed"):
         build_database(files, tmp_path / "x.duckdb", "wer <= 0.1", "missing_col")
     assert not (tmp_path / "x.duckdb").exists()
+
+
+def test_memory_share_of_a_duckdb_limit():
+    from bestofn.selection import memory_share
+
+    assert memory_share("1GB", 0.25) == "250000000 bytes"  # DuckDB: GB = 10^9 bytes
+    assert memory_share("1.5 GiB", 0.5) == f"{int(1.5 * 2**30 * 0.5)} bytes"
+    assert memory_share("500mb", 0.5) == "250000000 bytes"
+    assert memory_share("80%", 0.5) == "80%"  # another form: as it is
+    con = duckdb.connect()
+    con.execute("SET memory_limit = ?", [memory_share("1GB", 0.25)])
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "238.4 MiB"
+
+
+def test_an_error_in_a_chunk_stops_the_next_read_and_leaves_no_database(tmp_path, monkeypatch):
+    """The next chunk is read on a second connection while one is worked on: an error stops
+    it before the work database closes, and the half-built file is removed."""
+    import threading
+
+    from bestofn import selection, trust
+
+    files = [group_parquet(tmp_path, f"calm/p{i}", [0.0, 0.1], [1.0, 2.0]) for i in range(8)]
+    monkeypatch.setattr(selection, "CHUNK_TAKES", 4)
+    monkeypatch.setattr(selection, "FIRST_CHUNK_FILES", 2)
+    calls = []
+    add_chunk = trust.TrustTables.add_chunk
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("chunk 2")
+        add_chunk(self)
+
+    monkeypatch.setattr(trust.TrustTables, "add_chunk", failing)
+    with pytest.raises(RuntimeError, match="chunk 2"):
+        build_database(files, tmp_path / "x.duckdb", "wer <= 0.1", "quality")
+    assert not (tmp_path / "x.duckdb").exists()
+    assert not list(tmp_path.glob("x.tmp.duckdb*"))
+    assert not [t for t in threading.enumerate() if t.name.startswith("bestofn-read")]
+    monkeypatch.setattr(trust.TrustTables, "add_chunk", add_chunk)
+    counts = build_database(files, tmp_path / "x.duckdb", "wer <= 0.1", "quality")
+    assert counts == {"takes": 16, "groups": 8, "selected": 8}
+
+
+def test_a_chunk_with_an_older_file_is_read_by_name(tmp_path, monkeypatch):
+    """A chunk whose files differ in schema is read again by name (missing columns NULL),
+    chunk by chunk; the others keep the plain read."""
+    from bestofn import selection
+
+    files = [group_parquet(tmp_path, f"calm/p{i}", [0.0, 0.1], [1.0, 2.0]) for i in range(6)]
+    older = pq.read_table(files[3]).drop_columns(["quality"])
+    pq.write_table(older, files[3])
+    monkeypatch.setattr(selection, "CHUNK_TAKES", 4)
+    monkeypatch.setattr(selection, "FIRST_CHUNK_FILES", 2)
+    reads = []
+    read = selection._read_chunk
+
+    def spy(reader, chunk, union):
+        reads.append(len(chunk))
+        return read(reader, chunk, union)
+
+    monkeypatch.setattr(selection, "_read_chunk", spy)
+    counts = build_database(files, tmp_path / "x.duckdb", "wer <= 0.1", "coalesce(quality, 0)")
+    assert counts == {"takes": 12, "groups": 6, "selected": 6}
+    assert reads == [2, 2, 2]  # no restart of the build
+    con = duckdb.connect(str(tmp_path / "x.duckdb"), read_only=True)
+    nulls = con.execute(
+        "SELECT group_id, count(*) FROM takes WHERE quality IS NULL GROUP BY 1"
+    ).fetchall()
+    assert nulls == [("calm/p3", 2)]

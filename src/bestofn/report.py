@@ -174,16 +174,49 @@ def gpu_busy_table(rows: list[tuple]) -> list[str]:
     return [*out, ""]
 
 
+class _Done:
+    """The answer of a call already made (where no process could be forked)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _forked(fn, *args):
+    """``fn(*args)`` in a process forked now, which shares this one's imports, so the report's
+    two halves draw on two cores; its ``.result()`` is the answer (an error is raised there).
+    Where fork is not available, the call runs here at once."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return _Done(fn(*args))
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)  # the worker exits once the call is done
+    return future
+
+
 def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None = None) -> Path:
     """The report's files in ``out_dir``; ``database``: the config's ``database:`` settings
-    (DuckDB's memory limit and threads; None: the schema's defaults)."""
+    (DuckDB's memory limit and threads; None: the schema's defaults).
+
+    The selection report (bestofn.trust_report: selection.md, its plots, the listening page)
+    is written by a forked process meanwhile: each half is ~half the report's fixed cost,
+    mostly matplotlib (12 groups, 2026-12-01). Only that half reads the takes (the listening
+    page); this one reads per-group tables."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bestofn.trust_report import write_selection_report
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    selection = _forked(write_selection_report, db_path, out_dir, database)
     con = open_read_only(db_path, database)
     # one row as a dict (no pandas: its import alone is ~0.5 s of a report that has ~2 s)
     cur = con.execute("SELECT * FROM throughput WHERE level = 'overall'")
@@ -282,9 +315,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None
         "",
     ]
     # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).
-    from bestofn.trust_report import write_selection_report
-
-    lines += write_selection_report(db_path, out_dir, database)
+    lines += selection.result()
     if n_unselected:
         lines += ["## Groups with no passing take", ""]
         listed = con.execute(

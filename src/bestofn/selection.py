@@ -5,6 +5,8 @@ columns the configured scorers declare before any generation starts (``check_sel
 
 from __future__ import annotations
 
+import re
+from contextlib import closing
 from pathlib import Path
 
 import duckdb
@@ -17,17 +19,41 @@ __all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection"
 # DuckDB's own memory (config: database.memory_limit, passed in by the rule) bounds the rule
 # whatever the run's size: past it, sorts, joins and aggregates spill to a temporary directory
 # beside the database (under results/). The rest of the process holds one chunk of takes
-# (CHUNK_TAKES) and per-group rows, and the transaction below keeps every chunk's replaced rows
-# until its commit (610 MB at 256k takes: peak RSS still grows with the run, docs/PERFORMANCE.md).
+# (CHUNK_TAKES) and per-group rows.
 CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files)
 # The whole build is one transaction: DuckDB then writes the appended takes' row groups
 # straight to the file as they fill, not through the WAL (an append per chunk outside a
-# transaction went through the WAL: 2-3x slower).
+# transaction went through the WAL: 2-3x slower). The chunk's own tables live in an in-memory
+# database of their own (_work_database), outside that transaction: inside it, every chunk's
+# deleted and updated rows were kept until the commit (610 MB at 256k takes, peak RSS growing
+# with the run).
 FIRST_CHUNK_FILES = 64
 # Files per chunk at most: each open parquet reader holds its footer and buffers (~0.4 MB at 90
 # columns, outside DuckDB's memory_limit): 2,048 files a chunk peaked at 1.6 GB, 512 at 1.06 GB
 # (6,000 files of 4 takes, 2026-12-01), and 8k files ran DuckDB out of its 1 GB.
 MAX_CHUNK_FILES = 512
+# Shares of database.memory_limit while the chunks are read: the work database's (one chunk) and
+# the build's connection's, which then only appends (takes and per-group rows). Its buffer pool
+# kept every written block of takes and the per-group rows in memory up to the whole limit
+# (~20 MB a chunk: 660 MB at 1M takes, peak RSS 1.31 GB); capped, DuckDB evicts the written
+# blocks and spills the per-group rows, so the peak follows the chunk, not the run. The whole
+# limit is back for the final tables (sorts, trust tables), after the work database is closed.
+WORK_MEMORY_SHARE = 0.5
+APPEND_MEMORY_SHARE = 0.25
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "bytes": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def memory_share(limit: str, share: float) -> str:
+    """``share`` of a DuckDB memory limit such as ``1GB`` (DuckDB's units: GB = 10^9 bytes,
+    GiB = 2^30), in bytes; a limit of another form (``80%``) is returned as it is."""
+    m = _SIZE.match(limit)
+    if not m or m[2].lower() not in _UNITS:
+        return limit
+    return f"{int(float(m[1]) * _UNITS[m[2].lower()] * share)} bytes"
+
+
 # Group-level columns older parquets may lack (added as NULL)
 _LATE_COLUMNS = (
     "host", "worker_pid", "slurm_job_id", "group_generate_gpu_s", "group_restore_gpu_s",
@@ -69,17 +95,37 @@ def check_selection(
         ) from None
 
 
-def _chunks(con, files: list[str]):
-    """Consecutive slices of ``files`` of about CHUNK_TAKES takes (whole files: whole groups),
-    sized by the takes per file so far (``chunk_scored`` holds the last chunk's once the
-    caller has read it)."""
-    start, rows, size = 0, 0, FIRST_CHUNK_FILES
-    while start < len(files):
-        chunk = files[start : start + size]
-        yield chunk
-        start += len(chunk)
-        rows += con.execute("SELECT count(*) FROM chunk_scored").fetchone()[0]
-        size = min(MAX_CHUNK_FILES, max(1, int(CHUNK_TAKES * start / max(rows, 1))))
+def _next_chunk(files: list[str], start: int, rows: int) -> list[str]:
+    """The files of the chunk after ``start`` files of ``rows`` takes: about CHUNK_TAKES takes
+    (whole files: whole groups), sized by the takes per file so far."""
+    if not start:
+        return files[:FIRST_CHUNK_FILES]
+    size = min(MAX_CHUNK_FILES, max(1, int(CHUNK_TAKES * start / max(rows, 1))))
+    return files[start : start + size]
+
+
+def _read_chunks(work, files: list[str], union: list[tuple], chunked: bool):
+    """Yield each chunk's files once its takes are in ``chunk_scored`` on ``work``; while the
+    caller works on one chunk, the next is read on a second connection of the work database
+    into ``chunk_next`` (the reads are half the rule's time and run on one thread: the other
+    core reads meanwhile)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    reader = work.cursor()
+    start, rows = 0, 0
+    chunk = _next_chunk(files, 0, 0) if chunked else files
+    with ThreadPoolExecutor(1, thread_name_prefix="bestofn-read") as pool:
+        pending = pool.submit(_read_chunk, reader, chunk, union)
+        while pending is not None:
+            rows += pending.result()
+            start += len(chunk)
+            work.execute("DROP TABLE IF EXISTS chunk_scored")
+            work.execute("ALTER TABLE chunk_next RENAME TO chunk_scored")
+            following = _next_chunk(files, start, rows)
+            pending = pool.submit(_read_chunk, reader, following, union) if following else None
+            yield chunk
+            chunk = following
+    reader.close()
 
 
 _PER_GROUP_SQL = """
@@ -185,10 +231,6 @@ class _SplitGroup(Exception):
     """A group's takes came in files of two chunks (not the results layout)."""
 
 
-class _MixedSchemas(Exception):
-    """A chunk's files have more than one schema (a run that spans an upgrade)."""
-
-
 def build_database(
     parquets: list[str | Path],
     db_path: str | Path,
@@ -216,19 +258,16 @@ def build_database(
     files = [str(p) for p in parquets]
     if memory_limit is None:  # a library call: the config schema's default (database:)
         memory_limit = database_defaults()["memory_limit"]
-    mode = dict(chunked=True, by_name=False)
-    while True:
-        try:
-            return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
-                          memory_limit, threads, **mode)  # fmt: skip
-        except _SplitGroup:
-            mode["chunked"] = False
-        except _MixedSchemas:
-            mode["by_name"] = True
+    try:
+        return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
+                      memory_limit, threads, chunked=True)  # fmt: skip
+    except _SplitGroup:
+        return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
+                      memory_limit, threads, chunked=False)  # fmt: skip
 
 
 def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directions,
-           memory_limit, threads, chunked: bool, by_name: bool) -> dict:  # fmt: skip
+           memory_limit, threads, chunked: bool) -> dict:  # fmt: skip
     tmp = db_path.with_suffix(".tmp.duckdb")
     tmp.unlink(missing_ok=True)
     spill = db_path.parent / ".duckdb-tmp"
@@ -240,7 +279,7 @@ def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directio
         con.execute(f"SET temp_directory = '{spill}'")
         con.execute("BEGIN")
         _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill,
-              chunked, by_name)  # fmt: skip
+              memory_limit, chunked)  # fmt: skip
         con.execute("COMMIT")
         counts = dict(
             takes=con.execute("SELECT count(*) FROM takes").fetchone()[0],
@@ -281,8 +320,40 @@ def _union_schema(con, files: list[str], spill: Path) -> None:
         Path(other).unlink()
 
 
-def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, chunked,
-          by_name) -> None:  # fmt: skip
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _work_database(con, filter_sql, score_sql, memory_limit, spill: Path):
+    """An in-memory DuckDB database of its own (another instance, so outside the build's
+    transaction, its statements committed one by one) for the chunk's tables: the chunk's takes
+    (``chunk_scored``, the columns of ``takes`` and ``score``, ``passes``: ``chunk_template``'s)
+    and its best takes.
+    One thread (the reads are fastest on one, _read_chunk), WORK_MEMORY_SHARE of the build's
+    memory limit; it holds one chunk (~100 MB at CHUNK_TAKES takes of 90 columns)."""
+    work = duckdb.connect(":memory:")
+    work.execute("SET memory_limit = ?", [memory_share(memory_limit, WORK_MEMORY_SHARE)])
+    work.execute("SET threads = 1")
+    work.execute(f"SET temp_directory = '{spill / 'chunk'}'")
+    cols = con.execute("SELECT column_name, column_type FROM (DESCRIBE takes)").fetchall()
+    work.execute(f"CREATE TABLE takes ({', '.join(f'{_q(c)} {t}' for c, t in cols)})")
+    work.execute(f"CREATE TABLE chunk_template AS {_scored_sql(filter_sql, score_sql)} LIMIT 0")
+    work.execute("CREATE TABLE chunk_scored AS FROM chunk_template")  # replaced by each chunk
+    work.execute(
+        "CREATE TABLE chunk_selection AS "
+        "SELECT rowid AS rid, group_id, take, flac_path FROM chunk_template LIMIT 0"
+    )
+    return work
+
+
+def _create_like(con, work, name: str, sql: str) -> None:
+    """A temporary table ``name`` on ``con`` with the columns and types of ``sql`` on ``work``."""
+    cols = work.execute(f"DESCRIBE {sql}").fetchall()
+    con.execute(f"CREATE TEMP TABLE {name} ({', '.join(f'{_q(c[0])} {c[1]}' for c in cols)})")
+
+
+def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, memory_limit,
+          chunked) -> None:  # fmt: skip
     _union_schema(con, files, spill)
     union = [tuple(r[:2]) for r in con.execute("DESCRIBE takes").fetchall()]
     have = {name for name, _ in union}
@@ -295,21 +366,27 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, 
     except duckdb.Error as e:
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
     entries = trust.resolve_held_out(con, held_out, directions)
-    con.execute("CREATE TEMP TABLE chunk_scored AS FROM scored LIMIT 0")
-    con.execute("CREATE TEMP TABLE part_selection AS SELECT * EXCLUDE (passes) FROM scored LIMIT 0")
-    con.execute(
-        "CREATE TEMP TABLE chunk_selection AS "
-        "SELECT rowid AS rid, group_id, take, flac_path FROM chunk_scored LIMIT 0"
-    )
-    con.execute(f"CREATE TEMP TABLE part_groups AS {_GROUPS_SQL} LIMIT 0")
-    con.execute(f"CREATE TEMP TABLE part_per_group AS {_PER_GROUP_SQL} LIMIT 0")
-    tables = trust.TrustTables(con, filter_sql, entries, seed, directions)
-
-    if chunked:
-        for chunk in _chunks(con, files):
-            _add_chunk(con, chunk, filter_sql, score_sql, tables, union, by_name)
-    else:
-        _add_chunk(con, files, filter_sql, score_sql, tables, union, by_name)
+    work = _work_database(con, filter_sql, score_sql, memory_limit, spill)
+    try:
+        con.execute(
+            "CREATE TEMP TABLE part_selection AS SELECT * EXCLUDE (passes) FROM scored LIMIT 0"
+        )
+        _create_like(con, work, "part_groups", _GROUPS_SQL)
+        _create_like(con, work, "part_per_group", _PER_GROUP_SQL)
+        tables = trust.TrustTables(con, filter_sql, entries, seed, directions, work=work)
+        # The build's connection only appends during the chunks: ordered appends of Arrow run
+        # fastest on one thread (0.2 s a chunk against 0.33 s on two, 2026-12-01).
+        threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
+        con.execute("SET threads = 1")
+        con.execute("SET memory_limit = ?", [memory_share(memory_limit, APPEND_MEMORY_SHARE)])
+        # closing: an error stops the next chunk's read before the work database is closed
+        with closing(_read_chunks(work, files, union, chunked)) as chunks:
+            for _ in chunks:
+                _add_chunk(con, work, filter_sql, score_sql, tables)
+        con.execute("SET threads = ?", [int(threads)])
+        con.execute("SET memory_limit = ?", [memory_limit])
+    finally:
+        work.close()
     split = con.execute(
         "SELECT group_id FROM part_groups GROUP BY group_id HAVING count(*) > 1 LIMIT 1"
     ).fetchone()
@@ -321,73 +398,60 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, 
     con.execute("CREATE VIEW unselected AS SELECT * FROM groups WHERE status <> 'selected'")
     con.execute(_THROUGHPUT_SQL)
     tables.finish()
-    for name in (
-        "chunk_scored",
-        "chunk_selection",
-        "chunk_groups",
-        "chunk_random",
-    ):
-        con.execute(f"DROP TABLE IF EXISTS {name}")
     for name in ("selection", "groups", "per_group"):
         con.execute(f"DROP TABLE part_{name}")
 
 
-def _read_chunk(con, chunk: list[str], union: list[tuple], by_name: bool) -> None:
-    """The chunk's takes into ``chunk_scored``, columns by name (missing ones NULL). Where the
-    chunk's first file has the whole run's schema (the usual case), DuckDB reads the files
-    with that schema (no footer pass over every file: ~40 % faster); a file that differs
-    (an older schema) fails that read, which aborts the build's transaction: the build starts
-    again reading every chunk with ``union_by_name`` (``by_name``).
+def _read_chunk(reader, chunk: list[str], union: list[tuple]) -> int:
+    """The chunk's takes into a new ``chunk_next`` (``chunk_template``'s columns) on
+    ``reader`` (a connection of the work database), columns by name (missing ones NULL); the
+    number of takes. Where the chunk's first file has the whole run's schema (the usual case),
+    DuckDB reads the files with that schema (no footer pass over every file: ~40 % faster);
+    where a file differs (an older schema) that read fails, and the chunk is read again with
+    ``union_by_name`` (the work database commits statement by statement: the build's
+    transaction is not aborted).
 
-    The read runs on one DuckDB thread: with the insertion order kept (the tables' order is
-    the files' order), two threads read 64-take files at half the speed of one (DuckDB
-    2.0.1 on 2 cores, 2026-12-01: 10.3 s against 5.8 s for 2,048 files)."""
-    first = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [chunk[0]]).fetchall()
-    plain = not by_name and [tuple(r[:2]) for r in first] == union
-    threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
-    con.execute("SET threads = 1")
+    The work database runs on one DuckDB thread: with the insertion order kept (the tables'
+    order is the files' order), two threads read 64-take files at half the speed of one
+    (DuckDB 2.0.1 on 2 cores, 2026-12-01: 10.3 s against 5.8 s for 2,048 files)."""
+    reader.execute("CREATE OR REPLACE TABLE chunk_next AS FROM chunk_template")
+    first = reader.execute("DESCRIBE SELECT * FROM read_parquet(?)", [chunk[0]]).fetchall()
+    read = "INSERT INTO chunk_next BY NAME SELECT * FROM read_parquet(?{})"
+    if [tuple(r[:2]) for r in first] == union:
+        try:
+            return reader.execute(read.format(""), [chunk]).fetchone()[0]
+        except duckdb.Error:  # a file of another schema
+            reader.execute("DELETE FROM chunk_next")
+    return reader.execute(read.format(", union_by_name = true"), [chunk]).fetchone()[0]
+
+
+def _add_chunk(con, work, filter_sql, score_sql, tables) -> None:
+    """Reduce the chunk in ``chunk_scored`` on ``work`` (_read_chunks): append its takes and
+    its per-group rows to the build's tables on ``con``."""
     try:
-        if plain:
-            con.execute("INSERT INTO chunk_scored BY NAME SELECT * FROM read_parquet(?)", [chunk])
-        else:
-            con.execute(
-                "INSERT INTO chunk_scored BY NAME "
-                "SELECT * FROM read_parquet(?, union_by_name = true)",
-                [chunk],
-            )
-    except duckdb.Error as e:
-        if plain:  # a file of another schema
-            raise _MixedSchemas(chunk[0]) from e
-        raise
-    con.execute("SET threads = ?", [int(threads)])
-
-
-def _add_chunk(con, chunk: list[str], filter_sql, score_sql, tables, union, by_name) -> None:
-    """Read one chunk of files once: append its takes, reduce them to per-group rows."""
-    con.execute("DELETE FROM chunk_scored")
-    _read_chunk(con, chunk, union, by_name)
-    try:
-        con.execute(
+        work.execute(
             f"UPDATE chunk_scored SET score = ({score_sql})::DOUBLE, "
             f"passes = coalesce(({filter_sql})::BOOLEAN, false)"
         )
     except duckdb.Error as e:
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
-    con.execute("INSERT INTO takes SELECT * EXCLUDE (score, passes) FROM chunk_scored")
+    takes = work.sql("SELECT * EXCLUDE (score, passes) FROM chunk_scored")
+    trust.insert_arrow(con, "takes", takes.to_arrow_reader(CHUNK_TAKES))
     # The best passing take per group (a narrow window; the whole row joins back by rowid).
-    con.execute("DELETE FROM chunk_selection")
-    con.execute(
+    work.execute("DELETE FROM chunk_selection")
+    work.execute(
         """
         INSERT INTO chunk_selection
         SELECT rowid, group_id, take, flac_path FROM chunk_scored WHERE passes
         QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY score DESC NULLS LAST, take) = 1
         """
     )
-    con.execute(
-        "INSERT INTO part_selection SELECT * EXCLUDE (passes) FROM chunk_scored "
+    selected = work.sql(
+        "SELECT * EXCLUDE (passes) FROM chunk_scored "
         "WHERE rowid IN (SELECT rid FROM chunk_selection)"
     )
-    con.execute(f"CREATE OR REPLACE TEMP TABLE chunk_groups AS {_GROUPS_SQL}")
-    con.execute("INSERT INTO part_groups FROM chunk_groups")
-    con.execute(f"INSERT INTO part_per_group {_PER_GROUP_SQL}")
+    trust.insert_arrow(con, "part_selection", selected.to_arrow_table())
+    work.execute(f"CREATE OR REPLACE TABLE chunk_groups AS {_GROUPS_SQL}")
+    trust.insert_arrow(con, "part_groups", work.sql("FROM chunk_groups").to_arrow_table())
+    trust.insert_arrow(con, "part_per_group", work.sql(_PER_GROUP_SQL).to_arrow_table())
     tables.add_chunk()

@@ -47,9 +47,9 @@ from bestofn.held_out import (  # re-exported: the rest of bestofn imports them 
 from bestofn.takes_schema import BASE_COLUMNS, SelectionError
 
 __all__ = [
-    "TrustTables", "check_held_out", "filter_clauses", "held_out_columns", "measure_columns",
-    "presentation_order", "referenced_columns", "resolve_held_out", "scorer_directions",
-    "seeded_rng",
+    "TrustTables", "check_held_out", "filter_clauses", "held_out_columns", "insert_arrow",
+    "measure_columns", "presentation_order", "referenced_columns", "resolve_held_out",
+    "scorer_directions", "seeded_rng",
 ]  # fmt: skip
 
 # Base columns that measure a take (the rest are bookkeeping: ids, seeds, timings, workers).
@@ -128,13 +128,66 @@ def resolve_held_out(
     return entries
 
 
-def _insert_arrow(con, table: str, data) -> None:
-    """Insert a pyarrow table (many rows: executemany is row by row)."""
-    con.register("_bestofn_rows", data)
-    try:
-        con.execute(f"INSERT INTO {table} SELECT * FROM _bestofn_rows")
-    finally:
-        con.unregister("_bestofn_rows")
+def arrow_array(values, type_=None, mask=None):
+    """A pyarrow array of ``values`` (a sequence, or a numpy array; NULL where a value is None
+    or ``mask`` is True), strings or numbers, built from its buffers: ``pa.array`` (and
+    Arrow's ``to_numpy``) import pandas (0.44 s of a 1.7-s database rule at 12 groups); this
+    module reads DuckDB's answers with ``fetchnumpy`` and builds Arrow with this instead."""
+    import pyarrow as pa
+
+    n = len(values)
+    if type_ is None:
+        type_ = pa.from_numpy_dtype(values.dtype)
+    if mask is None and (not isinstance(values, np.ndarray) or values.dtype == object):
+        mask = np.fromiter((v is None for v in values), bool, n)
+    valid = None
+    if mask is not None and np.any(mask):
+        valid = pa.py_buffer(np.packbits(~np.asarray(mask, bool), bitorder="little"))
+    if pa.types.is_string(type_):
+        data = [b"" if v is None else str(v).encode() for v in values]
+        offsets = np.zeros(n + 1, np.int32)
+        np.cumsum([len(b) for b in data], out=offsets[1:])
+        buffers = [valid, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
+        return pa.Array.from_buffers(type_, n, buffers)
+    dtype = np.dtype(type_.to_pandas_dtype())
+    if isinstance(values, np.ndarray) and values.dtype != object:
+        numbers = np.ascontiguousarray(values, dtype)
+    else:
+        numbers = np.fromiter((0 if v is None else v for v in values), dtype, n)
+    return pa.Array.from_buffers(type_, n, [valid, pa.py_buffer(numbers)])
+
+
+def _filled(a, fill):
+    """A ``fetchnumpy`` column with its NULLs (a masked array's masked cells) set to ``fill``."""
+    return np.ma.filled(a, fill) if isinstance(a, np.ma.MaskedArray) else np.asarray(a)
+
+
+def insert_arrow(con, table: str, data) -> None:
+    """Insert a pyarrow table or reader (many rows: executemany is row by row), by position.
+    Through a relation, not ``register``: inside a transaction a registered view keeps its
+    Arrow data alive until the commit (60 MB a chunk, measured 2026-12-01)."""
+    con.from_arrow(data).insert_into(table)
+
+
+# The rank sums' products (takes x columns, transposed, times takes x columns) run in blocks
+# of rows small enough that OpenBLAS computes each on one thread (it splits a product of more
+# than 2^18 multiply-adds): its threads wait for each other spinning, so with the other core
+# busy a whole-chunk product (32,768 x 53) took 0.7-1.6 s against 0.02 s on one thread (this
+# 2-core VM, numpy 2.4's OpenBLAS, 2026-12-01), up to a third of the database rule at 256k.
+_SINGLE_THREAD_MADDS = 2**18
+
+
+def _add_rank_sums(sums: dict, valid: np.ndarray, r0: np.ndarray) -> None:
+    """``sums`` += the pooled products of ``valid`` (1 where a take has a rank) and ``r0``
+    (the ranks, 0 where none): [a, b] sums over the takes where a and b are both set."""
+    k = r0.shape[1]
+    step = max(16, _SINGLE_THREAD_MADDS // max(1, k * k))
+    for i in range(0, len(r0), step):
+        v, r = valid[i : i + step], r0[i : i + step]
+        sums["n"] += v.T @ v
+        sums["a"] += r.T @ v  # [a, b]: sum of a over takes where a and b are set
+        sums["aa"] += (r * r).T @ v
+        sums["ab"] += r.T @ r
 
 
 def _bootstrap_ci(d: np.ndarray, rng: np.random.Generator) -> tuple[float, float]:
@@ -152,9 +205,11 @@ def _bootstrap_ci(d: np.ndarray, rng: np.random.Generator) -> tuple[float, float
 class TrustTables:
     """The trust tables of this module's docstring, fed chunk by chunk.
 
-    ``add_chunk`` reads the temporary ``chunk_scored`` (a chunk's takes with ``score`` and
-    ``passes``) and ``chunk_groups`` (those groups' rows of the ``groups`` table); ``finish``
-    writes the tables from what the chunks left."""
+    ``add_chunk`` reads ``chunk_scored`` (a chunk's takes with ``score`` and ``passes``) and
+    ``chunk_groups`` (those groups' rows of the ``groups`` table) on ``work`` (the build's
+    connection where None; bestofn.selection passes an in-memory database of its own, so the
+    per-chunk tables are not versioned by the build's one transaction) and appends what it
+    keeps of them to the ``part_*`` tables on ``con``; ``finish`` writes the tables from those."""
 
     def __init__(
         self,
@@ -163,8 +218,10 @@ class TrustTables:
         entries: list[HeldOut],
         seed: int,
         directions: dict[str, str] | None = None,
+        work: duckdb.DuckDBPyConnection | None = None,
     ):
         self.con, self.filter_sql, self.entries, self.seed = con, filter_sql, entries, seed
+        self.work = con if work is None else work
         self.held = {h.column.lower(): h.better for h in entries}
         self.directions = directions or {}
         self.candidates = measure_candidates(con)
@@ -204,7 +261,7 @@ class TrustTables:
     def _random_takes(self) -> None:
         import pyarrow as pa
 
-        rows = self.con.execute(
+        rows = self.work.execute(
             """
             WITH best AS (
                 SELECT group_id, take FROM chunk_scored
@@ -231,13 +288,16 @@ class TrustTables:
                 out[key].append(value)
         data = pa.table(
             {
-                "group_id": pa.array(out["group_id"], pa.string()),
-                **{k: pa.array(out[k], pa.int32()) for k in list(out)[1:]},
+                "group_id": arrow_array(out["group_id"], pa.string()),
+                **{k: arrow_array(out[k], pa.int32()) for k in list(out)[1:]},
             }
         )
-        self.con.execute("CREATE OR REPLACE TEMP TABLE chunk_random AS FROM part_random LIMIT 0")
-        _insert_arrow(self.con, "chunk_random", data)
-        self.con.execute("INSERT INTO part_random SELECT * FROM chunk_random")
+        self.work.execute(
+            "CREATE OR REPLACE TEMP TABLE chunk_random (group_id VARCHAR, random_take INTEGER, "
+            "shown_take INTEGER, other_take INTEGER)"
+        )
+        insert_arrow(self.work, "chunk_random", data)
+        insert_arrow(self.con, "part_random", data)
 
     def _numeric_stats(self) -> None:
         """One pull of the chunk's numeric columns; per selected group and column the gains
@@ -245,51 +305,52 @@ class TrustTables:
         pairwise sums of the centred within-group ranks over the chunk's takes (a Pearson
         correlation needs no more), in a few vectorised passes."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         from bestofn.group_stats import group_stats
 
-        con, cols = self.con, self.cols
-        values = ", ".join(f"{_q(c)}::DOUBLE" for c in cols)
-        table = con.sql(f"SELECT group_id, take, {values} FROM chunk_scored").to_arrow_table()
-        if not table.num_rows:
+        con, work, cols = self.con, self.work, self.cols
+        values = ", ".join(f"{_q(c)}::DOUBLE AS v{i}" for i, c in enumerate(cols))
+        table = work.sql(f"SELECT group_id, take, {values} FROM chunk_scored").fetchnumpy()
+        gid = _filled(table["group_id"], None).astype(object)
+        if not len(gid):
             return
-        codes = table.column(0).combine_chunks().dictionary_encode()
-        names = codes.dictionary
-        groups = con.sql(
-            "SELECT g.group_id, g.emotion, g.status = 'selected', g.selected_take, r.random_take "
-            "FROM chunk_groups g JOIN chunk_random r USING (group_id)"
-        ).to_arrow_table()
-        at = pc.index_in(groups.column(0), value_set=names).to_numpy(zero_copy_only=False)
+        # the chunk's groups in the order of their first take, each take's group among them
+        uniq, first, inverse = np.unique(gid, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        group_codes, names = rank[inverse.ravel()], uniq[order]
+        groups = work.sql(
+            "SELECT g.group_id, g.emotion, g.status = 'selected' AS selected, g.selected_take, "
+            "r.random_take FROM chunk_groups g JOIN chunk_random r USING (group_id)"
+        ).fetchnumpy()
+        position = {name: i for i, name in enumerate(names.tolist())}
+        at = np.array([position[g] for g in groups["group_id"].tolist()], dtype=np.int64)
         n_groups = len(names)
 
         def per_group(column, fill):
             out = np.full(n_groups, fill, dtype=np.int64)
-            v = groups.column(column).fill_null(fill).to_numpy(zero_copy_only=False)
-            out[at] = v
+            out[at] = _filled(groups[column], fill)
             return out
 
-        cells = [table.column(i).combine_chunks() for i in range(2, table.num_columns)]
-        nulls = np.column_stack([c.is_null().to_numpy(zero_copy_only=False) for c in cells])
-        x = np.column_stack([c.fill_null(0.0).to_numpy(zero_copy_only=False) for c in cells])
-        takes = table.column(1).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        cells = [table[f"v{i}"] for i in range(len(cols))]
+        nulls = np.column_stack([np.ma.getmaskarray(c) for c in cells])
+        x = np.column_stack([_filled(c, 0.0).astype(float) for c in cells])
+        takes = _filled(table["take"], -1).astype(np.int64)
         stats, ranks = group_stats(
-            codes.indices.to_numpy(zero_copy_only=False), takes, x, nulls,
-            [per_group(3, -1), per_group(4, -1)], n_groups,
+            group_codes, takes, x, nulls,
+            [per_group("selected_take", -1), per_group("random_take", -1)], n_groups,
         )  # fmt: skip
         self.non_null += (~nulls[:, : len(self.candidates)]).sum(axis=0)
 
         valid = (~np.isnan(ranks)).astype(float)
         r0 = np.where(valid > 0, ranks, 0.0)
-        self.sums["n"] += valid.T @ valid
-        self.sums["a"] += r0.T @ valid  # [a, b]: sum of a over takes where a and b are set
-        self.sums["aa"] += (r0 * r0).T @ valid
-        self.sums["ab"] += r0.T @ r0
+        _add_rank_sums(self.sums, valid, r0)
 
         selected = np.zeros(n_groups, dtype=bool)
-        selected[at] = groups.column(2).fill_null(False).to_numpy(zero_copy_only=False)
+        selected[at] = _filled(groups["selected"], False)
         emotion = np.empty(n_groups, dtype=object)
-        emotion[at] = groups.column(1).to_numpy(zero_copy_only=False)
+        emotion[at] = _filled(groups["emotion"], None)
         g = np.flatnonzero(selected)
         if not len(g):
             return
@@ -308,16 +369,15 @@ class TrustTables:
 
         def flat(a, null=None):  # (groups, columns) -> column-major over the selected groups
             v = a[g].T.ravel()
-            return pa.array(v, mask=None if null is None else null[g].T.ravel())
+            return arrow_array(v, mask=None if null is None else null[g].T.ravel())
 
         rows = pa.table(
             {
-                "group_id": pa.array(np.tile(names.to_numpy(zero_copy_only=False)[g], k),
-                                     pa.string()),
-                "emotion": pa.array(np.tile(emotion[g], k), pa.string()),
-                "column_name": pa.array(np.repeat(np.array(cols, dtype=object), len(g)),
+                "group_id": arrow_array(np.tile(names[g], k), pa.string()),
+                "emotion": arrow_array(np.tile(emotion[g], k), pa.string()),
+                "column_name": arrow_array(np.repeat(np.array(cols, dtype=object), len(g)),
                                         pa.string()),
-                "better": pa.array(np.repeat(np.array(better, dtype=object), len(g)),
+                "better": arrow_array(np.repeat(np.array(better, dtype=object), len(g)),
                                    pa.string()),
                 "selected": flat(sel, sel_null),
                 "median": flat(stats.median, empty),
@@ -326,10 +386,10 @@ class TrustTables:
                 "max": flat(stats.max, empty),
                 "best": flat(best, best_null),
                 "n_takes": flat(stats.count),
-                "position": pa.array(np.repeat(np.arange(k, dtype=np.int32), len(g))),
+                "position": arrow_array(np.repeat(np.arange(k, dtype=np.int32), len(g))),
             }
         )  # fmt: skip
-        _insert_arrow(con, "part_gains", rows)
+        insert_arrow(con, "part_gains", rows)
 
     def _funnel_counts(self) -> None:
         cums = [
@@ -337,10 +397,11 @@ class TrustTables:
             for i in range(len(self.clauses))
         ]
         counts = "".join(f", count(*) FILTER (WHERE {c})" for c in cums)
-        self.con.execute(
-            f"INSERT INTO part_funnel SELECT emotion, group_id, count(*){counts} "
-            "FROM chunk_scored GROUP BY emotion, group_id"
+        rows = self.work.sql(
+            f"SELECT emotion, group_id, count(*){counts} FROM chunk_scored "
+            "GROUP BY emotion, group_id"
         )
+        insert_arrow(self.con, "part_funnel", rows.to_arrow_table())
 
     # -- at the end --------------------------------------------------------------------------
 
@@ -401,11 +462,10 @@ class TrustTables:
             data = con.sql(
                 "SELECT emotion, selected, median, random FROM group_gains "
                 f"WHERE column_name = {_lit(h.column)} AND selected IS NOT NULL ORDER BY group_id"
-            ).to_arrow_table()
-            emotion = np.array(data.column("emotion").to_pylist(), dtype=object)
+            ).fetchnumpy()
+            emotion = np.array(_filled(data["emotion"], None).tolist(), dtype=object)
             sel, med, rnd = (
-                data.column(c).to_numpy(zero_copy_only=False).astype(float)
-                for c in ("selected", "median", "random")
+                _filled(data[c].astype(float), np.nan) for c in ("selected", "median", "random")
             )
             levels = [("overall", None, np.ones(len(sel), dtype=bool))]
             for e in sorted(set(emotion.tolist())):
@@ -470,11 +530,11 @@ class TrustTables:
             types = [pa.string(), pa.string(), pa.float64(), pa.int64()]
             data = pa.table(
                 {
-                    k: pa.array([r[i] for r in rows], t)
+                    k: arrow_array([r[i] for r in rows], t)
                     for i, (k, t) in enumerate(zip(names, types, strict=True))
                 }
             )
-            _insert_arrow(self.con, "score_correlation", data)
+            insert_arrow(self.con, "score_correlation", data)
 
     def _funnel(self) -> None:
         con, clauses = self.con, self.clauses
@@ -534,8 +594,8 @@ class TrustTables:
                     for k, v in zip(names, row, strict=True):
                         out[k].append(v)
             types = [pa.string()] * 3 + [pa.int32(), pa.int32(), pa.string(), pa.int64()]
-            data = pa.table({k: pa.array(out[k], t) for k, t in zip(names, types, strict=True)})
-            _insert_arrow(con, "listening", data)
+            data = pa.table({k: arrow_array(out[k], t) for k, t in zip(names, types, strict=True)})
+            insert_arrow(con, "listening", data)
 
 
 def _lit(value) -> str:

@@ -194,8 +194,10 @@ def write_groups(results: Path, groups: int, takes: int, seed: int, n_heads: int
     return paths
 
 
+# self_peak_rss_mib: the rule's process; children_peak_rss_mib: the largest process it started
+# (the report's forked half); wait4's peak_rss_mib is the larger of the two, not their sum.
 _CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
 args = json.loads(open(sys.argv[1]).read())
 t0 = time.perf_counter()
 if args["phase"] == "database":
@@ -204,7 +206,10 @@ if args["phase"] == "database":
 else:
     from bestofn.report import write_report
     out = str(write_report(**args["kwargs"]))
-print("BENCH_RESULT", json.dumps({"inner_s": time.perf_counter() - t0, "result": out}))
+children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print("BENCH_RESULT", json.dumps({"inner_s": time.perf_counter() - t0, "result": out,
+                                  "self_peak_rss_mib": own, "children_peak_rss_mib": children}))
 """
 
 
@@ -291,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        # the machine's load beside the timings (a shared machine: neighbours move the wall)
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
     print(f"{args.groups} groups x {args.takes} takes, {row['columns']} columns "
           f"(written/checked in {write_s:.1f} s)", flush=True)  # fmt: skip
@@ -314,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     row["total_s"] = round(total, 2)
+    row["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(f"total: {total:.1f} s")
     if args.json:
         with open(args.json, "a") as f:
