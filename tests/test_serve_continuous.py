@@ -26,7 +26,9 @@ class CausalCodec:
         for c in codes:
             x = c.double().sum(dim=1)
             prev = torch.cat([x.new_zeros(1), x[:-1]]) if len(x) else x
-            y = torch.tanh(0.05 * x - 0.03 * prev).float().repeat_interleave(self.per_frame)
+            # sin, not tanh: a code sum in the hundreds saturated tanh to 1.0, so takes whose
+            # codes differed gave the same audio and the seed check below failed now and then
+            y = torch.sin(0.37 * x - 0.11 * prev).float().repeat_interleave(self.per_frame)
             out.append(y.numpy().reshape(-1, 1))
         return out
 
@@ -124,8 +126,8 @@ def test_a_request_joined_mid_flight_gets_the_audio_it_gets_alone(moss):
     # the joined request's audio is exactly the workflow's take with the same seed
     assert np.array_equal(joined[1][:, 0], moss.generate(late[0])[0].audio[:, 0])
     # other seeds give other audio (the comparison above could fail). One seed alone is not
-    # enough: on the tiny random model two seeds now and then draw the same codes (seen under
-    # load in CI-like runs), so the check is that seeds matter at all.
+    # enough: on the tiny random model two seeds draw codes that differ in a few percent of
+    # places and now and then not at all, so the check is that seeds matter at all.
     others = [render(moss, [spec("Good morning to you.", s)])[0][0] for s in (6, 7, 8)]
     assert any(not np.array_equal(o, joined[1]) for o in others)
 

@@ -250,11 +250,15 @@ def init_random_(model, seed: int = 0, std: float = 0.02):
 
 
 @torch.no_grad()
-def always_continue_(ln_f_bias: torch.Tensor, stop_head: torch.Tensor, norm: float = 10.0) -> None:
+def always_continue_(
+    ln_f_bias: torch.Tensor, stop_head: torch.Tensor, norm: float = 10.0, seed: int = 0
+) -> None:
     """Make a random model's stop head always choose "continue" (benchmarks: fixed lengths).
-    The local ln_f bias b (|b| = norm) dominates the stop logit gap 2 * h.b = 2|b|^2 + noise."""
-    b = torch.randn(ln_f_bias.shape, device=ln_f_bias.device, dtype=torch.float32)
-    b = b * (norm / b.norm())
+    The local ln_f bias b (|b| = norm) dominates the stop logit gap 2 * h.b = 2|b|^2 + noise.
+    b is drawn from ``seed`` (not the process's RNG: the same model in every process; b also
+    shapes the audio heads' logits, so a test's takes must not depend on what ran before)."""
+    b = torch.randn(ln_f_bias.shape, generator=torch.Generator().manual_seed(seed))
+    b = (b * (norm / b.norm())).to(ln_f_bias.device)
     ln_f_bias.copy_(b)
     stop_head[0].copy_(b)
     stop_head[1].copy_(-b)
