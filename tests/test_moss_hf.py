@@ -199,6 +199,7 @@ def test_takes_from_the_published_path(gen):
     prov = gen.provenance()
     assert prov["backend"] == "moss-hf" and len(prov["model_sha256"]) == 64
     assert prov["sampling"]["audio_temperature"] == 1.7
+    assert prov["codec_kernels"] == "eager"  # the codec's decoder pieces that ran (CPU)
 
 
 @needs_ref

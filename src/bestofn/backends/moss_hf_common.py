@@ -324,6 +324,8 @@ class MossHFBase(Generator):
                 "lora": str(o["lora"]) if o["lora"] else None,
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "codec_compute_dtype": o["codec_compute_dtype"],
+                # our codec's decoder pieces (codec_layers: compiled on CUDA, else eager)
+                "codec_kernels": getattr(self.codec, "kernels", None),
                 "sampling": {k: o[k] for k in SAMPLING_KEYS},
                 "frame_budget": self.budget.as_dict(),
                 "instruction": o["instruction"],
