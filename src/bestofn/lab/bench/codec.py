@@ -5,7 +5,9 @@ clip, in one run:
 - our batched decode (``bestofn.moss.audio_tokenizer``) at ``--batch`` clips per call in each
   of ``--dtypes`` (fp32, bf16, fp8; fp8 only where the GPU has fp8 matmuls, else the row says
   why it was refused; fp8w: fp8-stored weights upcast to bf16 per layer), from codes in to
-  numpy audio out (host copies count);
+  numpy audio out (host copies count); the non-fp32 rows once per ``--kernels`` (the decoder's
+  eager or compiled pieces) and each row once per ``--decode-batches`` (clips per forward
+  pass); ``--profile`` adds each row's top ops of one call;
 - one clip at a time: the published processor's path (``decode(codes[nq, 1, T],
   chunk_duration=8)``, as the processors' ``decode_audio_codes`` call it, per clip) when
   ``--reference-code`` holds the published modelling code (v1: OpenMOSS/MOSS-Audio-Tokenizer;
