@@ -320,10 +320,6 @@ def _union_schema(con, files: list[str], spill: Path) -> None:
         Path(other).unlink()
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _work_database(con, filter_sql, score_sql, memory_limit, spill: Path):
     """An in-memory DuckDB database of its own (another instance, so outside the build's
     transaction, its statements committed one by one) for the chunk's tables: the chunk's takes
@@ -336,7 +332,8 @@ def _work_database(con, filter_sql, score_sql, memory_limit, spill: Path):
     work.execute("SET threads = 1")
     work.execute(f"SET temp_directory = '{spill / 'chunk'}'")
     cols = con.execute("SELECT column_name, column_type FROM (DESCRIBE takes)").fetchall()
-    work.execute(f"CREATE TABLE takes ({', '.join(f'{_q(c)} {t}' for c, t in cols)})")
+    columns = ", ".join(f"{trust.quote_ident(c)} {t}" for c, t in cols)
+    work.execute(f"CREATE TABLE takes ({columns})")
     work.execute(f"CREATE TABLE chunk_template AS {_scored_sql(filter_sql, score_sql)} LIMIT 0")
     work.execute("CREATE TABLE chunk_scored AS FROM chunk_template")  # replaced by each chunk
     work.execute(
@@ -349,7 +346,8 @@ def _work_database(con, filter_sql, score_sql, memory_limit, spill: Path):
 def _create_like(con, work, name: str, sql: str) -> None:
     """A temporary table ``name`` on ``con`` with the columns and types of ``sql`` on ``work``."""
     cols = work.execute(f"DESCRIBE {sql}").fetchall()
-    con.execute(f"CREATE TEMP TABLE {name} ({', '.join(f'{_q(c[0])} {c[1]}' for c in cols)})")
+    columns = ", ".join(f"{trust.quote_ident(c)} {t}" for c, t, *_ in cols)
+    con.execute(f"CREATE TEMP TABLE {name} ({columns})")
 
 
 def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, memory_limit,

@@ -48,8 +48,8 @@ from bestofn.takes_schema import BASE_COLUMNS, SelectionError
 
 __all__ = [
     "TrustTables", "check_held_out", "filter_clauses", "held_out_columns", "insert_arrow",
-    "measure_columns", "presentation_order", "referenced_columns", "resolve_held_out",
-    "scorer_directions", "seeded_rng",
+    "measure_columns", "presentation_order", "quote_ident", "referenced_columns",
+    "resolve_held_out", "scorer_directions", "seeded_rng",
 ]  # fmt: skip
 
 # Base columns that measure a take (the rest are bookkeeping: ids, seeds, timings, workers).
@@ -80,7 +80,8 @@ def presentation_order(seed: int, group_id: str, takes: Sequence[int]) -> list[i
 # follows the chunk, time follows the takes. Only per-group rows outlive a chunk.
 
 
-def _q(name: str) -> str:
+def quote_ident(name: str) -> str:
+    """``name`` as a DuckDB identifier in double quotes (a quote inside doubled)."""
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -101,7 +102,8 @@ def measure_columns(con: duckdb.DuckDBPyConnection, table: str = "takes") -> lis
     cols = measure_candidates(con, table)
     if not cols:
         return cols
-    counts = con.execute(f"SELECT {', '.join(f'count({_q(c)})' for c in cols)} FROM {table}")
+    selects = ", ".join(f"count({quote_ident(c)})" for c in cols)
+    counts = con.execute(f"SELECT {selects} FROM {table}")
     return [c for c, n in zip(cols, counts.fetchone(), strict=True) if n]
 
 
@@ -309,7 +311,7 @@ class TrustTables:
         from bestofn.group_stats import group_stats
 
         con, work, cols = self.con, self.work, self.cols
-        values = ", ".join(f"{_q(c)}::DOUBLE AS v{i}" for i, c in enumerate(cols))
+        values = ", ".join(f"{quote_ident(c)}::DOUBLE AS v{i}" for i, c in enumerate(cols))
         table = work.sql(f"SELECT group_id, take, {values} FROM chunk_scored").fetchnumpy()
         gid = _filled(table["group_id"], None).astype(object)
         if not len(gid):
