@@ -160,6 +160,38 @@ def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
     torch.testing.assert_close(normed, (new_x - mean) / torch.sqrt(var + 1e-5) * w + b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(monkeypatch, dtype):
+    """The hand-written kernel of the compiled path, through Triton's CPU interpreter: the same
+    q, k, v as the eager piece (RoPE'd, padded with zeros to whole window blocks), also for a
+    stage without RoPE and a head width whose half is not a power of two."""
+    pytest.importorskip("triton", reason="Triton not installed (the `dev` extra brings it)")
+    import sys
+
+    from bestofn.moss.codec_layers import heads_with_rope, window_pad
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
+    from bestofn.moss.codec_triton import BLOCK_T, heads_rope
+
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
+    g = torch.Generator().manual_seed(11)
+    for B, T, H, dh, window, rope in ((2, 45, 3, 8, 20, True), (1, 7, 2, 12, None, True),
+                                      (2, 2 * BLOCK_T + 3, 1, 4, 40, False)):  # fmt: skip
+        qkv = torch.randn(B, T, 3 * H * dh, generator=g).to(dtype)
+        ang = torch.rand(T, dh // 2, generator=g) * 6
+        cos, sin = (ang.cos(), ang.sin()) if rope else (None, None)
+        want = heads_with_rope(qkv, cos, sin, H, window)
+        got = heads_rope(qkv, cos, sin, H, T + window_pad(T, window))
+        for w, o in zip(want, got, strict=True):
+            assert o.shape == w.shape and o.dtype == dtype and o.is_contiguous()
+            # float32 throughout, as eager; the kernel may fuse a multiply-add (one rounding)
+            torch.testing.assert_close(o, w, rtol=1e-6 if dtype == torch.float32 else 8e-3,
+                                       atol=1e-6 if dtype == torch.float32 else 8e-3)  # fmt: skip
+        assert torch.equal(got[2], want[2])  # v is a plain copy
+        assert not got[0][:, :, T:].any() and not got[2][:, :, T:].any()
+
+
 def test_compiled_codec_kernels_resolve_per_device_and_are_refused_off_cuda(ckpt):
     from bestofn.moss.codec_layers import resolve_kernels
 

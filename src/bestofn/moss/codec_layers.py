@@ -200,10 +200,11 @@ _COMPILED: dict = {}
 
 
 def layer_pieces(kernels: str):
-    """(heads_with_rope, residual_norm) for ``kernels``: plain, or torch.compile'd once per
-    process (CUDA; ``resolve_kernels`` says where it may run), with the steps dimension
-    dynamic and batch, width and heads static: one compile per stage shape, not per clip
-    length, and kernels that divide by constants (all-dynamic shapes ran ~5-10x slower)."""
+    """(heads_with_rope, residual_norm) for ``kernels``: plain, or (CUDA; ``resolve_kernels``
+    says where it may run) the heads piece as one Triton kernel (``codec_triton``) and the
+    residual norm torch.compile'd once per process, with the steps dimension dynamic and batch,
+    width and heads static: one compile per stage shape, not per clip length, and kernels that
+    divide by constants (all-dynamic shapes ran ~5-10x slower)."""
     if kernels == "eager":
         return heads_with_rope, residual_norm
     if not _COMPILED:
@@ -211,17 +212,17 @@ def layer_pieces(kernels: str):
 
         # every stage width and window is its own graph; the engine raises the limit too
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        heads_c = torch.compile(heads_with_rope)
+        from bestofn.moss.codec_triton import heads_rope
+
         norm_c = torch.compile(residual_norm)
         mark = torch._dynamo.mark_dynamic
 
         def heads(qkv, cos, sin, n_heads, window=None):
-            # sizes 0 and 1 are always specialised; a stage without RoPE has no table to mark
-            if qkv.shape[1] < 2 or cos is None:
+            # by hand, not torch.compile: see bestofn.moss.codec_triton
+            T = qkv.shape[1]
+            if T == 0:
                 return heads_with_rope(qkv, cos, sin, n_heads, window)
-            for t, dim in ((qkv, 1), (cos, 0), (sin, 0)):
-                mark(t, dim)
-            return heads_c(qkv, cos, sin, n_heads, window)
+            return heads_rope(qkv, cos, sin, n_heads, T + window_pad(T, window))
 
         def add_norm(x, u, scale, w, b, eps):
             if x.shape[1] < 2:

@@ -1,0 +1,78 @@
+"""The codec decoder's ``heads_with_rope`` as one hand-written Triton kernel (CUDA only).
+
+What it computes is ``bestofn.moss.codec_layers.heads_with_rope``: the fused q|k|v projection's
+output [B, T, 3 * H * dh] split into heads, RoPE on interleaved pairs of q and k (angles and
+arithmetic in float32, one rounding to the output dtype), each of q, k, v written as a
+contiguous [B, H, Tp, dh] block with zeros in the steps T..Tp that pad to whole window blocks.
+
+Why by hand: ``torch.compile`` of that function, with the steps dimension dynamic, gave a kernel
+that moved its bytes at about a tenth of the H200's bandwidth (the RoPE piece and its v copy
+were 250 of 770 ms of a 64-clip decode, more than all of its attention). Its flat index is
+unravelled per element through divisions by the dynamic step count. Here every program owns one
+(which of q/k/v, clip, head) and a block of steps, so the only per-element index work is a
+multiply-add, and q, k and v come out of a single launch.
+
+Import this module only where Triton imports (``codec_layers.resolve_kernels`` checks); the
+tests run it through Triton's interpreter on the CPU where Triton is installed.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_T = 32  # steps per program: 32 x 64-wide heads = 2,048 elements of each tensor
+
+
+@triton.jit
+def _heads_rope_kernel(
+    qkv, cos, sin, out, T, Tp,
+    H: tl.constexpr, DH: tl.constexpr, HALF_P2: tl.constexpr, ROPE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    blk, bh, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H  # once per program, on scalars
+    half = DH // 2
+    t = blk * BLOCK + tl.arange(0, BLOCK)
+    j = tl.arange(0, HALF_P2)
+    in_row = t < T
+    col = j < half
+    load = in_row[:, None] & col[None, :]
+    # qkv[b, t, which, h, 2 j (+1)]: rows of 3 H DH elements
+    src = qkv + (b * T + t[:, None]).to(tl.int64) * (3 * H * DH) + which * (H * DH) + h * DH
+    even = tl.load(src + 2 * j[None, :], mask=load, other=0.0).to(tl.float32)
+    odd = tl.load(src + 2 * j[None, :] + 1, mask=load, other=0.0).to(tl.float32)
+    if ROPE:
+        if which < 2:  # q and k; v is copied as it is
+            angle = t[:, None] * half + j[None, :]
+            c = tl.load(cos + angle, mask=load, other=1.0)
+            s = tl.load(sin + angle, mask=load, other=0.0)
+            even, odd = even * c - odd * s, even * s + odd * c
+    # out[which, b, h, t, 2 j (+1)], zeros where t >= T
+    dst = out + ((which * tl.num_programs(1) + bh).to(tl.int64) * Tp + t[:, None]) * DH
+    store = (t < Tp)[:, None] & col[None, :]
+    kind = out.dtype.element_ty
+    tl.store(dst + 2 * j[None, :], even.to(kind), mask=store)
+    tl.store(dst + 2 * j[None, :] + 1, odd.to(kind), mask=store)
+
+
+def heads_rope(qkv, cos, sin, heads: int, padded_steps: int):
+    """``codec_layers.heads_with_rope`` in one launch, padded to ``padded_steps`` (>= T): q, k,
+    v [B, heads, padded_steps, dh], contiguous views of one [3, B, heads, Tp, dh] buffer."""
+    B, T, width = qkv.shape
+    dh, Tp = width // (3 * heads), padded_steps
+    qkv = qkv.contiguous()
+    out = torch.empty((3, B, heads, Tp, dh), dtype=qkv.dtype, device=qkv.device)
+    rope = cos is not None
+    if rope:
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    else:  # unused by the kernel: any tensor stands for the pointers
+        cos = sin = qkv
+    grid = (triton.cdiv(Tp, BLOCK_T), B * heads, 3)
+    _heads_rope_kernel[grid](
+        qkv, cos, sin, out, T, Tp,
+        H=heads, DH=dh, HALF_P2=triton.next_power_of_2(max(1, dh // 2)), ROPE=rope,
+        BLOCK=BLOCK_T,
+    )  # fmt: skip
+    return out[0], out[1], out[2]
