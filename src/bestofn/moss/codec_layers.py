@@ -25,12 +25,14 @@ Kernels (``kernels``): a layer is written as the matmuls and attention with two 
 between them, ``heads_with_rope`` (the fused q|k|v output split into heads, RoPE'd and padded
 to whole window blocks) and ``residual_norm`` (a residual add with its layer scale and the next
 LayerNorm). ``eager`` runs them as plain torch ops, the published layer's ops in its order;
-``compiled`` runs them through ``torch.compile`` with the steps dimension dynamic (one compile
-per stage shape, not per clip length), each piece one kernel instead of a chain of them (bf16
-decode of 64 x 15-s clips on an H200: 0.0120 against 0.0135 s/clip). Compiled kernels compute
-the elementwise chains in fp32 and round once, so bf16 output differs from ``eager`` in its
-last bits: a kernel path, named in the provenance. The encoder (a reference voice, once per
-worker) always runs eager: a compile there would stall the group that brings the voice.
+``compiled`` runs each piece as one kernel instead of a chain of them: the heads piece
+hand-written in Triton (``bestofn.moss.codec_triton`` says why), the residual norm through
+``torch.compile`` with the steps dimension dynamic (one compile per stage shape, not per clip
+length). bf16 decode of 64 x 15-s clips on an H200: 0.0087 against 0.0135 s/clip eager. Both
+kernels compute the elementwise chains in fp32 and round once, so bf16 output differs from
+``eager`` in its last bits: a kernel path, named in the provenance. The encoder (a reference
+voice, once per worker) always runs eager: a compile there would stall the group that brings
+the voice.
 """
 
 from __future__ import annotations

@@ -5,12 +5,14 @@ output [B, T, 3 * H * dh] split into heads, RoPE on interleaved pairs of q and k
 arithmetic in float32, one rounding to the output dtype), each of q, k, v written as a
 contiguous [B, H, Tp, dh] block with zeros in the steps T..Tp that pad to whole window blocks.
 
-Why by hand: ``torch.compile`` of that function, with the steps dimension dynamic, gave a kernel
-that moved its bytes at about a tenth of the H200's bandwidth (the RoPE piece and its v copy
-were 250 of 770 ms of a 64-clip decode, more than all of its attention). Its flat index is
-unravelled per element through divisions by the dynamic step count. Here every program owns one
-(which of q/k/v, clip, head) and a block of steps, so the only per-element index work is a
-multiply-add, and q, k and v come out of a single launch.
+Why by hand: ``torch.compile`` of that function, with the steps dimension dynamic, gave kernels
+that moved their bytes at about a tenth of the H200's bandwidth (the RoPE piece and v's padded
+copy were 181 + 69 ms of a 64-clip decode, more than its attention; why was not profiled).
+Here every program owns one (which of q/k/v, clip, head) and a block of steps, index work is
+per program, not per element, and each head's row is read and written as wide vectors, the
+pairs split and joined in registers: 23 ms for the same call (docs/PERFORMANCE.md, codec). A
+first version that read and wrote each element on its own took 386 ms: the access width is
+what matters.
 
 Import this module only where Triton imports (``codec_layers.resolve_kernels`` checks); the
 tests run it through Triton's interpreter on the CPU where Triton is installed.
@@ -36,8 +38,8 @@ def _heads_rope_kernel(
     t = blk * BLOCK + tl.arange(0, BLOCK)
     d = tl.arange(0, DH_P2)
     load = (t < T)[:, None] & (d < DH)[None, :]
-    # qkv[b, t, which, h, :]: whole rows of the head, read as wide vectors (each element
-    # on its own was a 2-byte access: a tenth of the bandwidth)
+    # qkv[b, t, which, h, :]: whole rows of the head, read as wide vectors (one 2-byte access
+    # per element ran this kernel 16x slower)
     src = qkv + (b * T + t[:, None]).to(tl.int64) * (3 * H * DH) + which * (H * DH) + h * DH
     x = tl.load(src + d[None, :], mask=load, other=0.0).to(tl.float32)
     if ROPE:
