@@ -221,8 +221,8 @@ def layer_pieces(kernels: str):
 
         def heads(qkv, cos, sin, n_heads, window=None):
             # by hand, not torch.compile: see bestofn.moss.codec_triton
-            T = qkv.shape[1]
-            if T == 0:
+            B, T = qkv.shape[:2]
+            if T == 0 or B * n_heads > 65535:  # CUDA's limit on the grid's second axis
                 return heads_with_rope(qkv, cos, sin, n_heads, window)
             return heads_rope(qkv, cos, sin, n_heads, T + window_pad(T, window))
 
