@@ -172,8 +172,11 @@ def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(monkeypatch,
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
     monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
+    from bestofn.moss import codec_layers
     from bestofn.moss.codec_triton import BLOCK_T, heads_rope
 
+    monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
+    heads, _ = codec_layers.layer_pieces("compiled")
     monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
     g = torch.Generator().manual_seed(11)
     for B, T, H, dh, window, rope in ((2, 45, 3, 8, 20, True), (1, 7, 2, 12, None, True),
@@ -190,6 +193,8 @@ def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(monkeypatch,
                                        atol=1e-6 if dtype == torch.float32 else 8e-3)  # fmt: skip
         assert torch.equal(got[2], want[2])  # v is a plain copy
         assert not got[0][:, :, T:].any() and not got[2][:, :, T:].any()
+        # what the layers call on the compiled path: the kernel, padded by the window
+        assert all(map(torch.equal, heads(qkv, cos, sin, H, window), got))
 
 
 def test_compiled_codec_kernels_resolve_per_device_and_are_refused_off_cuda(ckpt):
