@@ -1,4 +1,6 @@
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,23 +34,49 @@ def tiny_config(**overrides) -> dict:
     return config
 
 
-@pytest.fixture
-def project(tmp_path):
-    """A working directory with config/ (tiny config, 2 emotions x 2 prompts) and a voice."""
-    (tmp_path / "config" / "voices").mkdir(parents=True)
-    shutil.copy(REPO / "config/voices/joe_reference.flac", tmp_path / "config/voices/ref.flac")
+def make_tiny_project(root: Path) -> Path:
+    """config/ (tiny config, 2 emotions x 2 prompts) and a voice in ``root``."""
+    (root / "config" / "voices").mkdir(parents=True)
+    shutil.copy(REPO / "config/voices/joe_reference.flac", root / "config/voices/ref.flac")
     write_tsv(
-        tmp_path / "config/emotions.tsv",
+        root / "config/emotions.tsv",
         ["emotion", "description", "reference_audio"],
         [["calm", "A calm voice.", "config/voices/ref.flac"], ["happy", "A happy voice.", ""]],
     )
     write_tsv(
-        tmp_path / "config/prompts.tsv",
+        root / "config/prompts.tsv",
         ["prompt_id", "text"],
         [["p1", "Good morning to you."], ["p2", "It is nine o'clock."]],
     )
-    (tmp_path / "config/config.yaml").write_text(yaml.safe_dump(tiny_config()))
-    return tmp_path
+    (root / "config/config.yaml").write_text(yaml.safe_dump(tiny_config()))
+    return root
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A working directory with config/ (tiny config, 2 emotions x 2 prompts) and a voice."""
+    return make_tiny_project(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """The `project` after one full `snakemake --profile profiles/local` run, made once per
+    pytest worker; use it through `ran_project`, never in place."""
+    root = make_tiny_project(tmp_path_factory.mktemp("tiny-run"))
+    cmd = [
+        str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(root), "--profile", str(REPO / "profiles/local"),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return root
+
+
+@pytest.fixture
+def ran_project(tiny_run, tmp_path):
+    """A copy of `tiny_run` (results, .snakemake records, mtimes and all): the same state as
+    `project` after a full run, for the tests that start with exactly that run."""
+    return Path(shutil.copytree(tiny_run, tmp_path / "ran", symlinks=True))
 
 
 # The longest files first: with `pytest -n 2 --dist loadfile` (make test) a file runs whole on one

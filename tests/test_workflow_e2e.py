@@ -49,8 +49,8 @@ def verify(project: Path) -> str:
     return proc.stdout
 
 
-def test_run_resume_and_query(project):
-    snakemake(project)
+def test_run_resume_and_query(ran_project):
+    project = ran_project  # the tiny project after `snakemake --profile profiles/local` (conftest)
     groups = sorted(
         p.relative_to(project / "results/groups") for p in (project / "results/groups").glob("*/*")
     )
@@ -151,8 +151,8 @@ def test_unknown_backend_option_fails_at_dag_time(project):
     assert "did you mean 'noise_scale'?" in out
 
 
-def test_quarantine_then_rerun_regenerates_exactly_the_broken_groups(project):
-    snakemake(project)
+def test_quarantine_then_rerun_regenerates_exactly_the_broken_groups(ran_project):
+    project = ran_project  # the tiny project after `snakemake --profile profiles/local` (conftest)
     groups = project / "results/groups"
     (groups / "calm/p2/takes/001.flac").unlink()  # a lost FLAC
     (groups / "happy/p1/scores.parquet").unlink()  # a lost parquet
