@@ -50,15 +50,14 @@ def make_project(root: Path, **runtime) -> Path:
 class Server:
     """`bestofn serve --port 0` in a project directory; its worker is killed at the end."""
 
-    def __init__(self, root: Path, *args: str, key: str | None = None, env: dict | None = None):
+    def __init__(self, root: Path, *args: str, key: str | None = None):
         self.root, self.key = root, key
         cmd = [sys.executable, "-m", "bestofn.cli", "serve", "--port", "0", *args]
         if key:
             cmd += ["--api-key", key]
         self.proc = subprocess.Popen(
-            cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=None if env is None else {**os.environ, **env},
-        )  # fmt: skip
+            cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.lines: list[str] = []
         ready = threading.Event()
 

@@ -200,10 +200,7 @@ def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
         "selection": {"filter": "true", "score": "0"},
     }  # fmt: skip
     (tmp_path / "speech.yaml").write_text(yaml.safe_dump(config))
-    # One torch thread in the server's worker, as the fixtures above give the in-process tests:
-    # a tiny model's ops are too small to split, and two threads on a shared CPU (make test
-    # runs two test files at once) wait on each other (23 s against 33 s beside two busy cores)
-    srv = Server(tmp_path, "--config", "speech.yaml", env={"OMP_NUM_THREADS": "1"})
+    srv = Server(tmp_path, "--config", "speech.yaml")
     try:
         long_text = " ".join(["word"] * 16)  # 96 frames: 7.68 s of audio
         late_text = "Good morning to you."
