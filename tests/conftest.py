@@ -82,35 +82,36 @@ def ran_project(tiny_run, tmp_path):
 # The longest files first: with `pytest -n 2 --dist loadfile` (make test) a file runs whole on one
 # worker, and xdist hands the files out in collection order (pytest_configure below), so a long
 # file handed out last would run alone at the end. Seconds per file as measured in make test on
-# this project's 2-core machine (2026-12-01, both workers busy), the longest first; files not
-# named here are short and follow in their own order. Re-measure with --durations=0 when a file
-# grows: the order only balances the two workers, no test depends on it.
+# this project's 2-core machine (2026-12-01, two runs, both workers busy), the longest first (a
+# range: how long the file took depended on what the other worker ran); files not named here
+# are short and follow in their own order. Re-measure with --durations=0 when a file grows: the
+# order only balances the two workers, no test depends on it.
 _LONGEST_FIRST = (
-    "test_slurm.py",  # ~300
-    "test_ab.py",  # ~110
+    "test_slurm.py",  # ~480
     "test_workflow_e2e.py",  # ~110
-    "test_worker.py",  # ~90
-    "test_snakemake_speedups.py",  # ~85
-    "test_serve.py",  # ~80
+    "test_worker.py",  # ~85
+    "test_ab.py",  # ~75
+    "test_production_workflow.py",  # ~65
     "test_pairing_workflow.py",  # ~65
-    "test_overlap.py",  # ~55
-    "test_votes_browser.py",  # ~45
-    "test_production_workflow.py",  # ~45
-    "test_moss_codec_v2.py",  # ~45
-    "test_serve_continuous.py",  # ~40
-    "test_dag_scale.py",  # ~35
-    "test_moss_delay.py",  # ~35
-    "test_worker_contract.py",  # ~35
-    "test_trust.py",  # ~30
+    "test_serve_continuous.py",  # ~20-95
+    "test_serve.py",  # ~55
+    "test_votes_browser.py",  # ~55
+    "test_overlap.py",  # ~50
+    "test_moss_codec_v2.py",  # ~15-80
+    "test_dag_scale.py",  # ~45
+    "test_snakemake_speedups.py",  # ~40
+    "test_worker_contract.py",  # ~40
+    "test_dnsmos.py",  # ~30
+    "test_cpu_threads.py",  # ~30
+    "test_soak.py",  # ~30
     "test_export.py",  # ~30
-    "test_cpu_threads.py",  # ~25
-    "test_sidon.py",  # ~25
+    "test_moss_delay.py",  # ~25
     "test_worker_start.py",  # ~25
+    "test_trust.py",  # ~25
+    "test_pairing.py",  # ~20
     "test_moss_local_loop.py",  # ~20
-    "test_parakeet.py",  # ~20
-    "test_soak.py",  # ~20
-    "test_dnsmos.py",  # ~20
-    "test_pairing.py",  # ~15
+    "test_final_rules_equal.py",  # ~20
+    "test_bench_pipeline.py",  # ~15
 )
 
 
