@@ -17,6 +17,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture
+def triton_interpreter(monkeypatch):
+    """For a test that runs our Triton kernels through Triton's CPU interpreter: skips, with the
+    reason, where triton is missing or was imported before TRITON_INTERPRET was set; sets it
+    (read when a kernel is built)."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (CPU torch wheels lack it; the `dev` extra has it)")
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton was imported before TRITON_INTERPRET was set (see above)")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
 def write_tsv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")

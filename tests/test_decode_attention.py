@@ -55,22 +55,11 @@ def test_triton_path_needs_cuda_tensors_else_sdpa():
     torch.testing.assert_close(got, ref, rtol=0, atol=0)
 
 
-def test_triton_kernel_equals_sdpa_in_the_interpreter(monkeypatch):
+def test_triton_kernel_equals_sdpa_in_the_interpreter(triton_interpreter, monkeypatch):
     """The split-K kernel's maths (blocks of 64 keys, a whole block masked, the merge), run by
     Triton's CPU interpreter in float32 against SDPA. Needs the triton package (CPU torch
     wheels lack it, the `dev` extra brings it); the H200 runs check the same on the device
     (docs/PERFORMANCE.md)."""
-    import importlib.util
-    import os
-    import sys
-
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed (CPU torch wheels lack it)")
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip(
-            "triton was imported before TRITON_INTERPRET was set (tests/conftest.py sets it)"
-        )
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is built
     from bestofn.moss import decode_kernel
 
     monkeypatch.setattr(decode_kernel, "_KERNELS", {})  # built anew under the interpreter

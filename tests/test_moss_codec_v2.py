@@ -161,24 +161,16 @@ def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(monkeypatch, dtype):
+def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(
+    triton_interpreter, monkeypatch, dtype
+):
     """The hand-written kernel of the compiled path, through Triton's CPU interpreter: the same
     q, k, v as the eager piece (RoPE'd, padded with zeros to whole window blocks), also for a
     stage without RoPE and a head width whose half is not a power of two."""
-    import importlib.util
-    import os
     import sys
-
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("Triton not installed (the `dev` extra brings it)")
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip(
-            "triton was imported before TRITON_INTERPRET was set (tests/conftest.py sets it)"
-        )
 
     from bestofn.moss.codec_layers import heads_with_rope, window_pad
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read when the kernel is decorated
     monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
     from bestofn.moss import codec_layers
     from bestofn.moss.codec_triton import BLOCK_T, heads_rope
