@@ -58,7 +58,7 @@ def test_threads_and_warm_up_change_no_take(project, weights):
     write_tsv(project / "config/prompts.tsv", ["prompt_id", "text"], [["p1", "Good day."]])
     state = project / "state"
     runtime = {"state_dir": str(state), "idle_timeout_s": 60, "parallel_load": True,
-               "warm_up": True, "cache_dir": "cache"}  # fmt: skip
+               "warm_up": True, "cache_dir": "cache", "generate_priority": "high"}  # fmt: skip
     plan = build_plan(tiny_config(takes=2, models=weights, runtime=runtime), base=project)
     params = plan.group_params("calm", "p1")
     results = project / "results"
@@ -87,6 +87,7 @@ def test_threads_and_warm_up_change_no_take(project, weights):
                                        "scorer0:duration", "scorer1:voiceclap",
                                        "scorer2:empathic-insight"}  # fmt: skip
     start = h["start"]
+    assert start["generate_priority"] == "high"  # the config's, through the client and CLI
     assert start["warm_up_s"] and set(start["warm_up_s"]) >= {"generate", "restore", "score"}
     assert 0 < start["load_done_s"] <= start["warm_up_done_s"] <= start["ready_s"]
     assert h["last_group"]["group_id"] == "calm/p1" and h["last_group"]["host_rss_mib"] > 0

@@ -26,6 +26,10 @@ py=${PYTHON:-python3}
 # CODEC_KERNELS=eager|compiled the generator's runtime.codec_kernels (default: auto);
 # PAIR_GROUPS=1: runtime.pair_groups true and runtime.queue_depth 3 (pairing needs a third
 # group queued).
+# DECODE_BATCH=N: the generator's runtime.decode_batch_size (default: the config's, 16);
+# GEN_PRIORITY=high|normal: runtime.generate_priority; CACHE_DIR=PATH: runtime.cache_dir as an
+# absolute path, so that a second run of this script starts its worker on the compile cache and
+# hash memo the first left (results/, where the default cache lives, is removed at each run).
 size=${SIZE:-real}
 profile=${PROFILE:-a100x8}
 takes=${TAKES:-64}
@@ -82,6 +86,12 @@ if os.environ.get("CODEC_KERNELS"):  # the codec's eager or compiled pieces (def
 if os.environ.get("PAIR_GROUPS") == "1":  # two groups per generate call
     generator_runtime["pair_groups"] = True
     config.setdefault("runtime", {})["queue_depth"] = 3
+if os.environ.get("DECODE_BATCH"):  # takes per codec decode call
+    generator_runtime["decode_batch_size"] = int(os.environ["DECODE_BATCH"])
+if os.environ.get("GEN_PRIORITY"):  # the generate phase's CUDA stream priority
+    config.setdefault("runtime", {})["generate_priority"] = os.environ["GEN_PRIORITY"]
+if os.environ.get("CACHE_DIR"):  # kept across runs of this script (absolute)
+    config.setdefault("runtime", {})["cache_dir"] = os.environ["CACHE_DIR"]
 if os.environ.get("PARAKEET_ATTENTION"):  # the scorer's runtime.attention (sdpa, manual)
     for scorer in config["models"]["scorers"]:
         if scorer["backend"] == "parakeet":

@@ -89,7 +89,7 @@ def _worker(args) -> int:
         args.socket, models, args.models_hash, args.results, args.device, args.slot,
         args.idle_timeout, args.flac_subtype, args.worker_key, args.overlap,
         args.speech_max_batch, args.speech_batch_window_ms, args.parallel_load,
-        args.warm_up, warm_up_spec, timeline,
+        args.warm_up, warm_up_spec, timeline, generate_priority=args.generate_priority,
     )  # fmt: skip
     return 0
 
@@ -204,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--overlap", default=rt["overlap"], help="auto, off, host or full (runtime.overlap)"
     )
+    p.add_argument("--generate-priority", choices=["normal", "high"],
+                   default=rt["generate_priority"], help="runtime.generate_priority")  # fmt: skip
     p.add_argument("--speech-max-batch", type=int, default=rt["speech_max_batch"],
                    help="runtime.speech_max_batch")  # fmt: skip
     p.add_argument("--speech-batch-window-ms", type=float, default=rt["speech_batch_window_ms"],

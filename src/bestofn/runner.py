@@ -60,6 +60,9 @@ from bestofn.spec import GroupSpec
 # group reaches a worker when one leaves it, one at a time, so without waiting a group would
 # mostly find the generate phase free and no partner queued.
 PAIR_WAIT_S = 5.0
+# runtime.generate_priority -> the CUDA stream priority the generate phase runs at (lower is
+# higher; -1 is the highest torch asks for on every GPU it supports)
+STREAM_PRIORITY = {"normal": 0, "high": -1}
 # How consecutive groups overlap (config ``runtime.overlap``; the schema holds the default).
 # auto: full on CUDA (it ran through snakemake on two H200s, docs/PERFORMANCE.md), off elsewhere.
 OVERLAP_MODES = ("auto", "off", "host", "full")

@@ -84,6 +84,7 @@ class Runtime:
     log_dir: str | None = _DEFAULT["log_dir"]
     gpu_memory_gb: float | None = _DEFAULT["gpu_memory_gb"]
     overlap: str = _DEFAULT["overlap"]
+    generate_priority: str = _DEFAULT["generate_priority"]
     speech_max_batch: int = _DEFAULT["speech_max_batch"]
     speech_batch_window_ms: float = _DEFAULT["speech_batch_window_ms"]
     parallel_load: bool = _DEFAULT["parallel_load"]
@@ -301,6 +302,7 @@ def _start(
         "--worker-key", key,
         "--results", str(results_dir), "--idle-timeout", str(rt.idle_timeout_s),
         "--flac-subtype", flac_subtype, "--overlap", rt.overlap,
+        "--generate-priority", rt.generate_priority,
         "--speech-max-batch", str(rt.speech_max_batch),
         "--speech-batch-window-ms", str(rt.speech_batch_window_ms),
         "--parallel-load" if rt.parallel_load else "--no-parallel-load",

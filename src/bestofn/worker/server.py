@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from bestofn.pipeline import Backends, load_backends
-from bestofn.runner import GroupJob, Runner, resolve_overlap
+from bestofn.runner import STREAM_PRIORITY, GroupJob, Runner, resolve_overlap
 from bestofn.schemas import runtime_defaults
 from bestofn.worker.handler import Handler
 from bestofn.worker.lifecycle import (
@@ -61,6 +61,7 @@ class Worker(FatalErrorLifecycle):
         warm_up: bool | str | None = None,
         warm_up_spec: dict | None = None,
         timeline: dict | None = None,
+        generate_priority: str | None = None,
     ):
         from bestofn.gpu_memory import cap_from_environment
         from bestofn.worker.contract import worker_key as key_of
@@ -87,9 +88,11 @@ class Worker(FatalErrorLifecycle):
         self.timeline = dict(timeline or {})
         t_load = time.time()
         backends = load_backends(models, device=device, parallel=parallel_load)
+        self.generate_priority = generate_priority or defaults["generate_priority"]
         self.runner = Runner(
             backends, device, resolve_overlap(overlap, device),
             flac_subtype=flac_subtype, slot=slot, charge_load="first",
+            generate_priority=STREAM_PRIORITY[self.generate_priority],
             admit=self.refuse_if_dying, on_error=self.on_device_error,
         ).setup()  # fmt: skip
         self.overlap = self.runner.overlap
@@ -195,6 +198,7 @@ class Worker(FatalErrorLifecycle):
             "ready_s": since("ready_unix"),
             "load_s": self.backends.load_report.get("load_s", self.backends.load_s),
             "warm_up_s": self.warm_up_s,
+            "generate_priority": self.generate_priority,
             "process_start_unix": t.get("process_start_unix"),
         }
 
@@ -347,11 +351,12 @@ def serve(
     warm_up: bool | str | None = None,
     warm_up_spec: dict | None = None,
     timeline: dict | None = None,
+    generate_priority: str | None = None,
 ) -> None:
     worker = Worker(
         models, models_hash, Path(results_dir), device, slot, idle_timeout_s, flac_subtype,
         worker_key, overlap, speech_max_batch, speech_batch_window_ms, parallel_load,
-        warm_up, warm_up_spec, timeline,
+        warm_up, warm_up_spec, timeline, generate_priority=generate_priority,
     )  # fmt: skip
     server = WorkerServer(socket_path, worker)
     worker.timeline["ready_unix"] = time.time()  # the socket answers /health from now on
