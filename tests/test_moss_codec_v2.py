@@ -197,6 +197,75 @@ def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(
         assert all(map(torch.equal, heads(qkv, cos, sin, H, window), got))
 
 
+def _bf16_ulp(t):
+    """The spacing of bfloat16 numbers at each element of ``t`` (8 significant bits)."""
+    return 2.0 ** (torch.frexp(t.float()).exponent - 8).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_residual_norm_kernel_computes_what_the_eager_piece_does(
+    triton_interpreter, monkeypatch, dtype
+):
+    """The compiled path's residual + LayerNorm kernel, through Triton's CPU interpreter, against
+    the eager piece: with and without a layer scale, widths that are not powers of two, rows
+    that fill several programs and part of the last one, and what ``layer_pieces`` calls."""
+    import sys
+
+    from bestofn.moss.codec_layers import residual_norm
+
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
+    from bestofn.moss import codec_layers
+    from bestofn.moss.codec_triton import TILE, residual_layer_norm
+
+    monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
+    _, add_norm = codec_layers.layer_pieces("compiled")
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
+    ln = torch.nn.functional.layer_norm
+    g = torch.Generator().manual_seed(13)
+    fp32 = dtype == torch.float32
+    for B, T, D, scale_kind in ((3, 13, 96, "vector"), (2, 20, 200, None),
+                                (1, 9, 768, "vector"), (2, 11, 200, "power of two")):  # fmt: skip
+        assert B * T > TILE // (1 << (D - 1).bit_length())  # more rows than a program's
+        x, u = (torch.randn(B, T, D, generator=g).to(dtype) for _ in range(2))
+        w, b = (torch.randn(D, generator=g).to(dtype) for _ in range(2))
+        scale = None
+        if scale_kind == "vector":
+            scale = torch.randn(D, generator=g).to(dtype)
+        elif scale_kind == "power of two":  # scale * u is exact: eager rounds once too
+            sign = torch.randint(0, 2, (D,), generator=g) * 2 - 1
+            scale = (sign * 2.0 ** torch.randint(-6, 2, (D,), generator=g)).to(dtype)
+        want_x, want = residual_norm(x, u, scale, w, b, 1e-5)
+        got_x, got = residual_layer_norm(x, u, scale, w, b, 1e-5)
+        for o in (got_x, got):
+            assert o.shape == x.shape and o.dtype == dtype and o.is_contiguous()
+        if fp32:  # float32 throughout, as eager; the kernel may fuse a multiply-add
+            torch.testing.assert_close(got_x, want_x, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            # the sum in float32, rounded once: bit for bit (a product of two bf16 is exact)
+            us = u.float() * scale.float() if scale is not None else u.float()
+            assert torch.equal(got_x, (x.float() + us).to(dtype))
+            if scale_kind != "vector":  # eager's sum is the same one
+                assert torch.equal(got_x, want_x)
+            else:  # eager rounds scale * u first: up to half its ulp apart, plus the sum's
+                bound = _bf16_ulp(us) / 2 + _bf16_ulp(want_x)
+                assert ((got_x.float() - want_x.float()).abs() <= bound).all()
+            # the norm of the (rounded) sum, as eager's layer_norm of it: a bf16 ulp apart
+            same = ln(got_x, (D,), w, b, 1e-5)
+            torch.testing.assert_close(got, same, rtol=2**-7, atol=1e-5)
+            if scale_kind != "vector":
+                torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-5)
+        # what the layers call on the compiled path: the kernel
+        assert all(map(torch.equal, add_norm(x, u, scale, w, b, 1e-5), (got_x, got)))
+    # no steps: the eager piece; one step: the kernel
+    x, u = (torch.randn(2, 0, 96, generator=g).to(dtype) for _ in range(2))
+    assert add_norm(x, u, None, w[:96], b[:96], 1e-5)[1].shape == (2, 0, 96)
+    x, u = x.new_ones(2, 1, 96), x.new_zeros(2, 1, 96)
+    torch.testing.assert_close(
+        add_norm(x, u, None, w[:96], b[:96], 1e-5)[1], b[:96].expand(2, 1, 96)
+    )
+
+
 def test_compiled_codec_kernels_resolve_per_device_and_are_refused_off_cuda(ckpt):
     from bestofn.moss.codec_layers import resolve_kernels
 

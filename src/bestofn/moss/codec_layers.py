@@ -25,14 +25,13 @@ Kernels (``kernels``): a layer is written as the matmuls and attention with two 
 between them, ``heads_with_rope`` (the fused q|k|v output split into heads, RoPE'd and padded
 to whole window blocks) and ``residual_norm`` (a residual add with its layer scale and the next
 LayerNorm). ``eager`` runs them as plain torch ops, the published layer's ops in its order;
-``compiled`` runs each piece as one kernel instead of a chain of them: the heads piece
-hand-written in Triton (``bestofn.moss.codec_triton`` says why), the residual norm through
-``torch.compile`` with the steps dimension dynamic (one compile per stage shape, not per clip
-length). bf16 decode of 64 x 15-s clips on an H200: 0.0087 against 0.0135 s/clip eager. Both
-kernels compute the elementwise chains in fp32 and round once, so bf16 output differs from
-``eager`` in its last bits: a kernel path, named in the provenance. The encoder (a reference
-voice, once per worker) always runs eager: a compile there would stall the group that brings
-the voice.
+``compiled`` runs each piece as one hand-written Triton kernel instead of a chain of them
+(``bestofn.moss.codec_triton`` says why): no ``torch.compile`` is left in this path, so nothing
+compiles per stage shape or clip length beyond Triton's own build per width. bf16 decode of
+64 x 15-s clips on an H200: 0.0078 against 0.0135 s/clip eager (docs/PERFORMANCE.md, codec).
+Both kernels compute the elementwise chains in fp32 and round once, so bf16 output differs
+from ``eager`` in its last bits: a kernel path, named in the provenance. The encoder (a
+reference voice, once per worker) always runs eager.
 """
 
 from __future__ import annotations
@@ -203,21 +202,13 @@ _COMPILED: dict = {}
 
 def layer_pieces(kernels: str):
     """(heads_with_rope, residual_norm) for ``kernels``: plain, or (CUDA; ``resolve_kernels``
-    says where it may run) the heads piece as one Triton kernel (``codec_triton``) and the
-    residual norm torch.compile'd once per process, with the steps dimension dynamic and batch,
-    width and heads static: one compile per stage shape, not per clip length, and kernels that
-    divide by constants (all-dynamic shapes ran ~5-10x slower)."""
+    says where it may run) each piece as one hand-written Triton kernel (``codec_triton``), no
+    ``torch.compile``; the plain piece stands in where a kernel does not apply (no steps, a grid
+    or width over the kernel's limits)."""
     if kernels == "eager":
         return heads_with_rope, residual_norm
     if not _COMPILED:
-        import torch._dynamo
-
-        # every stage width and window is its own graph; the engine raises the limit too
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        from bestofn.moss.codec_triton import heads_rope
-
-        norm_c = torch.compile(residual_norm)
-        mark = torch._dynamo.mark_dynamic
+        from bestofn.moss.codec_triton import MAX_D, heads_rope, residual_layer_norm
 
         def heads(qkv, cos, sin, n_heads, window=None):
             # by hand, not torch.compile: see bestofn.moss.codec_triton
@@ -227,11 +218,10 @@ def layer_pieces(kernels: str):
             return heads_rope(qkv, cos, sin, n_heads, T + window_pad(T, window))
 
         def add_norm(x, u, scale, w, b, eps):
-            if x.shape[1] < 2:
+            fits = x.shape[1] > 0 and x.shape[-1] <= MAX_D and u.shape == x.shape
+            if not fits or w is None or b is None or u.dtype != x.dtype:
                 return residual_norm(x, u, scale, w, b, eps)
-            mark(x, 1)
-            mark(u, 1)
-            return norm_c(x, u, scale, w, b, eps)
+            return residual_layer_norm(x, u, scale, w, b, eps)
 
         _COMPILED["pieces"] = (heads, add_norm)
     return _COMPILED["pieces"]
@@ -239,7 +229,8 @@ def layer_pieces(kernels: str):
 
 def resolve_kernels(value: str, device) -> str:
     """``auto`` -> compiled on a CUDA device where Triton imports, else eager; ``compiled``
-    elsewhere is refused with the reason (Inductor's CPU kernels are not built here)."""
+    elsewhere is refused with the reason (its Triton kernels are built for CUDA; on a CPU they
+    run only in Triton's interpreter, for the tests)."""
     dev = torch.device(device)
     why = None
     if dev.type != "cuda":
