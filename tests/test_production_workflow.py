@@ -39,10 +39,38 @@ def expected_columns(weights: Path) -> set[str]:
     return {*DurationScorer.columns, *ParakeetScorer.columns, *VoiceCLAPScorer.columns, *ei}
 
 
+def _tree_bytes(root):
+    """Every file under ``root`` by relative path: its bytes (paths under ``root`` written as
+    ROOT). A .nemo archive is not byte-stable even between two writes one after the other (NeMo
+    names each artifact with a random uuid, its config names a temporary directory, and the
+    SentencePiece tokenizer is trained anew), so of it: the member names without their uuid,
+    and the weights' bytes."""
+    import re
+    import tarfile
+
+    out = {}
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        rel = str(p.relative_to(root))
+        if p.suffix == ".nemo":
+            with tarfile.open(p) as tar:
+                names = sorted(re.sub(r"[0-9a-f]{32}_", "", m.name) for m in tar if m.isfile())
+                weights = tar.extractfile("./model_weights.ckpt").read()
+            out[rel] = (names, weights)
+        else:
+            out[rel] = p.read_bytes().replace(str(root).encode(), b"ROOT")
+    return out
+
+
 def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
     weights, project = tmp_path / "weights", tmp_path / "project"
     # the `bestofn` command's own entry point, in this process (the imports are paid once)
     assert bestofn(["fake-weights", str(weights), "--size", "tiny"]) == 0
+    # the same written three backends at a time, each in its own process: the same bytes
+    assert bestofn(["fake-weights", str(tmp_path / "jobs"), "--jobs", "3"]) == 0
+    serial, jobs = _tree_bytes(weights), _tree_bytes(tmp_path / "jobs")
+    assert sorted(serial) == sorted(jobs)
+    assert [f for f in serial if serial[f] != jobs[f]] == []
+    assert bestofn(["fake-weights", str(tmp_path / "bad"), "--jobs", "0"]) == 2
     config = weights / "config.yaml"
     assert bestofn(["check", "--config", str(config)]) == 0
     assert "ok: 4 groups x 4 takes" in capsys.readouterr().out

@@ -282,6 +282,12 @@ def main(argv: list[str] | None = None) -> int:
         help="which Parakeet DIR/config.yaml points at: the plain random one, or the "
         "CALIBRATION beside it whose joint emits speech's token rate (for speed figures)",
     )
+    p.add_argument(
+        "--jobs",
+        default="auto",
+        help="backends written at once, each in its own process; the bytes are the same as "
+        "one at a time (default auto: 1 for tiny, else up to one per backend on half the cores)",
+    )
     p.set_defaults(func=_fake_weights)
 
     p = sub.add_parser(

@@ -27,6 +27,7 @@ codec) for GPU runs.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -209,21 +210,20 @@ def write_reference_voice(path: Path) -> Path:
     return path
 
 
-def write_all(
-    out_dir,
-    size: str = "tiny",
-    seed: int = 0,
-    moss_code=None,
-    log=print,
-    p_stop=None,
-    delay: bool = True,
-    parakeet_variant: str = "plain",
-) -> Path:
-    """Write every production backend's random checkpoint, the sheets and ``config.yaml`` into
-    ``out_dir``; returns the config's path. ``p_stop``: MOSS stop probability per frame
-    (default ``moss.P_STOP[size]``). ``moss_code``: a copy of moss_tts_local_v1.5/ or of
-    moss_tts_delay/, or a list of both. ``delay``: also write MOSS-TTS-Delay-v1.5/.
-    ``parakeet_variant``: the Parakeet the config points at (plain | calibrated)."""
+# The backends' writers, in the order a serial write runs them (see _write_backend).
+WRITERS = ("moss-tts-local + codec", "moss-audio-tokenizer", "moss-tts-delay", "sidon",
+           "parakeet", "voiceclap", "empathic-insight")  # fmt: skip
+
+
+def _set_threads(n: int) -> None:
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def _write_backend(name, out, size, seed, moss_code, delay_code, p_stop):
+    """Write one backend's checkpoint under ``out``: (its config options, seconds). A
+    module-level function so that a worker process can run it."""
     from bestofn.fakes import (
         empathic,
         moss,
@@ -233,6 +233,42 @@ def write_all(
         sidon,
         voiceclap,
     )
+
+    out = Path(out)
+    writers = {
+        "moss-tts-local + codec": lambda: moss.write(out, size, seed, moss_code, p_stop),
+        "moss-audio-tokenizer": lambda: moss_audio_tokenizer.write(
+            out / "MOSS-Audio-Tokenizer", size, seed
+        ),
+        "moss-tts-delay": lambda: moss_delay.write(out, size, seed, delay_code),
+        "sidon": lambda: sidon.write(out, size, seed),
+        "parakeet": lambda: parakeet.write(out, size, seed),
+        "voiceclap": lambda: voiceclap.write(out, size, seed),
+        "empathic-insight": lambda: empathic.write(out, size, seed),
+    }
+    t0 = time.perf_counter()
+    options = writers[name]()
+    return options, time.perf_counter() - t0
+
+
+def write_all(
+    out_dir,
+    size: str = "tiny",
+    seed: int = 0,
+    moss_code=None,
+    log=print,
+    p_stop=None,
+    delay: bool = True,
+    parakeet_variant: str = "plain",
+    jobs: int = 1,
+) -> Path:
+    """Write every production backend's random checkpoint, the sheets and ``config.yaml`` into
+    ``out_dir``; returns the config's path. ``p_stop``: MOSS stop probability per frame
+    (default ``moss.P_STOP[size]``). ``moss_code``: a copy of moss_tts_local_v1.5/ or of
+    moss_tts_delay/, or a list of both. ``delay``: also write MOSS-TTS-Delay-v1.5/.
+    ``parakeet_variant``: the Parakeet the config points at (plain | calibrated). ``jobs``:
+    backends written at once, each in its own process (the same bytes as one at a time)."""
+    from bestofn.fakes import empathic, moss, moss_delay, sidon
 
     check_size(size)
     if parakeet_variant not in ("plain", "calibrated"):
@@ -252,26 +288,29 @@ def write_all(
     moss_code = next((c for c in codes if not moss_delay.is_delay_code(c)), None)
     _check_free_space(out, size, delay)
     out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in WRITERS if delay or n != "moss-tts-delay"]
+    job = (str(out), size, seed, moss_code and str(moss_code), delay_code and str(delay_code),
+           p_stop)  # fmt: skip
     opts = {}
-    for name, writer in (
-        ("moss-tts-local + codec", lambda: moss.write(out, size, seed, moss_code, p_stop)),
-        (
-            "moss-audio-tokenizer",
-            lambda: moss_audio_tokenizer.write(out / "MOSS-Audio-Tokenizer", size, seed),
-        ),
-        *(
-            [("moss-tts-delay", lambda: moss_delay.write(out, size, seed, delay_code))]
-            if delay
-            else []
-        ),
-        ("sidon", lambda: sidon.write(out, size, seed)),
-        ("parakeet", lambda: parakeet.write(out, size, seed)),
-        ("voiceclap", lambda: voiceclap.write(out, size, seed)),
-        ("empathic-insight", lambda: empathic.write(out, size, seed)),
-    ):
-        t0 = time.perf_counter()
-        opts[name] = writer()
-        log(f"fake-weights: {name} written in {time.perf_counter() - t0:.1f} s")
+    if jobs <= 1:
+        for name in names:
+            opts[name], seconds = _write_backend(name, *job)
+            log(f"fake-weights: {name} written in {seconds:.1f} s")
+    else:
+        # Processes, not threads: several writers seed torch's global generator, and each
+        # writer's bytes must not depend on the others (the same bytes as one after another:
+        # tested). Spawned, so no child inherits a forked OpenMP or torch thread state.
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_set_threads,
+                                 initargs=(threads,)) as pool:  # fmt: skip
+            futures = {pool.submit(_write_backend, name, *job): name for name in names}
+            for future in as_completed(futures):
+                opts[futures[future]], seconds = future.result()
+                log(f"fake-weights: {futures[future]} written in {seconds:.1f} s")
 
     reference = write_reference_voice(out / "joe_reference.flac")
     for path, rows in ((out / "emotions.tsv", EMOTIONS), (out / "prompts.tsv", PROMPTS)):
@@ -320,6 +359,17 @@ def write_all(
     return out / "config.yaml"
 
 
+def resolve_jobs(value, size: str) -> int:
+    """``--jobs``: a count, or ``auto``: one at a time for tiny (a second or two each), else up
+    to one process per backend, each with a share of the cores."""
+    if value in (None, "auto"):
+        return 1 if size == "tiny" else max(1, min(len(WRITERS), (os.cpu_count() or 1) // 2))
+    jobs = int(value)
+    if jobs < 1:
+        raise ValueError(f"fake-weights: --jobs must be >= 1 or auto, got {value!r}")
+    return jobs
+
+
 def main(args) -> int:
     """The `bestofn fake-weights` subcommand."""
     t0 = time.perf_counter()
@@ -328,6 +378,7 @@ def main(args) -> int:
             args.dir, args.size, args.seed, args.moss_code, p_stop=args.p_stop,
             delay=not getattr(args, "no_delay", False),
             parakeet_variant=getattr(args, "parakeet", "plain"),
+            jobs=resolve_jobs(getattr(args, "jobs", "auto"), args.size),
         )  # fmt: skip
     except (OSError, ValueError) as e:
         print(f"error: {e}")
