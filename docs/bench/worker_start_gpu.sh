@@ -11,7 +11,8 @@
 #   CUDA_VISIBLE_DEVICES=0 bash docs/bench/worker_start_gpu.sh OUT
 #
 # Run from the repository root with PYTHONPATH=src. Weights: WORK/weights (WORK=/tmp/bestofn-gpu,
-# gpu_workflow.sh's), written by `bestofn fake-weights` only when absent (~217 s at real size).
+# gpu_workflow.sh's), written by `bestofn fake-weights` only when absent (~80 s at real size on
+# 16 cores).
 # Knobs: RUNS (serial,cold,warm), TAKES (64), FRAMES (188: 15-s takes), SIZE (real), WARM_UP
 # (auto). Writes OUT/worker_start.json and OUT/worker_start.log.
 # CPU smoke test: SIZE=tiny WORK=/tmp/bestofn-tiny TAKES=2 FRAMES=8 WARM_UP=true.
