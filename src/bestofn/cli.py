@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         help="write random-weight checkpoints of every production backend + DIR/config.yaml",
         description="Random-weight checkpoints for every production backend, in the published "
         "on-disk layouts, and DIR/config.yaml: a complete production config pointing at them. "
-        "tiny: a CPU test run; real: the published sizes, for GPUs (about 31 GB).",
+        "tiny: a CPU test run; real: the published sizes, for GPUs (about 40 GB, 58 with the "
+        "Delay model).",
     )
     p.add_argument("dir", help="output directory (created)")
     p.add_argument("--size", choices=["tiny", "real"], default="tiny")
