@@ -160,24 +160,31 @@ def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
     torch.testing.assert_close(normed, (new_x - mean) / torch.sqrt(var + 1e-5) * w + b)
 
 
+@pytest.fixture
+def interpreted_kernels(triton_interpreter, monkeypatch):
+    """``bestofn.moss.codec_triton`` imported anew under Triton's interpreter, and the compiled
+    path's (heads, add_norm) built from it: (module, heads, add_norm). The module leaves
+    ``sys.modules`` again, so a later import builds its kernels as before."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
+    from bestofn.moss import codec_layers, codec_triton
+
+    monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
+    heads, add_norm = codec_layers.layer_pieces("compiled")
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
+    return codec_triton, heads, add_norm
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(
-    triton_interpreter, monkeypatch, dtype
-):
+def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(interpreted_kernels, dtype):
     """The hand-written kernel of the compiled path, through Triton's CPU interpreter: the same
     q, k, v as the eager piece (RoPE'd, padded with zeros to whole window blocks), also for a
     stage without RoPE and a head width whose half is not a power of two."""
-    import sys
-
     from bestofn.moss.codec_layers import heads_with_rope, window_pad
 
-    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
-    from bestofn.moss import codec_layers
-    from bestofn.moss.codec_triton import BLOCK_T, heads_rope
-
-    monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
-    heads, _ = codec_layers.layer_pieces("compiled")
-    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
+    kernels, heads, _ = interpreted_kernels
+    BLOCK_T, heads_rope = kernels.BLOCK_T, kernels.heads_rope
     g = torch.Generator().manual_seed(11)
     for B, T, H, dh, window, rope in ((2, 45, 3, 8, 20, True), (1, 7, 2, 12, None, True),
                                       (2, 2 * BLOCK_T + 3, 1, 4, 40, False)):  # fmt: skip
@@ -204,22 +211,15 @@ def _bf16_ulp(t):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_triton_residual_norm_kernel_computes_what_the_eager_piece_does(
-    triton_interpreter, monkeypatch, dtype
+    interpreted_kernels, dtype
 ):
     """The compiled path's residual + LayerNorm kernel, through Triton's CPU interpreter, against
     the eager piece: with and without a layer scale, widths that are not powers of two, rows
     that fill several programs and part of the last one, and what ``layer_pieces`` calls."""
-    import sys
-
     from bestofn.moss.codec_layers import residual_norm
 
-    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
-    from bestofn.moss import codec_layers
-    from bestofn.moss.codec_triton import TILE, residual_layer_norm
-
-    monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
-    _, add_norm = codec_layers.layer_pieces("compiled")
-    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
+    kernels, _, add_norm = interpreted_kernels
+    TILE, residual_layer_norm = kernels.TILE, kernels.residual_layer_norm
     ln = torch.nn.functional.layer_norm
     g = torch.Generator().manual_seed(13)
     fp32 = dtype == torch.float32
