@@ -55,6 +55,55 @@ def test_restored_model_is_tdt(scorer):
     assert scorer.model.preprocessor.featurizer.dither == 0.0  # deterministic transcripts
 
 
+def test_restore_without_random_init_gives_every_tensor_of_a_plain_restore(tiny_nemo):
+    """The backend builds NeMo's model with torch.nn.init's draws skipped (the strict load
+    replaces every weight): each parameter and buffer, non-persistent ones included, has the
+    bits of NeMo's own restore, which draws them first."""
+    import torch
+    from nemo.collections.asr.models import ASRModel
+
+    from bestofn.backends.skip_init import random_init_skipped
+
+    plain = ASRModel.restore_from(str(tiny_nemo), map_location=torch.device("cpu")).eval()
+    ours = parakeet.load_nemo_asr(tiny_nemo, "cpu")
+
+    def tensors(m):
+        return {**dict(m.named_parameters()), **dict(m.named_buffers())}
+
+    a, b = tensors(plain), tensors(ours)
+    assert a.keys() == b.keys() and len(a) > 50
+    for name, t in a.items():
+        assert torch.equal(t, b[name]), name
+    with random_init_skipped():  # and it did skip: a draw inside leaves its tensor alone
+        kept = torch.nn.init.normal_(torch.zeros(4))
+    assert torch.equal(kept, torch.zeros(4))
+    assert not torch.equal(torch.nn.init.normal_(torch.zeros(4)), torch.zeros(4))
+
+
+def test_skipped_init_is_this_threads_only():
+    """Another thread building at the same time still draws its random numbers."""
+    import threading
+
+    import torch
+
+    from bestofn.backends.skip_init import random_init_skipped
+
+    inside, drawn = threading.Event(), {}
+
+    def other():
+        assert inside.wait(10)
+        drawn["other"] = torch.nn.init.kaiming_uniform_(torch.zeros(8, 8))
+
+    t = threading.Thread(target=other)
+    t.start()
+    with random_init_skipped():
+        drawn["mine"] = torch.nn.init.kaiming_uniform_(torch.zeros(8, 8))
+        inside.set()
+        t.join()
+    assert torch.equal(drawn["mine"], torch.zeros(8, 8))
+    assert drawn["other"].abs().sum() > 0
+
+
 def test_batched_transcripts_match_nemo_transcribe(scorer):
     """Our in-memory batched path (sorted, padded, batch_size=2) gives NeMo's own
     transcribe() output for the same arrays, take by take, in input order."""

@@ -113,3 +113,41 @@ def test_a_failing_backend_fails_the_parallel_load_with_its_own_error(weights):
         load_backends(models, "cpu", parallel=False)
     with pytest.raises(type(serial.value), match="/nowhere"):
         load_backends(models, "cpu", parallel=True)
+
+
+def test_imports_go_longest_build_first_and_backends_without_imports_do_not_wait(monkeypatch):
+    """The import thread takes ``registry.PRELOAD``'s order (Parakeet's NeMo first), not the
+    config's; moss-fast and duration, which import nothing there, are built while NeMo still
+    imports, wherever they stand in the config."""
+    import threading
+
+    from bestofn.backends import loading, registry
+
+    order, built = [], []
+    no_imports = {"moss-fast", "duration"}
+    both_built = threading.Event()
+
+    def preload(name):
+        order.append(name)
+        if name == "parakeet":  # the first import still runs while those two are built
+            assert both_built.wait(10), f"built during NeMo's import: {built}"
+
+    def build(role, name, kwargs, device):
+        built.append(name)
+        if no_imports <= set(built):
+            both_built.set()
+        return type("Built", (), {"provenance": lambda self: {}})()
+
+    monkeypatch.setattr(loading, "preload", preload)
+    monkeypatch.setattr(registry, "build", build)
+    monkeypatch.setattr(registry, "backend_class", lambda role, name: None)
+    entries = [("generator", "moss-fast", {}), ("restorer", "sidon", {}),
+               ("scorer", "parakeet", {}), ("scorer", "voiceclap", {}),
+               ("scorer", "empathic-insight", {}), ("scorer", "duration", {})]  # fmt: skip
+    loading.build_all(entries, "cpu", parallel=True)
+    assert order == ["parakeet", "empathic-insight", "sidon", "voiceclap"]
+    assert set(built[:2]) == no_imports
+    # serial: the same imports first, then the builds in config order
+    order.clear(), built.clear()
+    loading.build_all(entries, "cpu", parallel=False)
+    assert built == [name for _, name, _ in entries]

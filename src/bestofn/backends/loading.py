@@ -5,10 +5,12 @@ is work that lets other threads run: file reads and hashing (safetensors, hashli
 device copies, and CUDA work. Python itself (imports, module construction) holds the GIL, so:
 
 - the third-party packages a backend imports when it is built (``registry.PRELOAD``: NeMo,
-  transformers' model modules) are imported by ONE thread, in config order, while the other
-  threads read weights. Two threads importing the same package at once can meet a partially
-  initialised module; one import thread never does;
-- each backend is built in its own thread once its imports are in, with the calling thread's
+  transformers' model modules) are imported by ONE thread while the other threads read
+  weights. Two threads importing the same package at once can meet a partially initialised
+  module; one import thread never does. It takes them in ``PRELOAD``'s order, longest build
+  first (Parakeet's NeMo), not the config's: the worker is ready when its slowest backend is;
+- each backend is built in its own thread once its imports are in (at once when it has none:
+  moss-fast reads its checkpoint while NeMo imports), with the calling thread's
   torch intra-op thread count (``bestofn.torch_threads``: a CPU op run with another count can
   round differently, so a weight folded at load gets the same bits as in a serial load);
 - its provenance (which hashes its weight files) is taken in the same thread, right after.
@@ -52,6 +54,14 @@ def _labels(entries) -> list[str]:
     return out
 
 
+def import_order(entries) -> list[int]:
+    """Indices of the ``entries`` with packages to import (``registry.PRELOAD``), in the order
+    the import thread takes them: PRELOAD's (longest build first), then config order."""
+    rank = {name: r for r, name in enumerate(registry.PRELOAD)}
+    with_imports = [k for k, (_, name, _) in enumerate(entries) if name in rank]
+    return sorted(with_imports, key=lambda k: (rank[entries[k][1]], k))
+
+
 def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool):
     """Build ``entries`` [(role, backend name, kwargs)] on ``device``.
 
@@ -68,11 +78,15 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         registry.backend_class(role, name)  # our own modules: light, imported here in turn
         per[label]["import_s"] = time.perf_counter() - a
     threads = _caller_threads()
+    order = import_order(entries)
     imported = [threading.Event() for _ in entries]
+    for k in set(range(len(entries))) - set(order):
+        imported[k].set()  # nothing to import: it builds at once
     import_errors: list[BaseException | None] = [None] * len(entries)
 
     def import_all():
-        for k, (_, name, _) in enumerate(entries):
+        for k in order:
+            name = entries[k][1]
             a = time.perf_counter()
             try:
                 preload(name)

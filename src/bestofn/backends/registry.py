@@ -34,15 +34,19 @@ REGISTRY: dict[str, dict[str, str]] = {
 
 # What a backend imports when it is built, beyond its own module: "module" or
 # "module:Attr,Attr" (a lazy package's attributes import their modules). bestofn.backends.loading
-# imports these in one thread, in config order, while other backends read their weights.
+# imports these in one thread while other backends read their weights, IN THIS ORDER (not the
+# config's): the backend whose build is longest after its import comes first, so it starts
+# building soonest. On the H200 (docs/PERFORMANCE.md, worker start) Parakeet's build is 10-15 s
+# after 9 s of NeMo, Empathic-Insight's 9 s, Sidon's 5 s, VoiceCLAP's under 1 s. A backend with
+# no entry (moss-fast, duration, piper) imports nothing here and starts building at once.
 PRELOAD: dict[str, tuple[str, ...]] = {
+    "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
+    "empathic-insight": ("transformers:WhisperFeatureExtractor,WhisperModel",),
     "sidon": (
         "safetensors.torch",
         "transformers:Wav2Vec2BertConfig,Wav2Vec2BertModel,SeamlessM4TFeatureExtractor",
     ),
-    "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
     "voiceclap": ("transformers:AutoModel",),
-    "empathic-insight": ("transformers:WhisperFeatureExtractor,WhisperModel",),
     "whisper-asr": ("faster_whisper",),
 }
 
