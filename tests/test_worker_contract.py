@@ -57,8 +57,8 @@ def pools(tmp_path):
                 pass
 
 
-def start(pool, tmp_path, mdl, results="results", flac_subtype="PCM_16"):
-    rt = Runtime(idle_timeout_s=60, start_timeout_s=120)
+def start(pool, tmp_path, mdl, results="results", flac_subtype="PCM_16", **runtime):
+    rt = Runtime(**{"idle_timeout_s": 60, "start_timeout_s": 120, **runtime})
     return ensure_worker(
         pool, 0, mdl, (tmp_path / results).resolve(), rt, tmp_path / "logs", flac_subtype
     )
@@ -137,22 +137,34 @@ def test_out_of_memory_fails_the_group_but_the_worker_keeps_serving(pools, tmp_p
     assert status == 200 and (out / "scores.parquet").is_file()
 
 
-@pytest.mark.parametrize("change", ["device", "flac_subtype", "results"])
-def test_any_spec_change_replaces_the_worker(pools, tmp_path, change):
+CHANGES = {  # a spec change: start()'s arguments, and (spec field, its new value)
+    "device": ({}, ("device", "cpu:0")),
+    "flac_subtype": ({"flac_subtype": "PCM_24"}, ("flac_subtype", "PCM_24")),
+    "results": ({"results": "elsewhere"}, ("results_dir", "elsewhere")),
+    # runtime options the worker serves with (a long-lived `bestofn serve` must not keep old
+    # ones after its config changed)
+    "overlap": ({"overlap": "off"}, ("serving", "overlap", "off")),
+    "speech_max_batch": ({"speech_max_batch": 3}, ("serving", "speech_max_batch", 3)),
+    "gpu_memory_gb": ({"gpu_memory_gb": 512.0}, ("serving", "gpu_memory_gb", 512.0)),
+}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_any_spec_change_replaces_the_worker(pools, tmp_path, change, caplog):
     first = start(pools(), tmp_path, models())
-    kwargs = {"flac_subtype": "PCM_24"} if change == "flac_subtype" else {}
-    if change == "results":
-        kwargs["results"] = "elsewhere"
+    kwargs, want = CHANGES[change]
     pool = pools("cpu:0" if change == "device" else "cpu")
-    second = start(pool, tmp_path, models(), **kwargs)
+    with caplog.at_level("INFO", logger="bestofn.client"):
+        second = start(pool, tmp_path, models(), **kwargs)
     assert second["pid"] != first["pid"] and second["worker_key"] != first["worker_key"]
     assert gone(first["pid"])
-    want = {
-        "device": ("device", "cpu:0"),
-        "flac_subtype": ("flac_subtype", "PCM_24"),
-        "results": ("results_dir", str((tmp_path / "elsewhere").resolve())),
-    }[change]
-    assert second["spec"][want[0]] == want[1]
+    if want[0] == "serving":
+        assert second["spec"]["serving"][want[1]] == want[2]
+        assert f"runtime.{want[1]} " in caplog.text  # the log says which option changed
+    elif change == "results":
+        assert second["spec"]["results_dir"] == str((tmp_path / "elsewhere").resolve())
+    else:
+        assert second["spec"][want[0]] == want[1]
     # the same spec again: the warm worker is reused
     assert start(pool, tmp_path, models(), **kwargs)["pid"] == second["pid"]
     # a request made for the old spec is refused, not served with the wrong settings

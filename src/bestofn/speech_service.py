@@ -233,7 +233,7 @@ class Service:
             raise ValueError(f"--slot {self.slot}: this config has slots 0..{pool.slots - 1}")
         results = (self.base / config["results"]).resolve()
         models = config["models"]
-        key = worker_key(slot_spec(pool, self.slot, models, results, config["flac_subtype"]))
+        key = worker_key(slot_spec(pool, self.slot, models, results, config["flac_subtype"], rt))
         log_dir = Path(rt.log_dir) if rt.log_dir else results / "logs" / "workers"
         backend = models["generator"]["backend"]
         return Snapshot(

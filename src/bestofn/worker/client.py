@@ -7,7 +7,8 @@ running, the next already waiting. Places are tried place-major (q0 on every slo
 which spreads groups over GPUs before queueing behind a busy one.
 
 Worker contract (``bestofn.worker.contract``): a warm worker is reused only when it is healthy
-and its key (models, device, FLAC subtype, results directory) is the one the group needs; any
+and its key (models, device, FLAC subtype, results directory, the runtime options it serves
+with) is the one the group needs; any
 other worker on the slot is stopped first (and waited for) and a fresh one started. A worker
 that answered "fatal device error" is waited for until its process is gone, so neither its
 socket nor its pid file can route a retry to it."""
@@ -32,7 +33,7 @@ from bestofn.gpu_memory import ENV as GPU_MEMORY_ENV
 from bestofn.groupio import SCORES
 from bestofn.pipeline import stable_hash
 from bestofn.schemas import runtime_defaults
-from bestofn.worker.contract import spec_difference, worker_key, worker_spec
+from bestofn.worker.contract import SERVING, serving, spec_difference, worker_key, worker_spec
 from bestofn.worker.uds_http import request
 
 log = logging.getLogger("bestofn.client")
@@ -229,11 +230,12 @@ def stop_worker(pool: SlotPool, slot: int, timeout: float = 120.0) -> bool:
 
 
 def slot_spec(
-    pool: SlotPool, slot: int, models: dict, results_dir: Path, flac_subtype: str
+    pool: SlotPool, slot: int, models: dict, results_dir: Path, flac_subtype: str, rt: Runtime
 ) -> dict:
     """The spec of the worker a group on ``slot`` needs (see bestofn.worker.contract)."""
     visible = pool.cuda_visible(slot) if pool.device.startswith("cuda") else None
-    return worker_spec(models, pool.device, flac_subtype, results_dir, visible)
+    options = serving(**{name: getattr(rt, name) for name in SERVING})
+    return worker_spec(models, pool.device, flac_subtype, results_dir, visible, options)
 
 
 def _serves(h: dict | None, key: str) -> bool:
@@ -246,7 +248,7 @@ def ensure_worker(
 ) -> dict:  # fmt: skip
     """Return the health of a ready worker on ``slot`` for this spec, starting it if needed.
     ``warm_up_spec``: the group a worker started now warms up on (``runtime.warm_up``)."""
-    spec = slot_spec(pool, slot, models, results_dir, flac_subtype)
+    spec = slot_spec(pool, slot, models, results_dir, flac_subtype, rt)
     key = worker_key(spec)
     sock = pool.socket(slot)
     h = health(sock)

@@ -2,15 +2,39 @@
 
 A worker is keyed by everything that shapes what it writes: the models section (with the
 runtime knobs it was built with), the device (and, on GPUs, which physical GPU the slot maps
-to), the FLAC subtype and the results directory. The group job computes the key of the worker
-it needs; a worker whose key differs, or that is not healthy, is replaced. Nothing else
-decides reuse."""
+to), the FLAC subtype and the results directory; and by the runtime options it serves with
+(``SERVING``: how the GPU's phases overlap, the generate stream's priority, the speech
+batcher, the GPU memory cap, the idle exit). Those change no take, but a worker started under
+other ones would keep them: a long-lived ``bestofn serve`` whose config now says
+``overlap: off`` must not go on serving with ``full``. The group job computes the key of the
+worker it needs; a worker whose key differs, or that is not healthy, is replaced. Nothing else
+decides reuse. (``parallel_load``, ``warm_up`` and ``cache_dir`` only shape a start, so a
+warm worker is kept when they change.)"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from bestofn.pipeline import stable_hash
+
+# runtime.* a worker serves with, and how each is written in the spec (one form for the group
+# job's config values and the worker's command-line ones, so that both give one key)
+SERVING = {
+    "overlap": str,
+    "generate_priority": str,
+    "speech_max_batch": int,
+    "speech_batch_window_ms": float,
+    "gpu_memory_gb": lambda v: None if v is None else float(v),
+    "idle_timeout_s": float,
+}
+
+
+def serving(**options) -> dict:
+    """The ``SERVING`` options, normalised; every one must be given."""
+    missing = sorted(set(SERVING) - set(options))
+    if missing or set(options) - set(SERVING):
+        raise TypeError(f"serving options: need exactly {sorted(SERVING)}; missing {missing}")
+    return {name: SERVING[name](options[name]) for name in SERVING}
 
 
 def worker_spec(
@@ -19,6 +43,7 @@ def worker_spec(
     flac_subtype: str,
     results_dir: str | Path,
     visible_device: str | None = None,
+    serving_options: dict | None = None,
 ) -> dict:
     return {
         "models": models,
@@ -26,6 +51,7 @@ def worker_spec(
         "visible_device": visible_device,
         "flac_subtype": flac_subtype,
         "results_dir": str(Path(results_dir).resolve()),
+        "serving": serving_options,
     }
 
 
@@ -40,6 +66,12 @@ def spec_difference(health: dict, want: dict) -> str:
     if health.get("models_hash") != stable_hash(want["models"]):
         diffs.append("models")
     for field, value in want.items():
-        if field != "models" and have.get(field) != value:
+        if field == "models" or have.get(field) == value:
+            continue
+        if isinstance(value, dict) and isinstance(have.get(field), dict):  # serving: by option
+            old = have[field]
+            diffs += [f"runtime.{k} {old.get(k)!r} -> {v!r}" for k, v in value.items()
+                      if old.get(k) != v]  # fmt: skip
+        else:
             diffs.append(f"{field} {have.get(field)!r} -> {value!r}")
     return ", ".join(diffs) or "worker key differs"

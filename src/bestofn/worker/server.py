@@ -63,16 +63,30 @@ class Worker(FatalErrorLifecycle):
         timeline: dict | None = None,
         generate_priority: str | None = None,
     ):
-        from bestofn.gpu_memory import cap_from_environment
+        from bestofn.gpu_memory import ENV as GPU_MEMORY_ENV
+        from bestofn.gpu_memory import cap_from_environment, parse_cap
+        from bestofn.worker.contract import serving, worker_spec
         from bestofn.worker.contract import worker_key as key_of
-        from bestofn.worker.contract import worker_spec
 
         self._init_lifecycle()
         self.models_hash = models_hash
+        defaults = runtime_defaults()  # runtime.* (the schema holds the defaults), read now
+        if speech_max_batch is None:
+            speech_max_batch = defaults["speech_max_batch"]
+        if speech_batch_window_ms is None:
+            speech_batch_window_ms = defaults["speech_batch_window_ms"]
+        self.generate_priority = generate_priority or defaults["generate_priority"]
         # The spec this worker serves; the group job that started it passes its key (which
         # also covers the physical GPU behind the slot); computed here when started by hand.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES") if device.startswith("cuda") else None
-        self.spec = worker_spec(models, device, flac_subtype, results_dir, visible)
+        options = serving(
+            overlap=defaults["overlap"] if overlap is None else overlap,
+            generate_priority=self.generate_priority, speech_max_batch=speech_max_batch,
+            speech_batch_window_ms=speech_batch_window_ms,
+            gpu_memory_gb=parse_cap(os.environ.get(GPU_MEMORY_ENV)),
+            idle_timeout_s=idle_timeout_s,
+        )  # fmt: skip
+        self.spec = worker_spec(models, device, flac_subtype, results_dir, visible, options)
         self.worker_key = worker_key or key_of(self.spec)
         self.results_dir = results_dir.resolve()
         self.device = device
@@ -82,13 +96,11 @@ class Worker(FatalErrorLifecycle):
         self.started = time.monotonic()
         # runtime.gpu_memory_gb, before any model loads (a cap too large for the device: error)
         self.gpu_memory_cap = cap_from_environment(device)
-        defaults = runtime_defaults()  # runtime.* (the schema holds the defaults), read now
         warm = resolve_warm_up(defaults["warm_up"] if warm_up is None else warm_up, device)
         # the start's timeline (bestofn.worker.startup): seconds since the process started
         self.timeline = dict(timeline or {})
         t_load = time.time()
         backends = load_backends(models, device=device, parallel=parallel_load)
-        self.generate_priority = generate_priority or defaults["generate_priority"]
         self.runner = Runner(
             backends, device, resolve_overlap(overlap, device),
             flac_subtype=flac_subtype, slot=slot, charge_load="first",
@@ -117,10 +129,6 @@ class Worker(FatalErrorLifecycle):
         self.load_count = 1
         self.speech_served = 0
         self.in_flight = 0
-        if speech_max_batch is None:
-            speech_max_batch = defaults["speech_max_batch"]
-        if speech_batch_window_ms is None:
-            speech_batch_window_ms = defaults["speech_batch_window_ms"]
         self.speech_batcher = SpeechBatcher(
             self, float(speech_batch_window_ms) / 1000.0, int(speech_max_batch)
         )
