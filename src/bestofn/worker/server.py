@@ -119,8 +119,13 @@ class Worker(FatalErrorLifecycle):
                 if fatal_device_error(e):
                     raise
                 release_cached_memory()
-                log.warning("slot %s: warm-up failed, the first group compiles instead: %s: %s",
-                            slot, type(e).__name__, e)  # fmt: skip
+                log.warning(
+                    "slot %s: warm-up failed, the first group compiles instead: %s: %s",
+                    slot,
+                    type(e).__name__,
+                    e,
+                    exc_info=True,
+                )  # where: the traceback
             # the first group is charged the warm-up too (its group_load_s): the cost of a
             # start stays in the throughput table, wherever the compiles now happen
             backends.load_s += time.time() - self.timeline["load_end_unix"]
