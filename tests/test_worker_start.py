@@ -151,3 +151,90 @@ def test_imports_go_longest_build_first_and_backends_without_imports_do_not_wait
     order.clear(), built.clear()
     loading.build_all(entries, "cpu", parallel=False)
     assert built == [name for _, name, _ in entries]
+
+
+def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_dtype(weights):
+    """``registry.PARALLEL_BUILD``'s claim for moss-fast (with its v2 codec): it may build
+    while another thread's ``from_pretrained`` has set torch's default dtype to bfloat16, so
+    building it under that default gives every tensor the bits and dtype of a normal build."""
+    import torch
+
+    from bestofn.backends import registry
+    from bestofn.pipeline import _kwargs
+
+    def tensors(obj, path="", seen=None, out=None):  # every tensor reachable from obj
+        seen, out = (set(), {}) if seen is None else (seen, out)
+        if id(obj) in seen or len(path) > 200:
+            return out
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            out[path] = obj
+        elif isinstance(obj, torch.nn.Module):
+            for name, t in [*obj.named_parameters(), *obj.named_buffers()]:
+                out[f"{path}.{name}"] = t
+            for name, value in vars(obj).items():
+                if not name.startswith("_"):
+                    tensors(value, f"{path}.{name}", seen, out)
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(obj):
+                tensors(value, f"{path}[{i}]", seen, out)
+        elif isinstance(obj, dict):
+            for key, value in obj.items():
+                tensors(value, f"{path}[{key!r}]", seen, out)
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("bestofn"):
+            for name, value in vars(obj).items():
+                tensors(value, f"{path}.{name}", seen, out)
+        return out
+
+    gen = weights["generator"]
+    plain = tensors(registry.build("generator", "moss-fast", _kwargs(gen), "cpu").model)
+    plain |= tensors(registry.build("generator", "moss-fast", _kwargs(gen), "cpu").codec, "c")
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        built = registry.build("generator", "moss-fast", _kwargs(gen), "cpu")
+        under_bf16 = tensors(built.model) | tensors(built.codec, "c")
+    finally:
+        torch.set_default_dtype(before)
+    assert plain.keys() == under_bf16.keys() and len(plain) > 20
+    for name, t in plain.items():
+        assert t.dtype == under_bf16[name].dtype and torch.equal(t, under_bf16[name]), name
+    assert "moss-fast" in registry.PARALLEL_BUILD
+
+
+def test_builds_that_use_process_wide_torch_state_run_one_at_a_time(monkeypatch):
+    """A build outside PARALLEL_BUILD that sets torch's default dtype for a while (as
+    ``from_pretrained`` does) never overlaps another such build: the other's module gets
+    float32, and the default is float32 after the load."""
+    import threading
+    import time
+
+    import torch
+
+    from bestofn.backends import loading, registry
+
+    started = threading.Event()
+    made = {}
+
+    def build(role, name, kwargs, device):
+        if name == "sidon":  # as transformers' local_torch_dtype: set, build, restore
+            started.set()
+            before = torch.get_default_dtype()
+            torch.set_default_dtype(torch.bfloat16)
+            time.sleep(0.3)
+            torch.set_default_dtype(before)
+        if name == "voiceclap":
+            started.wait(5)
+            made["voiceclap"] = torch.nn.Linear(2, 2).weight.dtype
+        return type("Built", (), {"provenance": lambda self: {}})()
+
+    monkeypatch.setattr(loading, "preload", lambda name: None)
+    monkeypatch.setattr(registry, "build", build)
+    monkeypatch.setattr(registry, "backend_class", lambda role, name: None)
+    entries = [("generator", "moss-fast", {}), ("restorer", "sidon", {}),
+               ("scorer", "voiceclap", {})]  # fmt: skip
+    _, _, report = loading.build_all(entries, "cpu", parallel=True)
+    assert made["voiceclap"] == torch.float32
+    sidon, vc = report["backends"]["restorer:sidon"], report["backends"]["scorer0:voiceclap"]
+    assert sidon["end_s"] <= vc["start_s"] or vc["end_s"] <= sidon["start_s"]
+    assert torch.get_default_dtype() == torch.float32

@@ -10,7 +10,10 @@ device copies, and CUDA work. Python itself (imports, module construction) holds
   module; one import thread never does. It takes them in ``PRELOAD``'s order, longest build
   first (Parakeet's NeMo), not the config's: the worker is ready when its slowest backend is;
 - each backend is built in its own thread once its imports are in (at once when it has none:
-  moss-fast reads its checkpoint while NeMo imports), with the calling thread's
+  moss-fast reads its checkpoint while NeMo imports). Builds outside
+  ``registry.PARALLEL_BUILD`` take one lock, so only one at a time runs: transformers and NeMo
+  build their modules under torch's process-wide default dtype and ``torch.nn.init``, which
+  ``from_pretrained`` changes while it runs. Each build runs with the calling thread's
   torch intra-op thread count (``bestofn.torch_threads``: a CPU op run with another count can
   round differently, so a weight folded at load gets the same bits as in a serial load);
 - its provenance (which hashes its weight files) is taken in the same thread, right after.
@@ -20,6 +23,7 @@ stopped half way through a load), so an error reads as it does in a serial load.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import threading
@@ -78,6 +82,8 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         registry.backend_class(role, name)  # our own modules: light, imported here in turn
         per[label]["import_s"] = time.perf_counter() - a
     threads = _caller_threads()
+    torch = sys.modules.get("torch")
+    default_dtype = torch.get_default_dtype() if torch is not None else None
     order = import_order(entries)
     imported = [threading.Event() for _ in entries]
     for k in set(range(len(entries))) - set(order):
@@ -95,14 +101,19 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
             per[labels[k]]["import_s"] += time.perf_counter() - a
             imported[k].set()
 
+    one_at_a_time = threading.Lock()
+
     def build(k: int):
         role, name, kwargs = entries[k]
         imported[k].wait()
         rec = per[labels[k]]
-        rec["start_s"] = time.perf_counter() - t0
-        with torch_threads(threads):
-            backend = registry.build(role, name, kwargs, device)
+        alone = contextlib.nullcontext() if name in registry.PARALLEL_BUILD else one_at_a_time
+        with alone:
+            rec["start_s"] = time.perf_counter() - t0
+            with torch_threads(threads):
+                backend = registry.build(role, name, kwargs, device)
             rec["build_s"] = time.perf_counter() - t0 - rec["start_s"]
+        with torch_threads(threads):
             a = time.perf_counter()
             provenance = backend.provenance()
             rec["provenance_s"] = time.perf_counter() - a
@@ -126,6 +137,13 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         if first is not None:
             raise first
         results = [f.result() for f in futures]
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_default_dtype() != default_dtype:
+        raise RuntimeError(
+            f"loading the backends left torch's default dtype {torch.get_default_dtype()} "
+            f"(was {default_dtype}): a build changed process-wide state; its modules may have "
+            "been built in the wrong dtype"
+        )
     report = {
         "parallel": parallel,
         "backends": per,

@@ -50,6 +50,15 @@ PRELOAD: dict[str, tuple[str, ...]] = {
     "whisper-asr": ("faster_whisper",),
 }
 
+# Backends whose build may run beside another's (bestofn.backends.loading): they construct
+# nothing under torch's process-wide defaults (moss-fast builds on the meta device and casts
+# explicitly; the others hold no torch modules). Every other build runs one at a time, because
+# transformers' ``from_pretrained`` sets torch's default dtype for the whole process while it
+# builds (``local_torch_dtype``) and patches ``torch.nn.init``: a module built in another thread
+# meanwhile takes that dtype, and two such loads interleaved can leave it set. On the H200 that
+# gave VoiceCLAP bfloat16 heads (a dtype error) and Parakeet an illegal memory access.
+PARALLEL_BUILD = frozenset({"moss-fast", "duration", "identity", "resample", "piper"})
+
 ROLE_BASE = {"generator": Generator, "restorer": Restorer, "scorer": Scorer}
 
 

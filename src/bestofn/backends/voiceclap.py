@@ -55,8 +55,9 @@ class RegressionHead(nn.Module):
     def __init__(self, state_dict: dict, mu, sd, value_range: tuple[float, float]):
         super().__init__()
         hidden, dim = state_dict["f1.weight"].shape
-        self.f1 = nn.Linear(dim, hidden)
-        self.f2 = nn.Linear(hidden, 1)
+        # float32 whatever torch's default dtype is (the head runs on float32 embeddings)
+        self.f1 = nn.Linear(dim, hidden, dtype=torch.float32)
+        self.f2 = nn.Linear(hidden, 1, dtype=torch.float32)
         self.load_state_dict(state_dict)
         self.register_buffer("mu", torch.as_tensor(np.asarray(mu, np.float32)).reshape(-1))
         self.register_buffer("sd", torch.as_tensor(np.asarray(sd, np.float32)).reshape(-1))
