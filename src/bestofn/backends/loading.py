@@ -7,8 +7,8 @@ device copies, and CUDA work. Python itself (imports, module construction) holds
 - the third-party packages a backend imports when it is built (``registry.PRELOAD``: NeMo,
   transformers' model modules) are imported by ONE thread while the other threads read
   weights. Two threads importing the same package at once can meet a partially initialised
-  module; one import thread never does. It takes them in ``PRELOAD``'s order, longest build
-  first (Parakeet's NeMo), not the config's: the worker is ready when its slowest backend is;
+  module; one import thread never does. It takes them in ``PRELOAD``'s order, not the
+  config's (that order keeps the one-at-a-time builds below busy during NeMo's import);
 - each backend is built in its own thread once its imports are in (at once when it has none:
   moss-fast reads its checkpoint while NeMo imports). Builds outside
   ``registry.PARALLEL_BUILD`` take one lock, so only one at a time runs: transformers and NeMo
@@ -60,7 +60,7 @@ def _labels(entries) -> list[str]:
 
 def import_order(entries) -> list[int]:
     """Indices of the ``entries`` with packages to import (``registry.PRELOAD``), in the order
-    the import thread takes them: PRELOAD's (longest build first), then config order."""
+    the import thread takes them: PRELOAD's, then config order."""
     rank = {name: r for r, name in enumerate(registry.PRELOAD)}
     with_imports = [k for k, (_, name, _) in enumerate(entries) if name in rank]
     return sorted(with_imports, key=lambda k: (rank[entries[k][1]], k))

@@ -35,13 +35,14 @@ REGISTRY: dict[str, dict[str, str]] = {
 # What a backend imports when it is built, beyond its own module: "module" or
 # "module:Attr,Attr" (a lazy package's attributes import their modules). bestofn.backends.loading
 # imports these in one thread while other backends read their weights, IN THIS ORDER (not the
-# config's): the backend whose build is longest after its import comes first, so it starts
-# building soonest. On the H200 (docs/PERFORMANCE.md, worker start) Parakeet's build is 10-15 s
-# after 9 s of NeMo, Empathic-Insight's 9 s, Sidon's 5 s, VoiceCLAP's under 1 s. A backend with
-# no entry (moss-fast, duration, piper) imports nothing here and starts building at once.
+# config's). The builds that need them run one at a time (PARALLEL_BUILD, below), so the order
+# keeps that one-at-a-time lane busy while the long import runs: Empathic-Insight first (its
+# transformers import is short, its build about 9 s on the H200), then Parakeet (NeMo's import,
+# about 9 s, overlaps that build; its build 10-15 s), Sidon, VoiceCLAP. A backend with no entry
+# (moss-fast, duration, piper) imports nothing here and starts building at once.
 PRELOAD: dict[str, tuple[str, ...]] = {
-    "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
     "empathic-insight": ("transformers:WhisperFeatureExtractor,WhisperModel",),
+    "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
     "sidon": (
         "safetensors.torch",
         "transformers:Wav2Vec2BertConfig,Wav2Vec2BertModel,SeamlessM4TFeatureExtractor",
