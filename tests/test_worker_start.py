@@ -153,14 +153,26 @@ def test_imports_go_in_preload_order_and_backends_without_imports_do_not_wait(mo
     assert built == [name for _, name, _ in entries]
 
 
-def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_dtype(weights):
-    """``registry.PARALLEL_BUILD``'s claim for moss-fast (with its v2 codec): it may build
-    while another thread's ``from_pretrained`` has set torch's default dtype to bfloat16, so
-    building it under that default gives every tensor the bits and dtype of a normal build."""
+@pytest.mark.parametrize("arch", ["local", "delay"])
+def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_dtype(
+    weights, arch, tmp_path
+):
+    """``registry.PARALLEL_BUILD``'s claim for moss-fast (Local with its v2 codec, Delay with
+    its v1 codec): it may build while another thread's ``from_pretrained`` has set torch's
+    default dtype to bfloat16, so building it under that default gives every tensor the bits
+    and dtype of a normal build."""
     import torch
 
     from bestofn.backends import registry
     from bestofn.pipeline import _kwargs
+
+    gen = weights["generator"]
+    if arch == "delay":
+        from bestofn.fakes import moss_audio_tokenizer, moss_delay
+
+        moss_audio_tokenizer.write(tmp_path / "MOSS-Audio-Tokenizer", "tiny", 0)
+        options = {**moss_delay.write(tmp_path, "tiny", 0), "min_frames": 6, "max_frames": 6}
+        gen = {**gen, "options": options}
 
     def tensors(obj, path="", seen=None, out=None):  # every tensor reachable from obj
         seen, out = (set(), {}) if seen is None else (seen, out)
@@ -186,7 +198,6 @@ def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_d
                 tensors(value, f"{path}.{name}", seen, out)
         return out
 
-    gen = weights["generator"]
     plain = tensors(registry.build("generator", "moss-fast", _kwargs(gen), "cpu").model)
     plain |= tensors(registry.build("generator", "moss-fast", _kwargs(gen), "cpu").codec, "c")
     before = torch.get_default_dtype()
