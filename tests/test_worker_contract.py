@@ -144,7 +144,7 @@ CHANGES = {  # a spec change: start()'s arguments, and (spec field, its new valu
     # runtime options the worker serves with (a long-lived `bestofn serve` must not keep old
     # ones after its config changed)
     "overlap": ({"overlap": "off"}, ("serving", "overlap", "off")),
-    "speech_max_batch": ({"speech_max_batch": 3}, ("serving", "speech_max_batch", 3)),
+    "generate_priority": ({"generate_priority": "high"}, ("serving", "generate_priority", "high")),
     "gpu_memory_gb": ({"gpu_memory_gb": 512.0}, ("serving", "gpu_memory_gb", 512.0)),
 }
 

@@ -2,14 +2,17 @@
 
 A worker is keyed by everything that shapes what it writes: the models section (with the
 runtime knobs it was built with), the device (and, on GPUs, which physical GPU the slot maps
-to), the FLAC subtype and the results directory; and by the runtime options it serves with
-(``SERVING``: how the GPU's phases overlap, the generate stream's priority, the speech
-batcher, the GPU memory cap, the idle exit). Those change no take, but a worker started under
-other ones would keep them: a long-lived ``bestofn serve`` whose config now says
-``overlap: off`` must not go on serving with ``full``. The group job computes the key of the
-worker it needs; a worker whose key differs, or that is not healthy, is replaced. Nothing else
-decides reuse. (``parallel_load``, ``warm_up`` and ``cache_dir`` only shape a start, so a
-warm worker is kept when they change.)"""
+to), the FLAC subtype and the results directory; and by the config's runtime options that
+shape how it runs (``SERVING``: how the GPU's phases overlap, the generate stream's priority,
+the GPU memory cap). Those change no take, but a worker started under other ones would keep
+them: a long-lived ``bestofn serve`` whose config now says ``overlap: off`` must not go on
+serving with ``full``. The group job computes the key of the worker it needs; a worker whose
+key differs, or that is not healthy, is replaced. Nothing else decides reuse.
+
+Not in the key: ``parallel_load``, ``warm_up`` and ``cache_dir`` (they shape only a start),
+and the idle exit and speech batching (``idle_timeout_s``, ``speech_*``), which ``bestofn
+serve`` may set on its command line: with them in the key, a server and a workflow on one slot
+would replace each other's worker. A warm worker keeps those until it exits."""
 
 from __future__ import annotations
 
@@ -22,10 +25,7 @@ from bestofn.pipeline import stable_hash
 SERVING = {
     "overlap": str,
     "generate_priority": str,
-    "speech_max_batch": int,
-    "speech_batch_window_ms": float,
     "gpu_memory_gb": lambda v: None if v is None else float(v),
-    "idle_timeout_s": float,
 }
 
 

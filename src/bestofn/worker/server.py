@@ -81,11 +81,9 @@ class Worker(FatalErrorLifecycle):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES") if device.startswith("cuda") else None
         options = serving(
             overlap=defaults["overlap"] if overlap is None else overlap,
-            generate_priority=self.generate_priority, speech_max_batch=speech_max_batch,
-            speech_batch_window_ms=speech_batch_window_ms,
+            generate_priority=self.generate_priority,
             gpu_memory_gb=parse_cap(os.environ.get(GPU_MEMORY_ENV)),
-            idle_timeout_s=idle_timeout_s,
-        )  # fmt: skip
+        )
         self.spec = worker_spec(models, device, flac_subtype, results_dir, visible, options)
         self.worker_key = worker_key or key_of(self.spec)
         self.results_dir = results_dir.resolve()
