@@ -2,6 +2,7 @@
 GPUs (.ci/slurm-up.sh, which `make test` runs first). Real sbatch jobs, real scancel, a real
 time limit. When SLURM cannot start here the tests fail with the reason; they never skip."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -174,6 +175,37 @@ def complete_hidden(project: Path, mark: str) -> list[Path]:
     return [p for p in hidden(project, mark) if (p / "scores.parquet").is_file()]
 
 
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (as .ci/slurm-up.sh's node)
+
+
+@contextlib.contextmanager
+def cpu_capped(pid: int, fraction: float, name: str):
+    """Process ``pid`` (every thread of it, and any child it starts) gets at most ``fraction``
+    of one CPU while this lasts: a CFS quota on a cgroup of its own in the cpu controller. Only
+    the speed changes: the process runs the same code, and SLURM still finds and signals it
+    through its job's own (freezer) cgroup. Needs root, as the test cluster does."""
+    group = CPU_CGROUP / name
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(round(100000 * fraction)))
+        (group / "cgroup.procs").write_text(str(pid))
+    except OSError as e:
+        pytest.fail(f"could not cap the CPU of pid {pid} with the cgroup {group}: {e}")
+    try:
+        yield
+    finally:
+        for _ in range(50):  # whatever still runs in it goes back, then the group is removed
+            for left in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (CPU_CGROUP / "cgroup.procs").write_text(left)
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(slurm, tmp_path, monkeypatch):
     """2 emotions x 3 prompts in bundles of 3: two SLURM jobs with one GPU each, side by side on
     the node's two fake GPUs. One is scancelled mid-group; the other completes. The rerun
@@ -239,48 +271,56 @@ def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(slurm, tmp_p
 
 
 def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypatch):
-    """One bundle of 16 groups whose job hits its time limit (SIGTERM, then SIGKILL 5 s later)
+    """One bundle of 8 groups whose job hits its time limit (SIGTERM, then SIGKILL 5 s later)
     while its worker is still generating: every group the worker finished survives (published,
     or staged for the rerun); at most the group in flight is lost, and the rerun runs only what
     was not finished."""
     # The limit must come while the worker still generates. slurmctld checks time limits every
-    # 30 s: the job ends 60-90 s after it starts (60-87 s in this node's slurmctld.log). A group
-    # of 100 piper takes took 8.1 s at the fastest, 10.9 s on average (this idle 2-core machine,
-    # the test alone), so the 16 groups need >= 16 x 8.1 = 130 s of generation after the worker
-    # has loaded, 1.45x the latest kill (~175 s as a rule; 4 of 16 were done at the kill). Should
-    # the job ever finish first, the test fails (JobState COMPLETED, or nothing left to rerun);
-    # it never passes. Many takes in few groups rather than many groups of few takes: every
-    # group costs the rerun a Snakemake process of its own, published or staged alike (80
-    # groups of 8 takes, as this test had, meant a 6-minute rerun, mostly those processes).
-    project = make_project(tmp_path / "p", ["calm", "happy"], prompts=8, components=16)
+    # 30 s: the job ends 60-90 s after it starts (60-87 s in this node's slurmctld.log). Once its
+    # worker has finished a group, that worker runs on at most `cap` of one CPU (cpu_capped: the
+    # same code, only slower), so how long the rest takes no longer hangs on how fast or how busy
+    # the machine is: a group of 20 piper takes took 3.7-6 s uncapped and 66 s capped (~3.3 s of
+    # CPU), so the 6 groups left after the one in flight need ~6 x 66 = 400 s, 4.4x the latest
+    # kill (2.2x on a CPU twice as fast); 1 or 2 of 8 were done at the kill. Should the job ever
+    # finish first, the test fails (JobState COMPLETED, or nothing left to rerun); it never
+    # passes. The rerun runs uncapped (a new job, a new worker): there the groups' Snakemake
+    # processes cost more than their takes, one per group, published or staged alike, hence
+    # only 8 groups. (Uncapped, 16 groups of 100 takes had to outlast the kill on an idle
+    # machine: 3.5 minutes alone, 5-8 on a loaded one, mostly the rerun's takes.)
+    groups, takes, cap = 8, 20, 0.05
+    project = make_project(tmp_path / "p", ["calm", "happy"], prompts=4, components=groups)
     cfg = yaml.safe_load((project / "config/config.yaml").read_text())
-    (project / "config/config.yaml").write_text(yaml.safe_dump({**cfg, "takes": 100}))
+    (project / "config/config.yaml").write_text(yaml.safe_dump({**cfg, "takes": takes}))
     log = tmp_path / "run1.log"
+    t0 = time.monotonic()
     proc = start(project, log, "--until", "group")
     try:
         job = wait_for("the sbatch job", lambda: submitted(log.read_text()), 120, proc)[0]
         wait_for(f"job {job} to run", lambda: job_field(job, "JobState") == "RUNNING", 60)
         # Its time limit becomes 1 minute: slurmctld ends it at its next check after that.
         subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], check=True)
-        wait_for(
+        health = wait_for(
             f"job {job} serving groups",
-            lambda: (h := job_worker(project, job, monkeypatch)) and h["groups_served"] >= 1,
+            lambda: (h := job_worker(project, job, monkeypatch)) and h["groups_served"] >= 1
+            and h,
             240, proc,
         )  # fmt: skip
-        assert proc.wait(timeout=400) != 0
+        with cpu_capped(health["pid"], cap, f"bestofn-test-slurm-job{job}"):
+            assert proc.wait(timeout=400) != 0
     finally:
         if proc.poll() is None:
             proc.kill()
+    t_killed = time.monotonic() - t0
     assert job_field(job, "JobState") == "TIMEOUT", log.read_text()[-3000:]
     for group in published(project):
         assert (group / "scores.parquet").is_file(), group
     in_flight = hidden(project, ".partial-")
     assert len(in_flight) <= 1, in_flight
     kept = len(published(project)) + len(complete_hidden(project, ".staged-"))
-    assert 1 <= kept < 16, kept  # the limit came while the worker was still generating
+    assert 1 <= kept < groups, kept  # the limit came while the worker was still generating
 
     run(project, "--until", "group")
-    assert "16 groups checked, 0 problem(s)" in verify(project)
+    assert f"{groups} groups checked, 0 problem(s)" in verify(project)
     assert not hidden(project, ".staged-")
     con = duckdb.connect()
     by_job = dict(
@@ -289,10 +329,13 @@ def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypat
             [str(project / "results/groups/*/*/scores.parquet")],
         ).fetchall()
     )
-    print(f"\ntime-limited job {job}: {kept} groups kept, {16 - kept} run again; {by_job}")
+    print(
+        f"\ntime-limited job {job}: {kept} groups kept, {groups - kept} run again; {by_job}; "
+        f"killed run {t_killed:.0f} s, rerun {time.monotonic() - t0 - t_killed:.0f} s"
+    )
     # What the killed job finished was kept, not run again: those groups carry its job id.
     assert by_job.get(job, 0) == kept, (by_job, kept)
-    assert sum(by_job.values()) == 16
+    assert sum(by_job.values()) == groups
 
 
 # ---- the pieces, without a cluster -------------------------------------------------------
