@@ -109,7 +109,7 @@ def ran_project(tiny_run, tmp_path):
 # are short and follow in their own order. Re-measure with --durations=0 when a file grows: the
 # order only balances the two workers, no test depends on it.
 _LONGEST_FIRST = (
-    "test_slurm.py",  # ~480
+    "test_slurm.py",  # ~210 (2026-12-02, its time-limit test capped; ~370-570 before)
     "test_workflow_e2e.py",  # ~110
     "test_worker.py",  # ~85
     "test_ab.py",  # ~75
