@@ -25,7 +25,7 @@ py=${PYTHON:-python3}
 # when the weights are written.
 # CODEC_KERNELS=eager|compiled the generator's runtime.codec_kernels (default: auto);
 # PAIR_GROUPS=1: runtime.pair_groups true and runtime.queue_depth 3 (pairing needs a third
-# group queued).
+# group queued); QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's).
 # DECODE_BATCH=N: the generator's runtime.decode_batch_size (default: the config's, 16);
 # GEN_PRIORITY=high|normal: runtime.generate_priority; CACHE_DIR=PATH: runtime.cache_dir as an
 # absolute path, so that a second run of this script starts its worker on the compile cache and
@@ -86,6 +86,8 @@ if os.environ.get("CODEC_KERNELS"):  # the codec's eager or compiled pieces (def
 if os.environ.get("PAIR_GROUPS") == "1":  # two groups per generate call
     generator_runtime["pair_groups"] = True
     config.setdefault("runtime", {})["queue_depth"] = 3
+if os.environ.get("QUEUE_DEPTH"):  # group jobs sent to the worker at once
+    config.setdefault("runtime", {})["queue_depth"] = int(os.environ["QUEUE_DEPTH"])
 if os.environ.get("DECODE_BATCH"):  # takes per codec decode call
     generator_runtime["decode_batch_size"] = int(os.environ["DECODE_BATCH"])
 if os.environ.get("GEN_PRIORITY"):  # the generate phase's CUDA stream priority
@@ -173,8 +175,23 @@ steady = con.execute(
 summary["steady_state"] = [dict(pid=pid, span_s=span, clips=clips,
                                  s_per_clip=span / clips if clips else None)
                            for pid, span, clips in steady]
+# The same from the end of the second group: with pair_groups the first two groups are one
+# pair and end together, so the figure above would count the second group's clips at no cost.
+steady2 = con.execute(
+    """WITH g AS (SELECT group_id, any_value(worker_pid) AS pid, max(finished_at) AS f,
+                       count(*) AS clips,
+                       row_number() OVER (PARTITION BY any_value(worker_pid)
+                                          ORDER BY max(finished_at)) AS k
+                FROM takes GROUP BY group_id)
+       SELECT pid, epoch(max(f) - max(f) FILTER (WHERE k = 2)), sum(clips) FILTER (WHERE k > 2)
+       FROM g GROUP BY pid"""
+).fetchall()
+summary["steady_state_after_two"] = [dict(pid=pid, span_s=span, clips=clips,
+                                          s_per_clip=span / clips if clips else None)
+                                     for pid, span, clips in steady2]
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1, default=str)
-print(json.dumps({k: summary[k] for k in ("verify", "workers", "overall", "steady_state")},
+print(json.dumps({k: summary[k] for k in ("verify", "workers", "overall", "steady_state",
+                                          "steady_state_after_two")},
                  indent=1, default=str))
 EOF
 
