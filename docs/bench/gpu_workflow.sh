@@ -24,8 +24,9 @@ py=${PYTHON:-python3}
 # max_symbols on every frame: ~1,840 tokens per 15-s clip, against the calibrated ~60); only
 # when the weights are written.
 # CODEC_KERNELS=eager|compiled the generator's runtime.codec_kernels (default: auto);
-# PAIR_GROUPS=1: runtime.pair_groups true and runtime.queue_depth 3 (pairing needs a third
-# group queued); QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's).
+# PAIR_GROUPS=1: runtime.pair_groups true and runtime.queue_depth 4 (pairing needs a pair
+# queued while a pair is restored); PAIR_GROUPS=0: pair_groups false (the config's depth);
+# QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's).
 # DECODE_BATCH=N: the generator's runtime.decode_batch_size (default: the config's, 16);
 # GEN_PRIORITY=high|normal: runtime.generate_priority; CACHE_DIR=PATH: runtime.cache_dir as an
 # absolute path, so that a second run of this script starts its worker on the compile cache and
@@ -85,7 +86,9 @@ if os.environ.get("CODEC_KERNELS"):  # the codec's eager or compiled pieces (def
     generator_runtime["codec_kernels"] = os.environ["CODEC_KERNELS"]
 if os.environ.get("PAIR_GROUPS") == "1":  # two groups per generate call
     generator_runtime["pair_groups"] = True
-    config.setdefault("runtime", {})["queue_depth"] = 3
+    config.setdefault("runtime", {})["queue_depth"] = 4
+elif os.environ.get("PAIR_GROUPS") == "0":  # one group per call
+    generator_runtime["pair_groups"] = False
 if os.environ.get("QUEUE_DEPTH"):  # group jobs sent to the worker at once
     config.setdefault("runtime", {})["queue_depth"] = int(os.environ["QUEUE_DEPTH"])
 if os.environ.get("DECODE_BATCH"):  # takes per codec decode call
