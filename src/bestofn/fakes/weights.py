@@ -59,16 +59,18 @@ RUN = {
         restorer_runtime="{batch_size: 4}",
         parakeet_runtime="{batch_size: 4}",
         scorer_runtime="{batch_size: 4}",
+        queue_depth=2,  # the CPU profile (profiles/local) runs 2 group jobs at once
         idle_timeout_s=120,
         start_timeout_s=600,
     ),
     "real": dict(
         device="cuda",
         generator_options="",
-        generator_runtime="{batch_size: 64, decode_batch_size: 16}",
+        generator_runtime="{batch_size: 64, decode_batch_size: 64, pair_groups: true}",  # production's
         restorer_runtime="{batch_size: 32}",
         parakeet_runtime="{batch_size: 128}",  # as config/production.yaml
         scorer_runtime="{batch_size: 32}",
+        queue_depth=4,  # as config/production.yaml: pairing needs 4
         idle_timeout_s=600,
         start_timeout_s=1800,
     ),
@@ -123,7 +125,7 @@ models:
       runtime: {scorer_runtime}
 
 runtime:
-  queue_depth: 2
+  queue_depth: {queue_depth}
   idle_timeout_s: {idle_timeout_s}
   start_timeout_s: {start_timeout_s}
 
