@@ -66,7 +66,8 @@ RUN = {
     "real": dict(
         device="cuda",
         generator_options="",
-        generator_runtime="{batch_size: 64, decode_batch_size: 64, pair_groups: true}",  # production's
+        # as config/production.yaml
+        generator_runtime="{batch_size: 64, decode_batch_size: 64, pair_groups: true}",
         restorer_runtime="{batch_size: 32}",
         parakeet_runtime="{batch_size: 128}",  # as config/production.yaml
         scorer_runtime="{batch_size: 32}",
