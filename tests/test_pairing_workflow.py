@@ -1,7 +1,8 @@
 """``pair_groups: true`` end to end through snakemake on a CPU (tiny random moss-fast, one warm
 worker): four groups of one prompt bucket run with room for partners (queue depth 4, four jobs
-in flight), then again one at a time (every group alone). Every group's FLACs are the same
-bytes both times, and the rows name the partners the first run found."""
+in flight), then again one at a time (queue depth 1: every group alone, and the workflow warns
+that pairing finds no partners so). Every group's FLACs are the same bytes both times, and the
+rows name the partners the first run found."""
 
 import hashlib
 import importlib.util
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _project(root, weights: dict, jobs: int):
+def _project(root, weights: dict, jobs: int, depth: int):
     write_tsv(root / "config/emotions.tsv", ["emotion", "description"],
               [["calm", "A calm voice."], ["happy", "A happy voice."]])  # fmt: skip
     write_tsv(root / "config/prompts.tsv", ["prompt_id", "text"],
@@ -27,7 +28,7 @@ def _project(root, weights: dict, jobs: int):
         "options": {**weights, "min_frames": 4, "max_frames": 12, "hash_weights": False},
         "runtime": {"pair_groups": True, "batch_size": 4},
     }
-    config = tiny_config(takes=3, runtime={"queue_depth": 4})
+    config = tiny_config(takes=3, runtime={"queue_depth": depth})
     config["models"]["generator"] = generator
     config["selection"] = {"filter": "n_frames >= 0", "score": "-n_frames"}
     (root / "config/config.yaml").write_text(yaml.safe_dump(config))
@@ -44,10 +45,12 @@ def test_paired_groups_publish_the_takes_they_get_alone(tmp_path):
     from bestofn.fakes import moss
 
     weights = moss.write(tmp_path / "weights", "tiny", seed=2)
-    together, args = _project(tmp_path / "together", weights, jobs=4)
-    snakemake(together, *args)
-    alone, args1 = _project(tmp_path / "alone", weights, jobs=1)
-    snakemake(alone, *args1)
+    together, args = _project(tmp_path / "together", weights, jobs=4, depth=4)
+    ran_together = snakemake(together, *args)
+    alone, args1 = _project(tmp_path / "alone", weights, jobs=1, depth=1)
+    ran_alone = snakemake(alone, *args1)
+    warning = "config runtime.queue_depth is 1: models.generator pair_groups finds partners"
+    assert warning in ran_alone.stderr and "queue_depth is" not in ran_together.stderr
 
     assert len(_flacs(together)) == 12 and _flacs(together) == _flacs(alone)
     con = duckdb.connect(str(together / "results/bestofn.duckdb"), read_only=True)

@@ -37,6 +37,8 @@ schema = schemas.schema  # the package's own schemas (bestofn/schemas/*.schema.y
 class Plan:
     config: dict
     groups: dict[tuple[str, str], GroupSpec]  # (emotion, prompt_id) -> spec
+    # what runs but runs slower than the config means it to (the workflow logs them)
+    warnings: tuple[str, ...] = ()
 
     def group_params(self, emotion: str, prompt_id: str) -> str:
         """The group's identity as a stable JSON string (a Snakemake param): every GroupSpec
@@ -293,7 +295,24 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
             )
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
-    return Plan(config, groups)
+    return Plan(config, groups, tuple(_slow_settings(config)))
+
+
+PAIRING_QUEUE_DEPTH = 4  # a pair generating while the pair before is restored (config/README)
+
+
+def _slow_settings(config: dict) -> list[str]:
+    """Settings that run, but slower than they are meant to: each a line for the log."""
+    generator = config["models"]["generator"]
+    knobs = {**(generator.get("options") or {}), **(generator.get("runtime") or {})}
+    depth = (config.get("runtime") or {}).get("queue_depth", PAIRING_QUEUE_DEPTH)
+    if knobs.get("pair_groups") is True and depth < PAIRING_QUEUE_DEPTH:
+        return [
+            f"config runtime.queue_depth is {depth}: models.generator pair_groups finds partners "
+            f"only with {PAIRING_QUEUE_DEPTH} or more; with fewer, most groups run alone in the "
+            "pair shape and pay for a pair (config/README.md, 'Two groups per generate call')"
+        ]
+    return []
 
 
 def _unique(rows: list[dict], key: str, path: Path) -> None:

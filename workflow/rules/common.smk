@@ -1,6 +1,7 @@
 # Config + sheets validation and the group list. Runs at DAG-build time, before any job:
 # a bad row, an unknown backend or invalid selection SQL stops the run here.
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 
 from bestofn.plan import PlanError, build_plan
 from bestofn.selection import SelectionError
@@ -16,6 +17,8 @@ try:
 except (PlanError, SelectionError) as e:
     raise WorkflowError(str(e)) from None
 config.update(PLAN.config)  # the defaults the schema declares, for rules and scripts
+for warning in PLAN.warnings:  # settings that run, but slower than meant
+    logger.warning(f"bestofn: {warning}")
 
 RESULTS = config["results"]
 GROUPS = sorted(PLAN.groups)
