@@ -269,3 +269,46 @@ def test_decoding_default_and_bad_value(tiny_nemo):
     assert s.decoding == "label_looping"  # the CPU default: what the CPU always ran
     with pytest.raises(ValueError, match="decoding must be auto, cuda_graphs"):
         parakeet.ParakeetScorer(model_path=str(tiny_nemo), decoding="beam", hash_weights=False)
+
+
+def test_a_worker_cache_keeps_the_archive_extracted_and_restores_the_same_model(
+    tiny_nemo, tmp_path, monkeypatch
+):
+    """With a worker cache (``runtime.cache_dir``), the .nemo's members are extracted once into
+    ``nemo-extracted/SHA256``; the next build restores from there without unpacking the archive
+    again, and every tensor is the one of a restore from the archive. A hidden, half-done
+    extraction is never used."""
+    import hashlib
+
+    import torch
+    from nemo.core.connectors.save_restore_connector import SaveRestoreConnector
+
+    from bestofn import caches
+
+    digest = hashlib.sha256(tiny_nemo.read_bytes()).hexdigest()
+    monkeypatch.setattr(caches, "_root", tmp_path / "cache")
+    (tmp_path / "cache/nemo-extracted").mkdir(parents=True)
+    (tmp_path / "cache/nemo-extracted" / f".{digest[:16]}-cut").mkdir()  # a crashed extraction
+    first = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
+    extracted = tmp_path / "cache/nemo-extracted" / digest
+    assert (extracted / "model_config.yaml").is_file()
+    assert (extracted / "model_weights.ckpt").is_file()
+
+    def no_unpack(*args, **kwargs):
+        raise AssertionError("the archive was unpacked again")
+
+    monkeypatch.setattr(SaveRestoreConnector, "_unpack_nemo_file", staticmethod(no_unpack))
+    second = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
+    monkeypatch.undo()  # no cache, NeMo's own unpack: the reference
+    plain = parakeet.load_nemo_asr(tiny_nemo, "cpu")
+
+    def tensors(m):
+        return {**dict(m.named_parameters()), **dict(m.named_buffers())}
+
+    ref = tensors(plain)
+    for scorer in (first, second):
+        got = tensors(scorer.model)
+        assert got.keys() == ref.keys()
+        assert all(torch.equal(t, got[name]) for name, t in ref.items())
+    audio = _takes()
+    assert second.transcribe(audio, 16000) == first.transcribe(audio, 16000)

@@ -8,12 +8,14 @@
 moss-fast -> Sidon -> duration, Parakeet, VoiceCLAP, Empathic-Insight, every one of them loaded
 by its real loader from the published on-disk layout, in one warm worker."""
 
+import hashlib
 import importlib.util
 import shutil
 from pathlib import Path
 
 import duckdb
 import pytest
+import yaml
 from conftest import REPO
 from test_workflow_e2e import snakemake, verify
 
@@ -80,6 +82,12 @@ def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
     shutil.copytree(REPO / "config", project / "config")
     snakemake(project, "--configfile", str(config))
     assert "4 groups checked, 0 problem(s)" in verify(project)
+    # the worker kept Parakeet's archive extracted in its cache, named by the archive's sha256
+    nemo = yaml.safe_load(config.read_text())["models"]["scorers"][1]["options"]["model_path"]
+    digest = hashlib.sha256(Path(nemo).read_bytes()).hexdigest()
+    extracted = project / "results/cache/backends/nemo-extracted"
+    assert [p.name for p in extracted.iterdir()] == [digest]
+    assert (extracted / digest / "model_config.yaml").is_file()
 
     con = duckdb.connect(str(project / "results/bestofn.duckdb"), read_only=True)
     columns = {row[0] for row in con.execute("DESCRIBE takes").fetchall()}

@@ -3,8 +3,10 @@
 - **Caches** (config ``runtime.cache_dir``, handed to the worker as ``--cache-dir``):
   torch.compile's Inductor and Triton kernels and the weight files' content hashes are kept
   there across worker starts, so a second start skips the compiles and the hashing of tens of
-  GB of weights. torch and Triton read their cache directories from the process environment:
-  the worker sets them for itself (torch's interface), from the config, before any compile.
+  GB of weights; under ``backends/`` each backend keeps its own (``bestofn.caches``: Parakeet's
+  ``.nemo`` archive, extracted). torch and Triton read their cache directories from the
+  process environment: the worker sets them for itself (torch's interface), from the config,
+  before any compile.
 - **Warm-up** (``runtime.warm_up``): the group that made the client start this worker is run
   once through the stages, on the streams and gates a group uses, and nothing is written: its
   compiles, CUDA-graph captures and cuDNN plans happen before the worker answers ``/health``, so
@@ -48,19 +50,21 @@ def use_cache_dir(cache_dir: str | os.PathLike | None) -> dict:
     torch's defaults and hash every start). Call before anything compiles; returns the paths."""
     if not cache_dir:
         return {}
-    from bestofn import hashing
+    from bestofn import caches, hashing
 
     root = Path(cache_dir).expanduser().resolve()
     paths = {
         "inductor": root / "torch-compile",
         "triton": root / "triton",
         "sha256": root / "sha256-memo",
+        "backends": root / "backends",  # each backend's own (bestofn.caches.subdir)
     }
     for p in paths.values():
         p.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(paths["inductor"])
     os.environ["TRITON_CACHE_DIR"] = str(paths["triton"])
     hashing.set_memo_dir(paths["sha256"])
+    caches.set_root(paths["backends"])
     return {k: str(v) for k, v in paths.items()}
 
 
