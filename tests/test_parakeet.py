@@ -271,44 +271,134 @@ def test_decoding_default_and_bad_value(tiny_nemo):
         parakeet.ParakeetScorer(model_path=str(tiny_nemo), decoding="beam", hash_weights=False)
 
 
-def test_a_worker_cache_keeps_the_archive_extracted_and_restores_the_same_model(
-    tiny_nemo, tmp_path, monkeypatch
-):
-    """With a worker cache (``runtime.cache_dir``), the .nemo's members are extracted once into
-    ``nemo-extracted/SHA256``; the next build restores from there without unpacking the archive
-    again, and every tensor is the one of a restore from the archive. A hidden, half-done
-    extraction is never used."""
-    import hashlib
+needs_data_filter = pytest.mark.skipif(
+    not hasattr(__import__("tarfile"), "data_filter"),
+    reason="tarfile's data filter (Python 3.11.4+): without it the archive is not cached",
+)
 
+
+def _tensors(model):
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def _same_model(a, b) -> bool:
+    ta, tb = _tensors(a), _tensors(b)
     import torch
-    from nemo.core.connectors.save_restore_connector import SaveRestoreConnector
 
+    return ta.keys() == tb.keys() and all(torch.equal(t, tb[name]) for name, t in ta.items())
+
+
+@pytest.fixture
+def worker_cache(tmp_path, monkeypatch):
     from bestofn import caches
 
-    digest = hashlib.sha256(tiny_nemo.read_bytes()).hexdigest()
     monkeypatch.setattr(caches, "_root", tmp_path / "cache")
-    (tmp_path / "cache/nemo-extracted").mkdir(parents=True)
-    (tmp_path / "cache/nemo-extracted" / f".{digest[:16]}-cut").mkdir()  # a crashed extraction
+    return tmp_path / "cache/nemo-extracted"
+
+
+@pytest.fixture(scope="module")
+def plain_model(tiny_nemo):
+    return parakeet.load_nemo_asr(tiny_nemo, "cpu")  # no digest: NeMo unpacks the archive
+
+
+@needs_data_filter
+def test_a_worker_cache_keeps_the_archive_extracted_and_restores_the_same_model(
+    tiny_nemo, plain_model, worker_cache, monkeypatch
+):
+    """The .nemo's members are extracted once into ``nemo-extracted/SHA256`` (with a manifest
+    written last); the next build restores from there without unpacking the archive, and
+    every tensor is the one of a restore from the archive."""
+    import hashlib
+
+    from nemo.core.connectors.save_restore_connector import SaveRestoreConnector
+
+    from bestofn.backends import nemo_cache
+
+    digest = hashlib.sha256(tiny_nemo.read_bytes()).hexdigest()
     first = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
-    extracted = tmp_path / "cache/nemo-extracted" / digest
-    assert (extracted / "model_config.yaml").is_file()
-    assert (extracted / "model_weights.ckpt").is_file()
+    assert [p.name for p in worker_cache.iterdir() if p.is_dir()] == [digest]
+    assert (worker_cache / digest / "model_weights.ckpt").is_file()
+    assert nemo_cache.is_complete(worker_cache / digest)
 
     def no_unpack(*args, **kwargs):
         raise AssertionError("the archive was unpacked again")
 
     monkeypatch.setattr(SaveRestoreConnector, "_unpack_nemo_file", staticmethod(no_unpack))
     second = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
-    monkeypatch.undo()  # no cache, NeMo's own unpack: the reference
-    plain = parakeet.load_nemo_asr(tiny_nemo, "cpu")
-
-    def tensors(m):
-        return {**dict(m.named_parameters()), **dict(m.named_buffers())}
-
-    ref = tensors(plain)
-    for scorer in (first, second):
-        got = tensors(scorer.model)
-        assert got.keys() == ref.keys()
-        assert all(torch.equal(t, got[name]) for name, t in ref.items())
+    assert _same_model(first.model, plain_model) and _same_model(second.model, plain_model)
     audio = _takes()
     assert second.transcribe(audio, 16000) == first.transcribe(audio, 16000)
+
+
+@needs_data_filter
+def test_an_incomplete_extraction_is_extracted_again(tiny_nemo, plain_model, worker_cache):
+    """A cached directory whose files no longer match its manifest (a crash after the rename,
+    a file cut short), or one cut short before its rename (a hidden sibling), is not used:
+    the archive is extracted again and the leftovers are removed."""
+    import hashlib
+
+    from bestofn.backends import nemo_cache
+
+    digest = hashlib.sha256(tiny_nemo.read_bytes()).hexdigest()
+    parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
+    weights = worker_cache / digest / "model_weights.ckpt"
+    size = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: size // 2])  # cut short
+    (worker_cache / f".{digest[:16]}-cut").mkdir()  # an extraction killed before its rename
+    assert not nemo_cache.is_complete(worker_cache / digest)
+    again = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
+    assert weights.stat().st_size == size and nemo_cache.is_complete(worker_cache / digest)
+    assert [p.name for p in worker_cache.iterdir() if p.is_dir()] == [digest]
+    assert _same_model(again.model, plain_model)
+
+
+def test_a_failing_cache_falls_back_to_nemos_unpack(tiny_nemo, plain_model, tmp_path,
+                                                    monkeypatch, caplog):  # fmt: skip
+    """The cache's own failure (here its root is a file, so nothing can be made under it) is
+    a warning naming runtime.cache_dir, and the model loads as without a cache."""
+    from bestofn import caches
+
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setattr(caches, "_root", tmp_path / "not-a-dir")
+    with caplog.at_level("WARNING"):
+        scorer = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
+    assert _same_model(scorer.model, plain_model)
+    if hasattr(__import__("tarfile"), "data_filter"):
+        assert "runtime.cache_dir" in caplog.text
+
+
+def test_a_corrupt_archive_with_a_cache_is_still_the_archives_error(tmp_path, worker_cache):
+    bad = tmp_path / "corrupt.nemo"
+    bad.write_bytes(b"this is not a tar archive" * 100)
+    with pytest.raises(parakeet.ParakeetLoadError, match=r"corrupt\.nemo.*model_path"):
+        parakeet.ParakeetScorer(model_path=str(bad))
+
+
+@needs_data_filter
+def test_workers_starting_together_extract_once(tiny_nemo, worker_cache, monkeypatch):
+    """Two loads at once (workers of one box, SLURM jobs on one results directory): one
+    extracts under the digest's lock, the other waits and reads the same directory."""
+    import hashlib
+    import tarfile
+    import threading
+    import time
+
+    from bestofn.backends import nemo_cache
+
+    digest = hashlib.sha256(tiny_nemo.read_bytes()).hexdigest()
+    calls, extract = [], tarfile.TarFile.extractall
+
+    def slow_extract(self, *args, **kwargs):
+        calls.append(threading.get_ident())
+        time.sleep(0.5)  # long enough for the other thread to reach the lock
+        return extract(self, *args, **kwargs)
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", slow_extract)
+    out = []
+    threads = [threading.Thread(target=lambda: out.append(nemo_cache.extracted(tiny_nemo, digest)))
+               for _ in range(2)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and out == [worker_cache / digest] * 2

@@ -26,17 +26,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import shutil
-import tarfile
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from bestofn import caches
 from bestofn.audio import resample, to_mono
+from bestofn.backends import nemo_cache
 from bestofn.backends.base import Scorer
 from bestofn.dtypes import resolve_dtype
 from bestofn.hashing import file_sha256
@@ -104,31 +100,6 @@ def resolve_nemo_file(
     return found[0]
 
 
-def extracted_archive(nemo: Path, digest: str, root: Path) -> Path:
-    """``nemo``'s members, extracted once into ``root/DIGEST`` and kept there.
-
-    Why: NeMo's restore unpacks the whole archive (2.5 GB for v3) into a temporary directory on
-    every worker start (5.7 of Parakeet's 17.4 s build on a 2-core VM), and can restore from a
-    directory instead. ``digest`` is the archive's sha256, so a changed archive gets its own
-    directory. The members go into a hidden sibling that is renamed into place, so an
-    extraction cut short never looks complete; two workers extracting at once both succeed."""
-    target = root / digest
-    if target.is_dir():
-        return target
-    tmp = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=root))
-    try:
-        with tarfile.open(nemo) as tar:
-            tar.extractall(tmp, filter="data")  # no member outside tmp, no links out, no devices
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not target.is_dir():  # not another worker's extraction, renamed first
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
     """Restore a NeMo ASR model from a ``.nemo`` archive; a clear error when it is not one.
 
@@ -136,7 +107,7 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
     load of the archive's weights that follows overwrites every parameter and fails on any it
     lacks, so the weights are the same bits, a third of the build sooner. With the archive's
     ``digest`` and a worker cache (``bestofn.caches``), it is restored from its members
-    extracted there (``extracted_archive``): the same files, so the same model."""
+    extracted there (``nemo_cache``): the same files, so the same model."""
     import torch
     from nemo.collections.asr.models import ASRModel
     from nemo.core.connectors.save_restore_connector import SaveRestoreConnector
@@ -144,12 +115,10 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
     from bestofn.backends.skip_init import random_init_skipped
 
     connector = SaveRestoreConnector()
+    members = nemo_cache.extracted(path, digest)  # None: NeMo unpacks the archive itself
+    if members is not None:
+        connector.model_extracted_dir = str(members)
     try:
-        # tarfile's "data" filter: Python 3.12, 3.11.4 and later; without it, NeMo's own unpack
-        safe = hasattr(tarfile, "data_filter")
-        root = caches.subdir("nemo-extracted") if digest and safe else None
-        if root is not None:
-            connector.model_extracted_dir = str(extracted_archive(path, digest, root))
         with random_init_skipped():
             model = ASRModel.restore_from(
                 str(path), map_location=torch.device(device), strict=True,
