@@ -334,3 +334,27 @@ def test_runtime_defaults_are_written_once_in_the_schema():
     assert fields == defaults
     assert Runtime.from_config(None) == Runtime(**defaults)
     assert defaults["idle_timeout_s"] == 300.0 and defaults["start_timeout_s"] == 900.0
+
+
+@pytest.mark.parametrize(
+    "pair_groups, runtime, warns",
+    [
+        (True, {}, "runtime.queue_depth is 2"),  # the schema's default depth
+        (True, {"queue_depth": 3}, "runtime.queue_depth is 3"),
+        (True, {"queue_depth": 4}, None),
+        (True, {"queue_depth": 6}, None),
+        (True, {"queue_depth": 4, "worker": False}, "needs the warm worker"),
+        (False, {"queue_depth": 1}, None),
+    ],
+)
+def test_pairing_without_room_for_partners_is_a_warning(pair_groups, runtime, warns):
+    from bestofn import schemas
+    from bestofn.plan import slow_settings
+
+    config = tiny_config(runtime=runtime)
+    config["models"]["generator"] = {
+        "backend": "moss-fast",
+        "runtime": {"pair_groups": pair_groups},
+    }
+    got = slow_settings(schemas.apply_defaults(config))
+    assert (got == []) if warns is None else (len(got) == 1 and warns in got[0])

@@ -41,6 +41,8 @@ def _check(args) -> int:
     except (PlanError, SelectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for warning in plan.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"ok: {len(plan.groups)} groups x {plan.config['takes']} takes")
     return 0
 

@@ -295,22 +295,31 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
             )
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
-    return Plan(config, groups, tuple(_slow_settings(config)))
+    return Plan(config, groups, tuple(slow_settings(config)))
 
 
 PAIRING_QUEUE_DEPTH = 4  # a pair generating while the pair before is restored (config/README)
 
 
-def _slow_settings(config: dict) -> list[str]:
-    """Settings that run, but slower than they are meant to: each a line for the log."""
+def slow_settings(config: dict) -> list[str]:
+    """Settings that run, but slower than they are meant to (``config`` with the schema's
+    defaults applied): each a line for the log."""
     generator = config["models"]["generator"]
     knobs = {**(generator.get("options") or {}), **(generator.get("runtime") or {})}
-    depth = (config.get("runtime") or {}).get("queue_depth", PAIRING_QUEUE_DEPTH)
-    if knobs.get("pair_groups") is True and depth < PAIRING_QUEUE_DEPTH:
+    if knobs.get("pair_groups") is not True:
+        return []
+    runtime = config["runtime"]
+    if not runtime["worker"]:
         return [
-            f"config runtime.queue_depth is {depth}: models.generator pair_groups finds partners "
-            f"only with {PAIRING_QUEUE_DEPTH} or more; with fewer, most groups run alone in the "
-            "pair shape and pay for a pair (config/README.md, 'Two groups per generate call')"
+            "config models.generator pair_groups needs the warm worker (runtime.worker: true); "
+            "every group job loads its own models and runs alone in the pair shape"
+        ]
+    if runtime["queue_depth"] < PAIRING_QUEUE_DEPTH:
+        return [
+            f"config runtime.queue_depth is {runtime['queue_depth']}: models.generator "
+            f"pair_groups finds partners only with {PAIRING_QUEUE_DEPTH} or more; with fewer, "
+            "most groups run alone in the pair shape and pay for a pair (config/README.md, "
+            "'Two groups per generate call')"
         ]
     return []
 
