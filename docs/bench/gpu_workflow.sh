@@ -26,8 +26,9 @@ py=${PYTHON:-python3}
 # CODEC_KERNELS=eager|compiled the generator's runtime.codec_kernels (default: auto);
 # PAIR_GROUPS=1: runtime.pair_groups true and runtime.queue_depth 4 (pairing needs a pair
 # queued while a pair is restored); PAIR_GROUPS=0: pair_groups false (the config's depth);
-# QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's).
-# DECODE_BATCH=N: the generator's runtime.decode_batch_size (default: the config's, 16);
+# QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's). The production set before
+# 2026-12-02 16:16 UTC: PAIR_GROUPS=0 DECODE_BATCH=16 QUEUE_DEPTH=2.
+# DECODE_BATCH=N: the generator's runtime.decode_batch_size (default: the config's, 64);
 # GEN_PRIORITY=high|normal: runtime.generate_priority; CACHE_DIR=PATH: runtime.cache_dir as an
 # absolute path, so that a second run of this script starts its worker on the compile cache and
 # hash memo the first left (results/, where the default cache lives, is removed at each run).

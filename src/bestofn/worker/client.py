@@ -3,8 +3,8 @@ the right models (start or replace it), send the group, wait for the published d
 
 Slot pool: ``slots x queue_depth`` lock files taken with non-blocking flock. A job holds one
 for its whole request, so at most ``queue_depth`` groups are sent to one worker at a time: one
-running, the next already waiting. Places are tried place-major (q0 on every slot, then q1...),
-which spreads groups over GPUs before queueing behind a busy one.
+running (a pair, with pairing), the next already waiting. Places are tried place-major (q0 on
+every slot, then q1...), which spreads groups over GPUs before queueing behind a busy one.
 
 Worker contract (``bestofn.worker.contract``): a warm worker is reused only when it is healthy
 and its key (models, device, FLAC subtype, results directory, the runtime options it serves
