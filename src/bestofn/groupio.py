@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
 
+from bestofn import durable
 from bestofn.audio import write_flac
 
 SCORES = "scores.parquet"
@@ -59,14 +60,6 @@ def _write_checked(path: Path, take: int, audio: np.ndarray, rate: int, subtype:
         )
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_group(
     group_dir: Path,
     audios: list[np.ndarray],
@@ -99,14 +92,14 @@ def write_group(
                     enumerate(audios),
                 )
             )
-        _fsync_dir(tmp / TAKES)
+        durable.fsync(tmp / TAKES)
         if finalize is not None:
             rows = finalize(rows)
         with open(tmp / SCORES, "wb") as f:
             pq.write_table(rows, f)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        durable.fsync(tmp)
         publish(tmp, group_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -120,7 +113,7 @@ def publish(tmp: Path, group_dir: Path) -> None:
         old = group_dir.parent / f".{group_dir.name}.old-{uuid.uuid4().hex[:8]}"
         os.rename(group_dir, old)
     os.rename(tmp, group_dir)
-    _fsync_dir(group_dir.parent)
+    durable.fsync(group_dir.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -30,7 +30,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from bestofn import caches
+from bestofn import caches, durable
 
 log = logging.getLogger(__name__)
 
@@ -80,20 +80,12 @@ def _extract_once(nemo: Path, digest: str, root: Path) -> Path:
                 tar.extractall(tmp, filter="data")  # nothing outside tmp, no links out
             manifest = {}
             for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-                _fsync(path)
+                durable.fsync(path)
                 manifest[str(path.relative_to(tmp))] = path.stat().st_size
             (tmp / MANIFEST).write_text(json.dumps(manifest, sort_keys=True))
-            _fsync(tmp / MANIFEST)
+            durable.fsync(tmp / MANIFEST)
             os.rename(tmp, target)
-            _fsync(root)  # the rename itself
+            durable.fsync(root)  # the rename itself
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; else the rest
     return target
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

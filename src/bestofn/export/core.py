@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bestofn import __version__
+from bestofn import __version__, durable
 from bestofn.export import audio as taudio
 from bestofn.export.card import write_card
 from bestofn.export.rows import open_database, select_rows, split_of
@@ -68,14 +68,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         os.link(src, dst)
     except OSError:  # another filesystem, or links refused
         shutil.copyfile(src, dst)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _old_units(out: Path) -> dict[str, str]:
@@ -252,7 +244,7 @@ def _write_unit(writer, u: Unit, tmp: Path, meta: pa.Table, sources, settings) -
         dst.write_bytes(audio[0][0])
     else:
         writer.write_shard(dst, part, audio, settings)
-    _fsync(dst)
+    durable.fsync(dst)
 
 
 def _counts(meta: pa.Table) -> dict:
@@ -280,12 +272,12 @@ def _write_marker(tmp, settings, selection, units, counts, skipped, rows) -> Non
         "units": {u.relpath: u.fingerprint for u in units},
     }
     (tmp / MARKER).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    _fsync(tmp / MARKER)
+    durable.fsync(tmp / MARKER)
 
 
 def _publish(tmp: Path, out: Path) -> None:
     """Rename the finished export into place; an old one is moved aside first, then removed."""
-    _fsync(tmp)
+    durable.fsync(tmp)
     if out.exists():
         aside = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         out.rename(aside)
@@ -293,7 +285,7 @@ def _publish(tmp: Path, out: Path) -> None:
         shutil.rmtree(aside)
     else:
         tmp.rename(out)
-    _fsync(out.parent)
+    durable.fsync(out.parent)
 
 
 # The writers import their format's library; each is imported only when its format is asked

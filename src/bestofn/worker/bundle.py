@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from bestofn import durable
 from bestofn.groupio import SCORES
 from bestofn.pipeline import stable_hash
 
@@ -64,14 +65,6 @@ def stage_key(params: str, models_json: str, device: str, flac_subtype: str) -> 
 def staged_path(out: str | Path, key: str) -> Path:
     out = Path(out).absolute()
     return out.parent / f".{out.name}{STAGED}{key}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def claim(out: str | Path, staged: Path) -> dict | None:
@@ -101,9 +94,9 @@ def claim(out: str | Path, staged: Path) -> dict | None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, scores)
-        _fsync_dir(staged)
+        durable.fsync(staged)
     os.rename(staged, out)
-    _fsync_dir(out.parent)
+    durable.fsync(out.parent)
     row = table.slice(0, 1).to_pylist()[0] if table.num_rows else {}
     timings = {
         k: row.get(f"group_{k}")
