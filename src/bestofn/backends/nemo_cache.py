@@ -13,10 +13,12 @@ temporary directory on every worker start, and it can restore from a directory i
 - **One extraction**: workers starting together (8 on a box, many SLURM jobs on a shared
   results directory) take an exclusive lock per digest; one extracts, the others wait and read
   it. Extractions cut short earlier (hidden siblings) are removed under that lock.
-- **Never worse than no cache**: no cache root, no digest (``hash_weights: false``), a Python
-  whose tarfile lacks the ``data`` filter (before 3.11.4), or any error of the cache itself
-  (disk full, a read-only cache, a lock the filesystem refuses): a warning where it failed,
-  and NeMo unpacks the archive as before. Old digests' directories stay until removed by hand.
+- **Never worse than no cache**: with no cache root, no digest (``hash_weights: false``) or a
+  Python whose tarfile lacks the ``data`` filter (before 3.11.4), NeMo unpacks the archive as
+  before; so it does after any error of the cache itself (disk full, a read-only cache, a lock
+  the filesystem refuses), with a warning naming ``runtime.cache_dir``. A corrupt archive is
+  left to NeMo's restore, whose error names the config field. Old digests' directories stay
+  until removed by hand.
 """
 
 from __future__ import annotations
