@@ -164,7 +164,7 @@ def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_d
     import torch
 
     from bestofn.backends import registry
-    from bestofn.pipeline import _kwargs
+    from bestofn.pipeline import backend_kwargs
 
     gen = weights["generator"]
     if arch == "delay":
@@ -198,12 +198,14 @@ def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_d
                 tensors(value, f"{path}.{name}", seen, out)
         return out
 
-    plain = tensors(registry.build("generator", "moss-fast", _kwargs(gen), "cpu").model)
-    plain |= tensors(registry.build("generator", "moss-fast", _kwargs(gen), "cpu").codec, "c")
+    plain = tensors(registry.build("generator", "moss-fast", backend_kwargs(gen), "cpu").model)
+    plain |= tensors(
+        registry.build("generator", "moss-fast", backend_kwargs(gen), "cpu").codec, "c"
+    )
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
-        built = registry.build("generator", "moss-fast", _kwargs(gen), "cpu")
+        built = registry.build("generator", "moss-fast", backend_kwargs(gen), "cpu")
         under_bf16 = tensors(built.model) | tensors(built.codec, "c")
     finally:
         torch.set_default_dtype(before)

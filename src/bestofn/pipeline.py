@@ -96,7 +96,9 @@ def models_identity(models: dict) -> dict:
     return out
 
 
-def _kwargs(entry: dict) -> dict:
+def backend_kwargs(entry: dict) -> dict:
+    """A model entry's options and runtime knobs as one set of keyword arguments (the plan
+    refuses a key set in both)."""
     return {**(entry.get("options") or {}), **(entry.get("runtime") or {})}
 
 
@@ -144,9 +146,9 @@ def load_backends(models: dict, device: str = "cpu", parallel: bool | None = Non
     checked_s = time.perf_counter() - t0
     gen = models["generator"]
     rest = models.get("restorer") or {"backend": "identity"}
-    entries = [("generator", gen["backend"], _kwargs(gen)),
-               ("restorer", rest["backend"], _kwargs(rest))]  # fmt: skip
-    entries += [("scorer", s["backend"], _kwargs(s)) for s in models.get("scorers", [])]
+    entries = [("generator", gen["backend"], backend_kwargs(gen)),
+               ("restorer", rest["backend"], backend_kwargs(rest))]  # fmt: skip
+    entries += [("scorer", s["backend"], backend_kwargs(s)) for s in models.get("scorers", [])]
     built, provenances, report = build_all(entries, device, bool(parallel))
     generator, restorer, *scorers = built
     seen: dict[str, str] = {}

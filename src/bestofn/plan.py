@@ -304,9 +304,9 @@ PAIRING_QUEUE_DEPTH = 4  # a pair generating while the pair before is restored (
 def slow_settings(config: dict) -> list[str]:
     """Settings that run, but slower than they are meant to (``config`` with the schema's
     defaults applied): each a line for the log."""
-    generator = config["models"]["generator"]
-    knobs = {**(generator.get("options") or {}), **(generator.get("runtime") or {})}
-    if knobs.get("pair_groups") is not True:
+    from bestofn.pipeline import backend_kwargs
+
+    if backend_kwargs(config["models"]["generator"]).get("pair_groups") is not True:
         return []
     runtime = config["runtime"]
     if not runtime["worker"]:
