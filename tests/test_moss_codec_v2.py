@@ -163,17 +163,17 @@ def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
 @pytest.fixture
 def interpreted_kernels(triton_interpreter, monkeypatch):
     """``bestofn.moss.codec_triton`` imported anew under Triton's interpreter, and the compiled
-    path's (heads, add_norm) built from it: (module, heads, add_norm). The module leaves
-    ``sys.modules`` again, so a later import builds its kernels as before."""
+    path's (heads, attend, add_norm) built from it: (module, heads, attend, add_norm). The
+    module leaves ``sys.modules`` again, so a later import builds its kernels as before."""
     import sys
 
     monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
     from bestofn.moss import codec_layers, codec_triton
 
     monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
-    heads, add_norm = codec_layers.layer_pieces("compiled")
+    heads, attend, add_norm = codec_layers.layer_pieces("compiled")
     monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
-    return codec_triton, heads, add_norm
+    return codec_triton, heads, attend, add_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -183,7 +183,7 @@ def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(interpreted_
     stage without RoPE and a head width whose half is not a power of two."""
     from bestofn.moss.codec_layers import heads_with_rope, window_pad
 
-    kernels, heads, _ = interpreted_kernels
+    kernels, heads, _, _ = interpreted_kernels
     BLOCK_T, heads_rope = kernels.BLOCK_T, kernels.heads_rope
     g = torch.Generator().manual_seed(11)
     for B, T, H, dh, window, rope in ((2, 45, 3, 8, 20, True), (1, 7, 2, 12, None, True),
@@ -200,8 +200,84 @@ def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(interpreted_
                                        atol=1e-6 if dtype == torch.float32 else 8e-3)  # fmt: skip
         assert torch.equal(got[2], want[2])  # v is a plain copy
         assert not got[0][:, :, T:].any() and not got[2][:, :, T:].any()
-        # what the layers call on the compiled path: the kernel, padded by the window
-        assert all(map(torch.equal, heads(qkv, cos, sin, H, window), got))
+        # what the layers call on the compiled path: the kernel, not padded (the attention
+        # kernel needs no whole window blocks)
+        unpadded = heads(qkv, cos, sin, H, window)
+        assert all(torch.equal(o, w[:, :, :T]) for o, w in zip(unpadded, got, strict=True))
+        assert all(o.shape[2] == T and o.is_contiguous() for o in unpadded)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_window_attention_kernel_computes_what_the_eager_attention_does(
+    interpreted_kernels, dtype
+):
+    """The compiled path's sliding-window attention, through Triton's CPU interpreter, against
+    the eager blocks of SDPA: windows shorter and longer than a program's queries and key tiles,
+    no window, steps that fill part of the last program, heads narrower than a dot's 16 and not
+    a power of two, inputs padded past T (the fallback heads' layout), and what the layers call."""
+    kernels, _, attend, _ = interpreted_kernels
+    BM, BN = kernels.ATTN_BLOCK_M, kernels.ATTN_BLOCK_N
+    g = torch.Generator().manual_seed(17)
+    fp32 = dtype == torch.float32
+    cases = ((2, 3, 2 * BM + 5, 16, 20), (1, 2, BM + BN + 3, 12, BN + 7),  # window > a tile
+             (1, 1, 3 * BM, 8, 2 * BM + 1), (2, 2, 9, 16, None), (1, 2, 40, 16, 1),
+             (1, 1, BM - 3, 16, 500))  # fmt: skip
+    for B, H, T, dh, window in cases:
+        q, k, v = (torch.randn(B, H, T, dh, generator=g).to(dtype) for _ in range(3))
+        i = torch.arange(T)
+        delta = i[:, None] - i[None, :]
+        seen = (delta >= 0) & (delta < (window or T))
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), attn_mask=seen
+        )
+        want = want.transpose(1, 2).reshape(B, T, H * dh)
+        got = kernels.window_attention(q, k, v, window)
+        assert got.shape == (B, T, H * dh) and got.dtype == dtype and got.is_contiguous()
+        tol = dict(rtol=1e-5, atol=1e-5) if fp32 else dict(rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got.double(), want, **tol)
+        eager = sliding_window_attention(q, k, v, window, {})
+        torch.testing.assert_close(got.double(), eager.double(), **tol)
+        # padded past T (as the eager heads pad): the padding is never read as keys
+        pad = 5
+        padded = [torch.nn.functional.pad(t, (0, 0, 0, pad), value=7.0) for t in (q, k, v)]
+        assert torch.equal(kernels.window_attention(*padded, window, T), got)
+        # what the layers call on the compiled path: the kernel
+        assert torch.equal(attend(q, k, v, window, {}, T), got)
+    # heads wider than the kernel takes: the eager blocks stand in
+    wide = torch.randn(1, 1, 6, kernels.ATTN_MAX_DH + 2, generator=g).to(dtype)
+    assert not kernels.window_attention_fits(wide)
+    torch.testing.assert_close(
+        attend(wide, wide, wide, 4, {}, 6), sliding_window_attention(wide, wide, wide, 4, {})
+    )
+
+
+@pytest.mark.parametrize("compute", ["fp32", "bf16"])
+def test_a_whole_decode_on_the_compiled_pieces_is_the_eager_decode(
+    interpreted_kernels, ckpt, compute
+):
+    """The tiny v2 codec's whole decode with every decoder stage on the compiled pieces (the
+    three kernels, through Triton's interpreter: how the layers wire them, heads unpadded into
+    the window attention) against its eager decode, for clips whose stages span several windows
+    and one clip shorter than a window."""
+    from bestofn.moss.codec_layers import Transformer
+
+    eager = MossAudioTokenizer(ckpt, compute_dtype=compute, n_vq=12)
+    compiled = MossAudioTokenizer(ckpt, compute_dtype=compute, n_vq=12)
+    stages = [s for s in compiled.decoder if isinstance(s, Transformer)]
+    assert stages and all(s.kernels == "eager" for s in stages)  # CPU: auto resolves eager
+    for s in stages:
+        s.kernels = "compiled"
+    clips = _clips([33, 4, 21], seed=23)
+    for want, got in zip(eager.decode(clips), compiled.decode(clips), strict=True):
+        assert got.shape == want.shape
+        peak = np.abs(want).max()
+        # float32: the same sums in another order; bf16: each kernel rounds once where eager
+        # rounds every op, so the two drift apart a little over the stages
+        tol = 1e-5 if compute == "fp32" else 0.1
+        np.testing.assert_allclose(got, want, rtol=0, atol=tol * peak)
+        if compute == "bf16":
+            err = np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2))
+            assert err < 0.05, f"relative RMS {err:.3f}"
 
 
 def _bf16_ulp(t):
@@ -218,7 +294,7 @@ def test_the_triton_residual_norm_kernel_computes_what_the_eager_piece_does(
     that fill several programs and part of the last one, and what ``layer_pieces`` calls."""
     from bestofn.moss.codec_layers import residual_norm
 
-    kernels, _, add_norm = interpreted_kernels
+    kernels, _, _, add_norm = interpreted_kernels
     TILE, residual_layer_norm = kernels.TILE, kernels.residual_layer_norm
     ln = torch.nn.functional.layer_norm
     g = torch.Generator().manual_seed(13)

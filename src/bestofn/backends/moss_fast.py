@@ -30,6 +30,7 @@ import torch
 from bestofn.backends.base import Generator, Take
 from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
+from bestofn.moss.codec_layers import kernel_path
 from bestofn.moss.delay import DELAY_TEXT_TEMPERATURE
 from bestofn.moss.local_loop import local_attention_path
 from bestofn.moss.model import decode_attention_path
@@ -435,7 +436,7 @@ class MossFastGenerator(Generator):
             "local_attention": "none (Delay)"
             if self.is_delay
             else local_attention_path(self.device, o["local_attention"]),
-            "codec_kernels": getattr(self.codec, "kernels", None),
+            "codec_kernels": kernel_path(getattr(self.codec, "kernels", None)),
             "sampling": self.params.to_dict(),
             "frame_budget": self.budget.as_dict(),
             "settings": settings,

@@ -314,6 +314,7 @@ class MossHFBase(Generator):
     def provenance(self) -> dict:
         if not hasattr(self, "_provenance"):
             from bestofn.hashing import combined_sha256, dir_digest
+            from bestofn.moss.codec_layers import kernel_path
             from bestofn.moss.lora import merge_info
 
             o = self.options
@@ -325,7 +326,7 @@ class MossHFBase(Generator):
                 "dtype": str(self.dtype).removeprefix("torch."),
                 "codec_compute_dtype": o["codec_compute_dtype"],
                 # our codec's decoder pieces (codec_layers: compiled on CUDA, else eager)
-                "codec_kernels": getattr(self.codec, "kernels", None),
+                "codec_kernels": kernel_path(getattr(self.codec, "kernels", None)),
                 "sampling": {k: o[k] for k in SAMPLING_KEYS},
                 "frame_budget": self.budget.as_dict(),
                 "instruction": o["instruction"],

@@ -21,16 +21,18 @@ The sliding window is computed in blocks of ``context`` queries: each block atte
 not O(T^2) as a full [T, T] mask would (15-s clips are 6016 steps in the last v2 stage, window
 400), and every block is one batched SDPA call: no Python loop over frames.
 
-Kernels (``kernels``): a layer is written as the matmuls and attention with two pieces
-between them, ``heads_with_rope`` (the fused q|k|v output split into heads, RoPE'd and padded
-to whole window blocks) and ``residual_norm`` (a residual add with its layer scale and the next
-LayerNorm). ``eager`` runs them as plain torch ops, the published layer's ops in its order;
-``compiled`` runs each piece as one hand-written Triton kernel instead of a chain of them
-(``bestofn.moss.codec_triton`` says why): no ``torch.compile`` is left in this path, so nothing
+Kernels (``kernels``): a layer is written as its matmuls with three pieces between them,
+``heads_with_rope`` (the fused q|k|v output split into heads, RoPE'd and padded to whole window
+blocks), ``sliding_window_attention`` and ``residual_norm`` (a residual add with its layer
+scale and the next LayerNorm). ``eager`` runs them as plain torch ops (SDPA for the attention),
+the published layer's ops in its order; ``compiled`` runs each piece as one hand-written Triton
+kernel instead (``bestofn.moss.codec_triton`` says why; the heads are then not padded, the
+attention kernel needs no whole blocks): no ``torch.compile`` is left in this path, so nothing
 compiles per stage shape or clip length beyond Triton's own build per width. bf16 decode of
-64 x 15-s clips on an H200: 0.0078 against 0.0135 s/clip eager (docs/PERFORMANCE.md, codec).
-Both kernels compute the elementwise chains in fp32 and round once, so bf16 output differs
-from ``eager`` in its last bits: a kernel path, named in the provenance. The encoder (a
+64 x 15-s clips on an H200: 0.0078 against 0.0135 s/clip eager with the first two pieces by
+hand (docs/PERFORMANCE.md, codec). The kernels compute in fp32 and round once, so bf16 output
+differs from ``eager`` in its last bits: a kernel path, named in the provenance
+(``kernel_path``). The encoder (a
 reference voice, once per worker) always runs eager.
 """
 
@@ -197,25 +199,48 @@ def residual_norm(x, u, scale, w, b, eps: float):
 
 
 KERNELS = ("eager", "compiled")
+# what each kernels value runs, as the provenance names it: a change to what ``compiled`` runs
+# changes the audio's last bits, so it gets a new name here
+KERNEL_PATHS = {
+    "eager": "eager",
+    "compiled": "compiled: Triton heads_rope, window_attention, residual_layer_norm",
+}
 _COMPILED: dict = {}
 
 
+def kernel_path(kernels: str | None) -> str | None:
+    """The provenance's name of the decoder pieces ``kernels`` runs (None stays None)."""
+    return None if kernels is None else KERNEL_PATHS.get(kernels, kernels)
+
+
 def layer_pieces(kernels: str):
-    """(heads_with_rope, residual_norm) for ``kernels``: plain, or (CUDA; ``resolve_kernels``
-    says where it may run) each piece as one hand-written Triton kernel (``codec_triton``), no
-    ``torch.compile``; the plain piece stands in where a kernel does not apply (no steps, a grid
-    or width over the kernel's limits)."""
+    """(heads_with_rope, sliding_window_attention, residual_norm) for ``kernels``: plain, or
+    (CUDA; ``resolve_kernels`` says where it may run) each piece as one hand-written Triton
+    kernel (``codec_triton``), no ``torch.compile``; the plain piece stands in where a kernel
+    does not apply (no steps, a grid or width over the kernel's limits)."""
     if kernels == "eager":
-        return heads_with_rope, residual_norm
+        return heads_with_rope, sliding_window_attention, residual_norm
     if not _COMPILED:
-        from bestofn.moss.codec_triton import MAX_D, heads_rope, residual_layer_norm
+        from bestofn.moss.codec_triton import (
+            MAX_D,
+            heads_rope,
+            residual_layer_norm,
+            window_attention,
+            window_attention_fits,
+        )
 
         def heads(qkv, cos, sin, n_heads, window=None):
-            # by hand, not torch.compile: see bestofn.moss.codec_triton
+            # by hand, not torch.compile: see bestofn.moss.codec_triton. Not padded to whole
+            # window blocks: the attention kernel does not need them (its fallback pads)
             B, T = qkv.shape[:2]
             if T == 0 or B * n_heads > 65535:  # CUDA's limit on the grid's second axis
                 return heads_with_rope(qkv, cos, sin, n_heads, window)
-            return heads_rope(qkv, cos, sin, n_heads, T + window_pad(T, window))
+            return heads_rope(qkv, cos, sin, n_heads, T)
+
+        def attend(q, k, v, window, mask_cache, length=None):
+            if not window_attention_fits(q):
+                return sliding_window_attention(q, k, v, window, mask_cache, length)
+            return window_attention(q, k, v, window, length)
 
         def add_norm(x, u, scale, w, b, eps):
             fits = x.shape[1] > 0 and x.shape[-1] <= MAX_D and u.shape == x.shape
@@ -223,7 +248,7 @@ def layer_pieces(kernels: str):
                 return residual_norm(x, u, scale, w, b, eps)
             return residual_layer_norm(x, u, scale, w, b, eps)
 
-        _COMPILED["pieces"] = (heads, add_norm)
+        _COMPILED["pieces"] = (heads, attend, add_norm)
     return _COMPILED["pieces"]
 
 
@@ -331,12 +356,12 @@ class Transformer:
             x = self.in_proj(x).to(dt)
         B, T, D = x.shape
         cos, sin = self._rope_tables(T, x.device) if self.cfg.rope else (None, None)
-        heads, add_norm = layer_pieces(self.kernels)
+        heads, attend, add_norm = layer_pieces(self.kernels)
         layers = self.layers
         h = layers[0]["norm1"](x) if layers else x
         for i, L in enumerate(layers):
             q, k, v = heads(L["qkv"](h).to(dt), cos, sin, self.cfg.heads, self.cfg.context)
-            a = sliding_window_attention(q, k, v, self.cfg.context, self._mask, T)
+            a = attend(q, k, v, self.cfg.context, self._mask, T)
             u = L["o"](a).to(dt)
             x, h = self._residual(add_norm, x, u, L["layer_scale_1"], L["norm2"])
             u = L["fc2"](F.gelu(L["fc1"](h).to(dt))).to(dt)

@@ -20,6 +20,15 @@ that piece was 106 ms of the same 64-clip decode where its bytes need about 30
 (docs/PERFORMANCE.md, codec), and it was the compiled path's last ``torch.compile``: 30 ms
 by hand, and the codec's first call 3.8 s instead of 18.
 
+``window_attention`` computes ``codec_layers.sliding_window_attention``: each query attends to
+the ``window`` steps up to and including its own, online softmax over tiles of keys (the
+FlashAttention recurrence, float32 statistics), written straight into the [B, T, H * dh] layout
+the output projection reads. Why by hand: the SDPA form computes every block of ``window``
+queries against two blocks of keys under a mask (half the scores thrown away), in two calls
+whose outputs are then copied twice into that layout (the ``cat`` alone was 46 ms of a 64-clip
+decode, docs/PERFORMANCE.md, codec). Here a program owns one (clip, head) and BLOCK_M queries,
+visits only the key tiles its window reaches, and needs no padding to whole window blocks.
+
 Import this module only where Triton imports (``codec_layers.resolve_kernels`` checks); the
 tests run it through Triton's interpreter on the CPU where Triton is installed.
 """
@@ -154,3 +163,125 @@ def residual_layer_norm(x, u, scale, w, b, eps: float):
         D=D, BLOCK_D=block, ROWS=per, SCALE=has_scale, num_warps=NORM_WARPS,
     )  # fmt: skip
     return new_x, normed
+
+
+# window_attention: queries a program owns, keys per step of its loop, and its warps; the keys a
+# program visits are its window plus BLOCK_M - 1 steps, rounded out to whole BLOCK_N tiles
+ATTN_BLOCK_M, ATTN_BLOCK_N, ATTN_WARPS, ATTN_STAGES, ATTN_MAX_DH = 64, 64, 4, 3, 256
+assert ATTN_BLOCK_M % ATTN_BLOCK_N == 0  # a block of queries is whole key tiles
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _window_attention_kernel(
+    q, k, v, out, T, Tq, window, qk_scale,
+    H: tl.constexpr, DH: tl.constexpr, DH_P2: tl.constexpr, F32_DOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    blk, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, DH_P2)
+    real_d = d < DH
+    head = bh.to(tl.int64) * Tq * DH  # q, k, v [B, H, Tq, DH]: this (clip, head)'s steps
+    qt = tl.load(
+        q + head + rows[:, None] * DH + d[None, :],
+        mask=(rows < T)[:, None] & real_d[None, :],
+        other=0.0,
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DH_P2], tl.float32)
+    # the key tiles this block's window reaches, from the tile of its first query's window
+    # start: TILES of them (the host's count for a block whose window starts past step 0).
+    # A fixed count, not a range to the block's last query: the loop pipelines, and Triton's
+    # interpreter (the tests) takes no loop bounds computed in the kernel. A block nearer the
+    # start visits tiles past its last query too: causality masks them whole.
+    lo = blk * BLOCK_M - window + 1
+    lo = tl.where(lo > 0, lo, 0) // BLOCK_N * BLOCK_N
+    for j in range(TILES):
+        cols = lo + j * BLOCK_N + tl.arange(0, BLOCK_N)
+        kt = tl.load(  # [DH_P2, BLOCK_N]: the keys read transposed
+            k + head + cols[None, :] * DH + d[:, None],
+            mask=(cols < T)[None, :] & real_d[:, None],
+            other=0.0,
+        )
+        if F32_DOTS:  # float32 products, no TF32 rounding (see window_attention)
+            s = tl.dot(qt.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(qt, kt)
+        gap = rows[:, None] - cols[None, :]
+        seen = (gap >= 0) & (gap < window) & (cols < T)[None, :]
+        s = tl.where(seen, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row whose window starts after this whole tile has seen nothing yet: keep its
+        # exponents finite (its p and alpha are 0 then, as they must be)
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(
+            v + head + cols[:, None] * DH + d[None, :],
+            mask=(cols < T)[:, None] & real_d[None, :],
+            other=0.0,
+        )
+        if F32_DOTS:  # p rounded to v's dtype as below, the products exact in float32
+            pv = tl.dot(
+                _round(p, vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee"
+            )
+        else:
+            pv = tl.dot(p.to(vt.dtype), vt)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    # every real row sees at least itself (l_i > 0); rows past T, never stored, may see nothing
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    # out[b, t, h * DH + d]: the layout the output projection reads, no copy after
+    dst = out + (b * T + rows[:, None]).to(tl.int64) * (H * DH) + h * DH + d[None, :]
+    tl.store(dst, o.to(out.dtype.element_ty), mask=(rows < T)[:, None] & real_d[None, :])
+
+
+# Triton's interpreter (the tests; triton 3.6) multiplies the bits of bfloat16 dot operands, not
+# their values: there the kernel forms its products in float32 from the same rounded operands
+try:
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError:  # no interpreter in this Triton: nothing is interpreted
+    InterpretedFunction = ()
+_INTERPRETED = isinstance(_window_attention_kernel, InterpretedFunction)
+
+
+def window_attention_fits(q) -> bool:
+    """Whether ``window_attention`` takes q (and k, v shaped alike): a head width up to
+    ATTN_MAX_DH, a float dtype it computes in, the grid within CUDA's second-axis limit."""
+    B, H, _, dh = q.shape
+    return (
+        q.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and 0 < dh <= ATTN_MAX_DH
+        and B * H <= 65535
+    )
+
+
+def window_attention(q, k, v, window: int | None, length: int | None = None):
+    """``codec_layers.sliding_window_attention`` in one launch: q, k, v [B, H, Tq, dh] (Tq >= T,
+    steps past T ignored), key j visible to query i iff 0 <= i - j < ``window`` (None: causal)
+    -> [B, T, H * dh] in q's dtype; T = ``length`` or Tq."""
+    B, H, Tq, dh = q.shape
+    T = Tq if length is None else length
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty((B, T, H * dh), dtype=q.dtype, device=q.device)
+    if B * H * T == 0:
+        return out
+    # tl.dot wants each dimension at least 16 wide: narrower heads are padded in registers
+    dh_p2 = max(16, triton.next_power_of_2(dh))
+    window = T if window is None else min(window, T)
+    # a block of BLOCK_M queries (a whole number of key tiles) reaches back window - 1 steps:
+    # its own tiles and the ceil((window - 1) / BLOCK_N) before them, at most all T's tiles
+    tiles = min(ATTN_BLOCK_M // ATTN_BLOCK_N + triton.cdiv(window - 1, ATTN_BLOCK_N),
+                triton.cdiv(T, ATTN_BLOCK_N))  # fmt: skip
+    grid = (triton.cdiv(T, ATTN_BLOCK_M), B * H)
+    _window_attention_kernel[grid](
+        q, k, v, out, T, Tq, window, LOG2_E / dh**0.5,
+        H=H, DH=dh, DH_P2=dh_p2, F32_DOTS=q.dtype == torch.float32 or _INTERPRETED,
+        BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, TILES=tiles,
+        num_warps=ATTN_WARPS, num_stages=ATTN_STAGES,
+    )  # fmt: skip
+    return out

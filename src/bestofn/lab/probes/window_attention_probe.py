@@ -1,0 +1,106 @@
+"""The codec's sliding-window attention at the v2 decoder's real stage shapes: the compiled
+path's Triton kernel (``codec_triton.window_attention``) in a few tile configurations against
+the eager path (``codec_layers.sliding_window_attention``: window blocks of SDPA, then the
+copies into the output projection's layout), per stage and summed over the decoder's layers.
+
+Each stage: 64 clips of 15 s (188 frames), its steps, heads and window from the published
+config (``fakes.moss_codec.config("real")``), random bf16 q, k, v. Each timing is the median
+of CUDA-event times of ``--repeats`` calls after a warm-up; each config's output is compared
+with the eager path's first (max |diff|). The configuration the product runs is the module's
+``ATTN_*`` constants; ``--configs`` tries others by setting them for the call.
+
+    PYTHONPATH=src python3 -m bestofn.lab.probes.window_attention_probe [--out OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from bestofn.fakes import moss_codec
+from bestofn.moss import codec_triton
+from bestofn.moss.codec_config import AudioTokenizerConfig
+from bestofn.moss.codec_layers import sliding_window_attention
+
+
+def stage_shapes(frames: int):
+    """(T, heads, head width, window, layers) of each decoder transformer stage."""
+    c = AudioTokenizerConfig.from_dict(moss_codec.config("real"))
+    T, out = frames, []
+    for s in c.decoder:
+        if s.kind == "patch":
+            T *= s.patch
+        else:
+            out.append((T, s.heads, s.d_model // s.heads, s.context, s.layers))
+    return out
+
+
+def timed(repeats: int, fn, *args) -> float:
+    """The median CUDA-event time of ``fn(*args)`` in ms, after one warm-up call."""
+    fn(*args)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(*args)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--frames", type=int, default=188)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--configs",
+        default="64,64,4,3;128,64,4,3;128,64,8,3;64,32,4,3;128,128,8,2",
+        help="BLOCK_M,BLOCK_N,warps,stages; semicolon-separated",
+    )
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    product = (codec_triton.ATTN_BLOCK_M, codec_triton.ATTN_BLOCK_N, codec_triton.ATTN_WARPS,
+               codec_triton.ATTN_STAGES)  # fmt: skip
+    configs = [tuple(int(x) for x in c.split(",")) for c in args.configs.split(";")]
+    rows, totals = [], {"eager": 0.0}
+    for T, H, dh, window, layers in stage_shapes(args.frames):
+        q, k, v = (
+            torch.randn(args.batch, H, T, dh, device="cuda", generator=g, dtype=torch.bfloat16)
+            for _ in range(3)
+        )
+        mask: dict = {}
+        want = sliding_window_attention(q, k, v, window, mask)
+        row = {"T": T, "heads": H, "dh": dh, "window": window, "layers": layers}
+        row["eager_ms"] = timed(args.repeats, sliding_window_attention, q, k, v, window, mask)
+        totals["eager"] += row["eager_ms"] * layers
+        for cfg in configs:
+            name = "x".join(map(str, cfg))
+            (codec_triton.ATTN_BLOCK_M, codec_triton.ATTN_BLOCK_N, codec_triton.ATTN_WARPS,
+             codec_triton.ATTN_STAGES) = cfg  # fmt: skip
+            got = codec_triton.window_attention(q, k, v, window)
+            row[f"{name}_max_diff"] = float((got.float() - want.float()).abs().max())
+            row[f"{name}_ms"] = timed(args.repeats, codec_triton.window_attention, q, k, v, window)
+            totals[name] = totals.get(name, 0.0) + row[f"{name}_ms"] * layers
+        (codec_triton.ATTN_BLOCK_M, codec_triton.ATTN_BLOCK_N, codec_triton.ATTN_WARPS,
+         codec_triton.ATTN_STAGES) = product  # fmt: skip
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print("decoder total, ms per call of", args.batch, "clips:", json.dumps(totals), flush=True)
+    if args.out:
+        result = {"probe": "window_attention", "device": torch.cuda.get_device_name(),
+                  "torch": torch.__version__, "product_config": product, "rows": rows,
+                  "totals_ms": totals}  # fmt: skip
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
