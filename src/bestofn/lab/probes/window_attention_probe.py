@@ -10,6 +10,10 @@ with the eager path's first (max |diff|). The configuration the product runs is 
 ``ATTN_*`` constants; ``--configs`` tries others by setting them for the call.
 
     PYTHONPATH=src python3 -m bestofn.lab.probes.window_attention_probe [--out OUT.json]
+
+``--fuzz N``: instead, N random shapes (steps 1..2,000, windows of the real stages and short
+ones, batch 1..16), each synchronised and compared with the eager path: a kernel that reads or
+writes out of bounds fails here, at the shape that did it, not later in another kernel.
 """
 
 from __future__ import annotations
@@ -54,6 +58,27 @@ def timed(repeats: int, fn, *args) -> float:
     return statistics.median(times)
 
 
+def fuzz(n: int) -> int:
+    g = torch.Generator().manual_seed(1)
+    worst = 0.0
+    for i in range(n):
+        T = int(torch.randint(1, 2000, (1,), generator=g)) if i % 3 else i % 70 + 1
+        window = [1, 5, 125, 250, 400, None][int(torch.randint(0, 6, (1,), generator=g))]
+        B, H = int(torch.randint(1, 17, (1,), generator=g)), [12, 20][i % 2]
+        q, k, v = (torch.randn(B, H, T, 64, device="cuda", dtype=torch.bfloat16)
+                   for _ in range(3))  # fmt: skip
+        got = codec_triton.window_attention(q, k, v, window)
+        torch.cuda.synchronize()
+        want = sliding_window_attention(q, k, v, window, {})
+        diff = float((got.float() - want.float()).abs().max())
+        worst = max(worst, diff)
+        if diff > 0.05:
+            print(f"MISMATCH B {B} H {H} T {T} window {window}: max |diff| {diff}")
+            return 1
+    print(f"fuzz: {n} shapes, no fault, max |diff| {worst}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=64)
@@ -65,7 +90,10 @@ def main(argv=None) -> int:
         help="BLOCK_M,BLOCK_N,warps,stages; semicolon-separated",
     )
     p.add_argument("--out")
+    p.add_argument("--fuzz", type=int, default=0, help="N random shapes checked instead")
     args = p.parse_args(argv)
+    if args.fuzz:
+        return fuzz(args.fuzz)
     g = torch.Generator(device="cuda").manual_seed(0)
     product = (codec_triton.ATTN_BLOCK_M, codec_triton.ATTN_BLOCK_N, codec_triton.ATTN_WARPS,
                codec_triton.ATTN_STAGES)  # fmt: skip
