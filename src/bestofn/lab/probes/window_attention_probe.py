@@ -5,7 +5,7 @@ copies into the output projection's layout), per stage and summed over the decod
 
 Each stage: 64 clips of 15 s (188 frames), its steps, heads and window from the published
 config (``fakes.moss_codec.config("real")``), random bf16 q, k, v. Each timing is the median
-of CUDA-event times of ``--repeats`` calls after a warm-up; each config's output is compared
+of 5 CUDA-event times of one call after a warm-up; each config's output is compared
 with the eager path's first (max |diff|). The configuration the product runs is the module's
 ``ATTN_*`` constants; ``--configs`` tries others by setting them for the call.
 
@@ -19,13 +19,14 @@ writes out of bounds fails here, at the shape that did it, not later in another 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 from pathlib import Path
 
 import torch
 
 from bestofn.fakes import moss_codec
+from bestofn.lab.probes.decode_kernel_check import per_call_us
 from bestofn.moss import codec_triton
 from bestofn.moss.codec_config import AudioTokenizerConfig
 from bestofn.moss.codec_layers import sliding_window_attention
@@ -43,19 +44,10 @@ def stage_shapes(frames: int):
     return out
 
 
-def timed(repeats: int, fn, *args) -> float:
-    """The median CUDA-event time of ``fn(*args)`` in ms, after one warm-up call."""
-    fn(*args)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(*args)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+def timed(fn, *args) -> float:
+    """ms per call of ``fn(*args)``: decode_kernel_check's median of 5 CUDA-event timings after a
+    warm-up, one call each."""
+    return per_call_us(functools.partial(fn, *args), calls=1) / 1000
 
 
 def fuzz(n: int) -> int:
@@ -83,7 +75,6 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--frames", type=int, default=188)
-    p.add_argument("--repeats", type=int, default=5)
     p.add_argument(
         "--configs",
         default="64,64,4,3;128,64,4,3;128,64,8,3;64,32,4,3;128,128,8,2",
@@ -107,7 +98,7 @@ def main(argv=None) -> int:
         mask: dict = {}
         want = sliding_window_attention(q, k, v, window, mask)
         row = {"T": T, "heads": H, "dh": dh, "window": window, "layers": layers}
-        row["eager_ms"] = timed(args.repeats, sliding_window_attention, q, k, v, window, mask)
+        row["eager_ms"] = timed(sliding_window_attention, q, k, v, window, mask)
         totals["eager"] += row["eager_ms"] * layers
         for cfg in configs:
             name = "x".join(map(str, cfg))
@@ -115,7 +106,7 @@ def main(argv=None) -> int:
              codec_triton.ATTN_STAGES) = cfg  # fmt: skip
             got = codec_triton.window_attention(q, k, v, window)
             row[f"{name}_max_diff"] = float((got.float() - want.float()).abs().max())
-            row[f"{name}_ms"] = timed(args.repeats, codec_triton.window_attention, q, k, v, window)
+            row[f"{name}_ms"] = timed(codec_triton.window_attention, q, k, v, window)
             totals[name] = totals.get(name, 0.0) + row[f"{name}_ms"] * layers
         (codec_triton.ATTN_BLOCK_M, codec_triton.ATTN_BLOCK_N, codec_triton.ATTN_WARPS,
          codec_triton.ATTN_STAGES) = product  # fmt: skip
