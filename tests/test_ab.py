@@ -160,6 +160,20 @@ def test_fake_weight_configs_are_flagged(tmp_path):
     assert not ab.random_weight_paths(ROOT / "config" / "config.yaml", DEFAULT["models"])
 
 
+def test_random_checkpoints_are_known_by_their_markers(tmp_path):
+    # the codec bench's random_weights and ab's note both read this: a checkpoint passed by
+    # path is random when a fake writer marked it, and only then
+    codec = tmp_path / "weights" / "MOSS-Audio-Tokenizer-v2"
+    codec.mkdir(parents=True)
+    assert not ab.is_random_checkpoint(codec)
+    (tmp_path / "weights" / "FAKE_WEIGHTS.md").write_text("random")
+    assert ab.is_random_checkpoint(codec)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "RANDOM_WEIGHTS.md").write_text("random")
+    assert ab.is_random_checkpoint(alone) and not ab.is_random_checkpoint(tmp_path / "other")
+
+
 def test_threshold_rules():
     up = ab.Threshold("wer", "max_increase", 0.005)
     down = ab.Threshold("speaker_sim", "max_decrease", 0.01)

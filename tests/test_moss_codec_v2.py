@@ -445,6 +445,7 @@ def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
     rows = {(r["path"], r["dtype"], r["batch"]): r for r in result["rows"]}
     assert result["meta"]["frames_per_clip"] == 10 and result["meta"]["n_vq"] == 12
     assert result["meta"]["version"] == "v2"
+    assert result["meta"]["random_weights"] is True  # the bench wrote its codec: random
     assert rows[("ours batched (eager)", "fp32", 2)]["s_per_clip"] > 0
     # the same clips in calls of 2 and of 1: the same audio (the calls pad nothing here)
     in_twos, in_ones = (

@@ -162,12 +162,19 @@ def random_weight_paths(config_path: Path, models: dict) -> list[str]:
     for name, value in candidates:
         if not isinstance(value, str | Path) or not (key_is_path(name) or name == "config"):
             continue
-        p = Path(value).expanduser()
-        if (p / "RANDOM_WEIGHTS.md").is_file() or any(
-            (d / "FAKE_WEIGHTS.md").is_file() for d in [p, *p.parents][:4]
-        ):
+        if is_random_checkpoint(value):
             found.append(f"{name} = {value}")
     return found
+
+
+def is_random_checkpoint(path) -> bool:
+    """Whether ``path`` holds random weights: `bestofn fake-weights` wrote it (a FAKE_WEIGHTS.md
+    beside it or up to three levels up), or a fake writer wrote it alone (a RANDOM_WEIGHTS.md in
+    it, e.g. a benchmark's checkpoint)."""
+    p = Path(path).expanduser()
+    return (p / "RANDOM_WEIGHTS.md").is_file() or any(
+        (d / "FAKE_WEIGHTS.md").is_file() for d in [p, *p.parents][:4]
+    )
 
 
 def key_is_path(name: str) -> bool:

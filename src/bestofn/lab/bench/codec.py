@@ -229,6 +229,7 @@ def _reference_rows(model, clips, n1, cfg, device, args, add, reference_audio) -
 
 
 def run(args) -> dict:
+    from bestofn.ab import is_random_checkpoint
     from bestofn.fakes import moss_audio_tokenizer, moss_codec
     from bestofn.moss.audio_tokenizer import AudioTokenizerError, MossAudioTokenizer
 
@@ -271,7 +272,8 @@ def run(args) -> dict:
         "frames_per_clip": frames,
         "n_vq": n_vq,
         "repeats": args.repeats,
-        "random_weights": not bool(args.codec_dir),
+        # a --codec-dir may be random too (fake-weights' codec): say what its markers say
+        "random_weights": is_random_checkpoint(codec_dir),
     }
     rows: list[dict] = []
     reference_audio = None

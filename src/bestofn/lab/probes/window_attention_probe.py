@@ -11,9 +11,11 @@ with the eager path's first (max |diff|). The configuration the product runs is 
 
     PYTHONPATH=src python3 -m bestofn.lab.probes.window_attention_probe [--out OUT.json]
 
-``--fuzz N``: instead, N random shapes (steps 1..2,000, windows of the real stages and short
-ones, batch 1..16), each synchronised and compared with the eager path: a kernel that reads or
-writes out of bounds fails here, at the shape that did it, not later in another kernel.
+``--fuzz N``: instead, N random shapes (steps 1..``--max-steps``, windows of the real stages
+and short ones, batch 1..``--max-batch``, a third of them with q, k, v longer than the steps
+attended, as the eager heads' padding leaves them), each synchronised and compared with the
+eager path: a kernel that reads or writes out of bounds fails here, at the shape that did it,
+not later in another kernel.
 """
 
 from __future__ import annotations
@@ -50,22 +52,23 @@ def timed(fn, *args) -> float:
     return per_call_us(functools.partial(fn, *args), calls=1) / 1000
 
 
-def fuzz(n: int) -> int:
+def fuzz(n: int, max_steps: int = 2000, max_batch: int = 16) -> int:
     g = torch.Generator().manual_seed(1)
     worst = 0.0
     for i in range(n):
-        T = int(torch.randint(1, 2000, (1,), generator=g)) if i % 3 else i % 70 + 1
+        T = int(torch.randint(1, max_steps + 1, (1,), generator=g)) if i % 3 else i % 70 + 1
         window = [1, 5, 125, 250, 400, None][int(torch.randint(0, 6, (1,), generator=g))]
-        B, H = int(torch.randint(1, 17, (1,), generator=g)), [12, 20][i % 2]
-        q, k, v = (torch.randn(B, H, T, 64, device="cuda", dtype=torch.bfloat16)
+        B, H = int(torch.randint(1, max_batch + 1, (1,), generator=g)), [12, 20][i % 2]
+        Tq = T + (int(torch.randint(1, 400, (1,), generator=g)) if i % 3 == 1 else 0)
+        q, k, v = (torch.randn(B, H, Tq, 64, device="cuda", dtype=torch.bfloat16)
                    for _ in range(3))  # fmt: skip
-        got = codec_triton.window_attention(q, k, v, window)
+        got = codec_triton.window_attention(q, k, v, window, T)
         torch.cuda.synchronize()
-        want = sliding_window_attention(q, k, v, window, {})
+        want = sliding_window_attention(q, k, v, window, {}, T)
         diff = float((got.float() - want.float()).abs().max())
         worst = max(worst, diff)
         if diff > 0.05:
-            print(f"MISMATCH B {B} H {H} T {T} window {window}: max |diff| {diff}")
+            print(f"MISMATCH B {B} H {H} T {T} Tq {Tq} window {window}: max |diff| {diff}")
             return 1
     print(f"fuzz: {n} shapes, no fault, max |diff| {worst}")
     return 0
@@ -82,9 +85,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out")
     p.add_argument("--fuzz", type=int, default=0, help="N random shapes checked instead")
+    p.add_argument("--max-steps", type=int, default=2000, help="--fuzz: longest steps")
+    p.add_argument("--max-batch", type=int, default=16, help="--fuzz: largest batch")
     args = p.parse_args(argv)
     if args.fuzz:
-        return fuzz(args.fuzz)
+        return fuzz(args.fuzz, args.max_steps, args.max_batch)
     g = torch.Generator(device="cuda").manual_seed(0)
     product = (codec_triton.ATTN_BLOCK_M, codec_triton.ATTN_BLOCK_N, codec_triton.ATTN_WARPS,
                codec_triton.ATTN_STAGES)  # fmt: skip
