@@ -248,3 +248,15 @@ def test_each_side_runs_in_its_own_process_and_a_failing_side_is_named(tmp_path,
     assert "error: side B failed: " in captured.err and "broken.onnx" in captured.err
     assert "Traceback" in captured.err
     assert not out.exists()
+
+
+class _ExitsWhenUnpickled:
+    """Unpickled in the side's process, it ends that process at once (code 7), as a kill would."""
+
+    def __reduce__(self):
+        return (os._exit, (7,))
+
+
+def test_a_side_process_that_dies_without_a_word_is_an_error_naming_its_exit_code(tmp_path):
+    with pytest.raises(ab.ABSideError, match="side A: its process exited with code 7 before"):
+        ab.run_side_process("A", {"x": _ExitsWhenUnpickled()}, [], "cpu", tmp_path)

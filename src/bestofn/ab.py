@@ -6,9 +6,10 @@ needs a quality gate: this is it. The sides run one after the other, each in its
 process: A's models load, A's groups run into a temporary results directory, A's process exits;
 then B. Nothing one side leaves (a CUDA context, compiled code, allocator state, a broken device)
 reaches the other's figures: on an H200, B loaded in A's process once A had run refused every
-``torch.load(weights_only=True)`` (docs/PERFORMANCE.md). A take of A is matched with the take
-of B of the same group and take index (and so the same seed: the seeds derive from group id and
-take index only).
+``torch.load(weights_only=True)``, and A run in the command's own process hit an illegal memory
+access that the same side in a spawned process did not (docs/PERFORMANCE.md). A take of A is
+matched with the take of B of the same group and take index (and so the same seed: the seeds
+derive from group id and take index only).
 
 Thresholds file (YAML), one entry per score column, in the column's own units::
 
@@ -31,6 +32,7 @@ import json
 import math
 import multiprocessing
 import os
+import pickle
 import queue
 import resource
 import sys
@@ -338,10 +340,12 @@ def _side_main(reports, label, models, specs, device, workdir, check, warmup) ->
 
     try:
         out = run_side(label, models, specs, device, workdir, log, ColumnCheck(*check), warmup)
-        reports.put(("done", out))
+        # pickled here, not in the queue's feeder thread, so a result that cannot travel is an
+        # error the parent hears about
+        reports.put(("done", pickle.dumps(out)))
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the parent
-        reports.put(("error", (isinstance(e, ABError), f"{type(e).__name__}: {e}",
-                               traceback.format_exc())))  # fmt: skip
+        message = str(e) if isinstance(e, ABError) else f"{type(e).__name__}: {e}"
+        reports.put(("error", (isinstance(e, ABError), message, traceback.format_exc())))
 
 
 def run_side_process(
@@ -377,7 +381,7 @@ def run_side_process(
             if kind == "log":
                 log(payload)
             elif kind == "done":
-                return payload
+                return pickle.loads(payload)
             else:
                 bad_input, message, trace = payload
                 if bad_input:
@@ -388,6 +392,7 @@ def run_side_process(
         if proc.is_alive():
             proc.kill()
             proc.join()
+        reports.close()
 
 
 # ---- comparing ----------------------------------------------------------------------------
