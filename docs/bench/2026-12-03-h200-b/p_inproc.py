@@ -1,5 +1,6 @@
 """Old ab's side A, in the main process: 'preimport' imports the scorers' classes in the main
 thread first (old run_ab's _known_columns), 'plain' does not."""
+
 import sys
 from pathlib import Path
 
