@@ -339,7 +339,7 @@ def _side_main(reports, label, models, specs, device, workdir, check, warmup) ->
         reports.put(("log", str(msg)))
 
     try:
-        out = run_side(label, models, specs, device, workdir, log, ColumnCheck(*check), warmup)
+        out = run_side(label, models, specs, device, workdir, log, check, warmup)
         # pickled here, not in the queue's feeder thread, so a result that cannot travel is an
         # error the parent hears about
         reports.put(("done", pickle.dumps(out)))
@@ -349,14 +349,12 @@ def _side_main(reports, label, models, specs, device, workdir, check, warmup) ->
 
 
 def run_side_process(
-    label: str, models: dict, specs, device: str, workdir: Path, log=print, check=None,
-    warmup: int = 1,
+    label: str, models: dict, specs, device: str, workdir: Path, log=print,
+    check: ColumnCheck | None = None, warmup: int = 1,
 ) -> dict:  # fmt: skip
     """``run_side`` in a spawned process of its own; its log lines come back through ``log``
-    as they are written. ``check``: ColumnCheck's arguments (label, config path, thresholds
-    path, columns). A side that fails raises ABError (bad input) or ABSideError; a process that
-    dies without a word (killed, out of memory) raises ABSideError with its exit code."""
-    check = check or (label, "", "", [])
+    as they are written. A side that fails raises ABError (bad input) or ABSideError; a process
+    that dies without a word (killed, out of memory) raises ABSideError with its exit code."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state, no forks
     reports = ctx.Queue()
     proc = ctx.Process(
@@ -569,7 +567,7 @@ def run_ab(
             side_dir = Path(tmp) / label
             side_dir.mkdir()
             path = config_a if label == "A" else config_b
-            check = (label, path, thresholds_path, [t.column for t in thresholds])
+            check = ColumnCheck(label, path, thresholds_path, [t.column for t in thresholds])
             sides[label] = run_side_process(
                 label, plan.config["models"], specs, dev_a, side_dir, log, check, warmup
             )

@@ -83,8 +83,7 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         per[label]["import_s"] = time.perf_counter() - a
     threads = _caller_threads()
     torch = sys.modules.get("torch")
-    # torch not imported yet (a fresh process): its default dtype at import is float32
-    default_dtype = torch.get_default_dtype() if torch is not None else "float32"
+    default_dtype = torch.get_default_dtype() if torch is not None else None
     order = import_order(entries)
     imported = [threading.Event() for _ in entries]
     for k in set(range(len(entries))) - set(order):
@@ -139,8 +138,8 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
             raise first
         results = [f.result() for f in futures]
     torch = sys.modules.get("torch")
-    if isinstance(default_dtype, str) and torch is not None:
-        default_dtype = getattr(torch, default_dtype)
+    if torch is not None and default_dtype is None:  # imported by a build: its default then
+        default_dtype = torch.float32
     if torch is not None and torch.get_default_dtype() != default_dtype:
         raise RuntimeError(
             f"loading the backends left torch's default dtype {torch.get_default_dtype()} "
