@@ -249,7 +249,7 @@ def test_decodings_give_the_same_transcripts(tiny_nemo):
     config carries the keys."""
     takes = _takes()
     out = {}
-    for decoding in ("label_looping", "cuda_graphs", "greedy"):
+    for decoding in ("label_looping", "cuda_graphs", "cuda_graphs_host_loop", "greedy"):
         s = parakeet.ParakeetScorer(
             model_path=str(tiny_nemo), decoding=decoding, hash_weights=False, batch_size=8
         )
@@ -261,7 +261,24 @@ def test_decodings_give_the_same_transcripts(tiny_nemo):
         assert s.provenance()["decoding"] == decoding
         out[decoding] = s.transcribe(takes, 16000)
     assert out["cuda_graphs"] == out["label_looping"] == out["greedy"]
+    assert out["cuda_graphs_host_loop"] == out["greedy"]
     assert any(out["greedy"])
+
+
+def test_host_loop_holds_nemo_to_graphs_without_conditional_nodes(tiny_nemo):
+    """cuda_graphs_host_loop holds NeMo's label-looping computer to its no_while_loops mode
+    (the loop bodies as graphs, the loops on the host), with no fallback; cuda_graphs leaves
+    the mode to NeMo. On a CPU both run NeMo's eager loop (checked above: same transcripts)."""
+    host = parakeet.ParakeetScorer(
+        model_path=str(tiny_nemo), decoding="cuda_graphs_host_loop", hash_weights=False
+    )
+    computer = host.model.decoding.decoding.decoding_computer
+    assert computer.cuda_graphs_mode == computer.CudaGraphsMode.NO_WHILE_LOOPS
+    assert computer.cuda_graphs_allow_fallback is False
+    plain = parakeet.ParakeetScorer(
+        model_path=str(tiny_nemo), decoding="cuda_graphs", hash_weights=False
+    )
+    assert plain.model.decoding.decoding.decoding_computer.cuda_graphs_allow_fallback is True
 
 
 def test_decoding_default_and_bad_value(tiny_nemo):

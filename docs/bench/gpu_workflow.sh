@@ -18,7 +18,8 @@ work=${WORK:-/tmp/bestofn-gpu}
 py=${PYTHON:-python3}
 # A CPU smoke test of this script: SIZE=tiny PROFILE=local TAKES=4 FRAMES=16 BENCH=0
 # OVERLAP=off|host|full sets runtime.overlap in the run's config (default: the config's, auto);
-# PARAKEET_ATTENTION=sdpa|manual the Parakeet scorer's runtime.attention (default: auto).
+# PARAKEET_ATTENTION=sdpa|manual the Parakeet scorer's runtime.attention (default: auto);
+# PARAKEET_DECODING=cuda_graphs|cuda_graphs_host_loop|... its runtime.decoding (default: auto).
 # PARAKEET=calibrated|plain: which random Parakeet fake-weights points the config at (default
 # calibrated: its joint emits speech's token rate; the plain one runs NeMo's greedy loop to
 # max_symbols on every frame: ~1,840 tokens per 15-s clip, against the calibrated ~60); only
@@ -102,6 +103,10 @@ if os.environ.get("PARAKEET_ATTENTION"):  # the scorer's runtime.attention (sdpa
     for scorer in config["models"]["scorers"]:
         if scorer["backend"] == "parakeet":
             scorer.setdefault("runtime", {})["attention"] = os.environ["PARAKEET_ATTENTION"]
+if os.environ.get("PARAKEET_DECODING"):  # the scorer's runtime.decoding
+    for scorer in config["models"]["scorers"]:
+        if scorer["backend"] == "parakeet":
+            scorer.setdefault("runtime", {})["decoding"] = os.environ["PARAKEET_DECODING"]
 (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 EOF
 

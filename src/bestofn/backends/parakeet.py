@@ -16,10 +16,11 @@ last batch's GPU work and leaves the text work of the group to finish there (the
 collects it while the next group runs). Takes are sorted by duration before batching
 (``batch_size``, default 128), so each batch pads little. ``compile`` (on CUDA) runs the
 encoder through ``torch.compile`` under bf16 autocast. ``decoding`` picks NeMo's own greedy TDT
-decoder (``DECODINGS``): label-looping with CUDA graphs (the CUDA default), the same loop
-without graphs (the CPU default: graphs need CUDA), or the per-utterance loop. ``attention``
-picks the encoder's self-attention: NeMo's SDPA path (the CUDA default) or its manual float32
-softmax (the CPU default, as the checkpoint ships).
+decoder (``DECODINGS``): label-looping with CUDA graphs, either one full graph whose loops are
+conditional nodes or the loop bodies as graphs with the loops on the host (the CUDA default),
+the same loop without graphs (the CPU default: graphs need CUDA), or the per-utterance loop.
+``attention`` picks the encoder's self-attention: NeMo's SDPA path (the CUDA default) or its
+manual float32 softmax (the CPU default, as the checkpoint ships).
 """
 
 from __future__ import annotations
@@ -52,9 +53,18 @@ _DTYPES.update({"float32": "float32", "fp32": "float32"})
 # CUDA the two can give other transcripts, so the choice is in the provenance.
 DECODINGS = {
     "cuda_graphs": ("greedy_batch", True, True),
+    "cuda_graphs_host_loop": ("greedy_batch", True, True),
     "label_looping": ("greedy_batch", True, False),
     "greedy": ("greedy", False, False),  # one utterance at a time (GreedyTDTInfer)
 }
+# The graphs mode NeMo's label-looping computer is held to (its CudaGraphsMode values; absent:
+# NeMo picks, a full graph whose loops are CUDA conditional nodes where the driver has them).
+# cuda_graphs_host_loop captures the loop's bodies as graphs and runs the two loops on the host,
+# reading their conditions back once per step. Why it is the CUDA default: on an H200 an ab side
+# run in a process's main program faulted (illegal memory access, seen at the full graph's
+# decode) 8 times of 8, and passed with the loops on the host, at the same speed and with the
+# same transcripts; the cause is not found (docs/PERFORMANCE.md, scorers).
+GRAPHS_MODES = {"cuda_graphs_host_loop": "no_while_loops"}
 # What runs under autocast: FastConformer (conv2d subsampling, depthwise conv, attention,
 # layer norm), the LSTM prediction net, the joint.
 AUTOCAST_OPS = ("conv2d", "depthwise_conv1d", "conv1d", "linear", "layer_norm", "lstm", "embedding")
@@ -154,7 +164,7 @@ class ParakeetScorer(Scorer):
         pad_min_duration: float = 1.0,  # seconds; as NeMo's transcribe() (centred zero padding)
         compile: bool | str = False,  # torch.compile the encoder (CUDA only; "auto": on CUDA)
         attention: str = "auto",  # encoder self-attention: sdpa | manual | auto (sdpa on CUDA)
-        decoding: str = "auto",  # cuda_graphs | label_looping | greedy | auto (graphs on CUDA)
+        decoding: str = "auto",  # a DECODINGS key, or auto (graphs on CUDA)
         hf_cache_dir: str | None = None,  # default: the Hugging Face cache (HF_HUB_CACHE)
         hash_weights: bool = True,
         hash_memo_dir: str | None = None,  # where file hashes are memoised across workers
@@ -220,10 +230,12 @@ class ParakeetScorer(Scorer):
             raise ValueError(
                 f"parakeet: decoding must be auto, {', '.join(DECODINGS)}; got {decoding!r}"
             )
-        # CPU keeps the eager label loop it always ran (NeMo has no CUDA graphs there)
-        self.decoding = (
-            ("cuda_graphs" if is_cuda else "label_looping") if decoding == "auto" else decoding
-        )
+        # CUDA: the graphs with the loops on the host (GRAPHS_MODES: as fast as the full graph
+        # on an H200, the same transcripts, and it did not fault where the full graph did).
+        # CPU keeps the eager label loop it always ran (NeMo has no CUDA graphs there).
+        if decoding == "auto":
+            decoding = "cuda_graphs_host_loop" if is_cuda else "label_looping"
+        self.decoding = decoding
         self._encoder = None  # the (compiled) encoder forward, set in _attach
         self._text_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parakeet-text")
 
@@ -285,8 +297,24 @@ class ParakeetScorer(Scorer):
             decoding_cfg.greedy.loop_labels = loop_labels
             decoding_cfg.greedy.use_cuda_graph_decoder = graphs
         self.model.change_decoding_strategy(decoding_cfg, verbose=False)
+        if self.decoding in GRAPHS_MODES:
+            self._force_graphs_mode(GRAPHS_MODES[self.decoding])
         for p in self.model.parameters():
             p.requires_grad_(False)
+
+    def _force_graphs_mode(self, mode: str) -> None:
+        """Hold NeMo's label-looping computer (model.decoding.decoding.decoding_computer, NeMo
+        3.0.0) to one CUDA-graphs mode; no fallback to another (NeMo's force_cuda_graphs_mode).
+        On the CPU the computer runs its eager loop whatever the mode."""
+        greedy = getattr(self.model.decoding, "decoding", None)
+        computer = getattr(greedy, "decoding_computer", None)
+        if computer is None or not hasattr(computer, "force_cuda_graphs_mode"):
+            raise ParakeetLoadError(
+                f"parakeet: decoding {self.decoding!r} needs NeMo's label-looping computer "
+                "(model.decoding.decoding.decoding_computer.force_cuda_graphs_mode, NeMo 3.0.0); "
+                "this NeMo has none (config field: scorers.parakeet.runtime.decoding)"
+            )
+        computer.force_cuda_graphs_mode(mode)
 
     # ------------------------------------------------------------------------------------------
 
