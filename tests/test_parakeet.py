@@ -348,6 +348,47 @@ def test_a_worker_cache_keeps_the_archive_extracted_and_restores_the_same_model(
 
 
 @needs_data_filter
+def test_from_the_cache_the_vocabulary_lists_are_left_to_the_tokenizer(
+    tiny_nemo, plain_model, worker_cache, monkeypatch
+):
+    """From the extracted members, the config goes in with ``labels`` and ``joint.vocabulary``
+    emptied (EncDecRNNTBPEModel rebuilds both from its tokenizer), and the model is the one
+    NeMo restores from the archive with its own config: the same config, tensors and text."""
+    import hashlib
+
+    from omegaconf import OmegaConf
+
+    seen = []
+    strip = parakeet._config_without_vocabulary
+    monkeypatch.setattr(
+        parakeet, "_config_without_vocabulary", lambda m: seen.append(strip(m)) or seen[-1]
+    )
+    digest = hashlib.sha256(tiny_nemo.read_bytes()).hexdigest()
+    model = parakeet.load_nemo_asr(tiny_nemo, "cpu", digest)
+    (override,) = seen
+    assert override is not None and list(override.labels) == []
+    assert list(override.joint.vocabulary) == []
+    assert len(model.cfg.labels) == model.tokenizer.vocab_size > 0
+    assert OmegaConf.to_yaml(model.cfg) == OmegaConf.to_yaml(plain_model.cfg)
+    assert _same_model(model, plain_model)
+    cached = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2)
+    assert len(seen) == 2  # the scorer's build took the same path
+    uncached = parakeet.ParakeetScorer(model_path=str(tiny_nemo), batch_size=2, hash_weights=False)
+    assert len(seen) == 2  # no digest: no cache, NeMo read its own config
+    audio = _takes()
+    assert cached.transcribe(audio, 16000) == uncached.transcribe(audio, 16000)
+
+
+def test_a_config_of_another_class_keeps_its_vocabulary(tmp_path):
+    """Only the class known to rebuild the lists gets them emptied; another is left to NeMo."""
+    (tmp_path / "model_config.yaml").write_text(
+        "target: nemo.collections.asr.models.EncDecHybridRNNTCTCBPEModel\n"
+        "labels: [a, b]\njoint: {vocabulary: [a, b]}\n"
+    )
+    assert parakeet._config_without_vocabulary(tmp_path) is None
+
+
+@needs_data_filter
 def test_an_incomplete_extraction_is_extracted_again(tiny_nemo, plain_model, worker_cache):
     """A cached directory whose files no longer match its manifest (a crash after the rename,
     a file cut short), or one cut short before its rename (a hidden sibling), is not used:

@@ -110,6 +110,27 @@ def resolve_nemo_file(
     return found[0]
 
 
+# The class whose constructor sets the config's ``labels`` and ``joint.vocabulary`` from its
+# tokenizer (NeMo 3.0.0, EncDecRNNTBPEModel.__init__), overwriting what the archive's config
+# holds: Parakeet-TDT's. Its config is copied about a dozen times on the way there, and each
+# copy of the two 8,192-piece lists costs OmegaConf most of the build.
+_VOCABULARY_FROM_TOKENIZER = "nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel"
+
+
+def _config_without_vocabulary(members: Path):
+    """The archive's model config with ``labels`` and ``joint.vocabulary`` emptied when its
+    class rebuilds them from its tokenizer; else None (NeMo reads the config itself)."""
+    from omegaconf import OmegaConf, open_dict
+
+    config = OmegaConf.load(members / "model_config.yaml")
+    if config.get("target") != _VOCABULARY_FROM_TOKENIZER or "joint" not in config:
+        return None
+    with open_dict(config):
+        config.labels = []
+        config.joint.vocabulary = []
+    return config
+
+
 def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
     """Restore a NeMo ASR model from a ``.nemo`` archive; a clear error when it is not one.
 
@@ -117,7 +138,10 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
     load of the archive's weights that follows overwrites every parameter and fails on any it
     lacks, so the weights are the same bits, a third of the build sooner. With the archive's
     ``digest`` and a worker cache (``bestofn.caches``), it is restored from its members
-    extracted there (``nemo_cache``): the same files, so the same model."""
+    extracted there (``nemo_cache``): the same files, so the same model. From there a
+    Parakeet-TDT config goes in without the vocabulary lists its class rebuilds from the
+    tokenizer anyway (``_config_without_vocabulary``): the same model, with about half of the
+    build's config copying gone."""
     import torch
     from nemo.collections.asr.models import ASRModel
     from nemo.core.connectors.save_restore_connector import SaveRestoreConnector
@@ -126,13 +150,15 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
 
     connector = SaveRestoreConnector()
     members = nemo_cache.extracted(path, digest)  # None: NeMo unpacks the archive itself
-    if members is not None:
-        connector.model_extracted_dir = str(members)
+    override = None
     try:
+        if members is not None:
+            connector.model_extracted_dir = str(members)
+            override = _config_without_vocabulary(members)
         with random_init_skipped():
             model = ASRModel.restore_from(
                 str(path), map_location=torch.device(device), strict=True,
-                save_restore_connector=connector,
+                save_restore_connector=connector, override_config_path=override,
             )  # fmt: skip
     except Exception as e:
         raise ParakeetLoadError(
@@ -144,6 +170,11 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
         raise ParakeetLoadError(
             f"parakeet: {path} restored as {type(model).__name__}, not a transducer "
             "(RNNT/TDT) model (config field: scorers.parakeet.model_path)"
+        )
+    if override is not None and not (model.cfg.labels and model.cfg.joint.vocabulary):
+        raise ParakeetLoadError(  # this NeMo no longer rebuilds them: not the pinned 3.0.0
+            f"parakeet: {path} restored without its vocabulary lists, and this NeMo's "
+            f"{type(model).__name__} did not rebuild them from the tokenizer (tested: NeMo 3.0.0)"
         )
     return model.eval()
 
