@@ -112,8 +112,9 @@ def resolve_nemo_file(
 
 # The class whose constructor sets the config's ``labels`` and ``joint.vocabulary`` from its
 # tokenizer (NeMo 3.0.0, EncDecRNNTBPEModel.__init__), overwriting what the archive's config
-# holds: Parakeet-TDT's. Its config is copied about a dozen times on the way there, and each
-# copy of the two 8,192-piece lists costs OmegaConf most of the build.
+# holds: Parakeet-TDT's. OmegaConf wraps the two 8,192-piece lists node by node at every copy
+# of the config (about six in a build, the first ones before the constructor replaces the
+# lists), which was most of the build (cProfile on the 2-core VM; docs/PERFORMANCE.md).
 _VOCABULARY_FROM_TOKENIZER = "nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel"
 
 
@@ -140,8 +141,8 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
     ``digest`` and a worker cache (``bestofn.caches``), it is restored from its members
     extracted there (``nemo_cache``): the same files, so the same model. From there a
     Parakeet-TDT config goes in without the vocabulary lists its class rebuilds from the
-    tokenizer anyway (``_config_without_vocabulary``): the same model, with about half of the
-    build's config copying gone."""
+    tokenizer anyway (``_config_without_vocabulary``): the same model, a third of the build
+    sooner on the 2-core VM."""
     import torch
     from nemo.collections.asr.models import ASRModel
     from nemo.core.connectors.save_restore_connector import SaveRestoreConnector

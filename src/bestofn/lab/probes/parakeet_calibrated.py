@@ -10,14 +10,16 @@ docs/bench/parakeet_calibrated_gpu.sh; every row is the product's code:
   to ``--seconds`` long) in batches of ``--batch``: preprocessor, encoder, NeMo's greedy TDT
   decoding, text. Median of ``--repeats`` calls after a warm-up call (graph captures), with a
   device sync around each; s/clip. ``tokens_per_s``: what the decoder emitted on these clips.
-  Rows: calibrated x (cuda_graphs, label_looping), and the plain random fake x cuda_graphs
-  (the artefact figure of the issue, for reference). ``encoder``: preprocessor + encoder alone.
-- ``resample``: ``bestofn.audio.mono_at`` of the same number of 48-kHz stereo takes to 16 kHz,
-  soxr (host, 8 threads) and torch (the device), as the pipeline's score stage calls it;
-  ``snr_db``: torch against soxr on these takes (white noise: the transition band above
-  0.8 of 8 kHz, where the two filters differ, is included; tones: tests/test_audio_gpu.py).
+  Rows: calibrated x (cuda_graphs_host_loop, the CUDA default; cuda_graphs; label_looping),
+  and the plain random fake x cuda_graphs_host_loop (the artefact figure of the issue, for
+  reference). ``encoder``: preprocessor + encoder alone.
+- ``resample``: ``bestofn.audio_gpu.scorer_input`` of the same number of 48-kHz stereo takes
+  to 16 kHz, soxr (host, 8 threads) and torch (the device), as the pipeline's score stage
+  calls it; ``snr_db``: torch against soxr on these takes (white noise: the transition band
+  above 0.8 of 8 kHz, where the two filters differ, is included; tones:
+  tests/test_audio_gpu.py).
 
-    PYTHONPATH=src python3 docs/bench/parakeet_calibrated.py --out OUT [--size real]
+    PYTHONPATH=src python3 -m bestofn.lab.probes.parakeet_calibrated --out OUT [--size real]
         [--device cuda] [--clips 64] [--batch 64] [--seconds 15] [--repeats 3]
 """
 
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 
 GOAL_S_PER_CLIP = 0.003  # issue 24: whole ASR with the calibrated fake, one H200
+DEFAULT_ON_CUDA = "cuda_graphs_host_loop"  # the scorer's decoding 'auto' on CUDA
 
 
 def _sync(device):
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args(argv)
 
-    from bestofn.audio import mono_at
+    from bestofn.audio_gpu import scorer_input
     from bestofn.backends.registry import build
     from bestofn.fakes import parakeet as fake
 
@@ -107,8 +110,8 @@ def main(argv=None) -> int:
                             .read_text())  # fmt: skip
         record.pop("bisection_trace", None)
         emit(rows, {"row": "calibration", "write_s": round(time.perf_counter() - t0, 1), **record})
-        runs = [("calibrated", "cuda_graphs"), ("calibrated", "label_looping"),
-                ("plain", "cuda_graphs")]  # fmt: skip
+        runs = [("calibrated", DEFAULT_ON_CUDA), ("calibrated", "cuda_graphs"),
+                ("calibrated", "label_looping"), ("plain", DEFAULT_ON_CUDA)]  # fmt: skip
         for which, decoding in runs:
             path = paths["calibrated_model_path" if which == "calibrated" else "model_path"]
             opts = {"model_path": path, "batch_size": a.batch, "decoding": decoding,
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
                 row["goal_s_per_clip"] = GOAL_S_PER_CLIP
                 row["meets_goal"] = row["s_per_clip"] <= GOAL_S_PER_CLIP
             emit(rows, row)
-            if which == "calibrated" and decoding == "cuda_graphs":
+            if which == "calibrated" and decoding == DEFAULT_ON_CUDA:
                 enc_s, _ = timed(
                     lambda s=scorer: [s.encode_batch(clips16[i : i + a.batch])
                                       for i in range(0, len(clips16), a.batch)],
@@ -143,7 +146,7 @@ def main(argv=None) -> int:
     got = {}
     for resampler in ("soxr", "torch"):
         seconds, got[resampler] = timed(
-            lambda r=resampler: mono_at(takes48, 48000, 16000, r, dev), dev, a.repeats
+            lambda r=resampler: scorer_input(takes48, 48000, 16000, r, dev), dev, a.repeats
         )
         emit(rows, {"row": "resample", "resampler": resampler, "s_per_clip": seconds / a.clips})
     num = sum(float(np.sum(r.astype(np.float64) ** 2)) for r in got["soxr"])
