@@ -253,7 +253,7 @@ def test_decodings_give_the_same_transcripts(tiny_nemo):
         s = parakeet.ParakeetScorer(
             model_path=str(tiny_nemo), decoding=decoding, hash_weights=False, batch_size=8
         )
-        strategy, loop_labels, graphs = parakeet.DECODINGS[decoding]
+        strategy, loop_labels, graphs, _ = parakeet.DECODINGS[decoding]
         cfg = s.model.cfg.decoding
         assert (cfg.strategy, cfg.greedy.loop_labels, cfg.greedy.use_cuda_graph_decoder) == (
             strategy, loop_labels, graphs

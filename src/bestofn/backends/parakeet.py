@@ -49,22 +49,24 @@ _DTYPES.update({"float32": "float32", "fp32": "float32"})
 # runtime.decoding -> NeMo's decoding config (strategy, greedy.loop_labels,
 # greedy.use_cuda_graph_decoder), keys as NeMo 3.0.0 reads them (GreedyBatchedTDTInfer: for
 # TDT, greedy_batch is always label-looping; use_cuda_graph_decoder asks its computer for CUDA
-# graphs). NeMo's graph path runs the joint outside our autocast, the eager path inside it: on
+# graphs), and the graphs mode the label-looping computer is held to (its CudaGraphsMode value;
+# None: NeMo picks, a full graph whose loops are CUDA conditional nodes where the driver has
+# them). NeMo's graph path runs the joint outside our autocast, the eager path inside it: on
 # CUDA the two can give other transcripts, so the choice is in the provenance.
 DECODINGS = {
-    "cuda_graphs": ("greedy_batch", True, True),
-    "cuda_graphs_host_loop": ("greedy_batch", True, True),
-    "label_looping": ("greedy_batch", True, False),
-    "greedy": ("greedy", False, False),  # one utterance at a time (GreedyTDTInfer)
+    "cuda_graphs": ("greedy_batch", True, True, None),
+    # the loop's bodies as graphs, the two loops run on the host, reading their conditions
+    # back once per step
+    "cuda_graphs_host_loop": ("greedy_batch", True, True, "no_while_loops"),
+    "label_looping": ("greedy_batch", True, False, None),
+    "greedy": ("greedy", False, False, None),  # one utterance at a time (GreedyTDTInfer)
 }
-# The graphs mode NeMo's label-looping computer is held to (its CudaGraphsMode values; absent:
-# NeMo picks, a full graph whose loops are CUDA conditional nodes where the driver has them).
-# cuda_graphs_host_loop captures the loop's bodies as graphs and runs the two loops on the host,
-# reading their conditions back once per step. Why it is the CUDA default: on an H200 an ab side
-# run in a process's main program faulted (illegal memory access, seen at the full graph's
-# decode) 8 times of 8, and passed with the loops on the host, at the same speed and with the
-# same transcripts; the cause is not found (docs/PERFORMANCE.md, scorers).
-GRAPHS_MODES = {"cuda_graphs_host_loop": "no_while_loops"}
+# 'auto' on CUDA. Why the host loop: on an H200 an ab side run in a process's main program
+# faulted (illegal memory access, seen at the full graph's decode) 8 times of 8, and passed
+# with the loops on the host, at the same speed and with the same transcripts; the cause is not
+# found (docs/PERFORMANCE.md, the workflow section). The CPU keeps the eager label loop it
+# always ran (NeMo has no CUDA graphs there).
+CUDA_DEFAULT_DECODING = "cuda_graphs_host_loop"
 # What runs under autocast: FastConformer (conv2d subsampling, depthwise conv, attention,
 # layer norm), the LSTM prediction net, the joint.
 AUTOCAST_OPS = ("conv2d", "depthwise_conv1d", "conv1d", "linear", "layer_norm", "lstm", "embedding")
@@ -262,11 +264,8 @@ class ParakeetScorer(Scorer):
             raise ValueError(
                 f"parakeet: decoding must be auto, {', '.join(DECODINGS)}; got {decoding!r}"
             )
-        # CUDA: the graphs with the loops on the host (GRAPHS_MODES: as fast as the full graph
-        # on an H200, the same transcripts, and it did not fault where the full graph did).
-        # CPU keeps the eager label loop it always ran (NeMo has no CUDA graphs there).
         if decoding == "auto":
-            decoding = "cuda_graphs_host_loop" if is_cuda else "label_looping"
+            decoding = CUDA_DEFAULT_DECODING if is_cuda else "label_looping"
         self.decoding = decoding
         self._encoder = None  # the (compiled) encoder forward, set in _attach
         self._text_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parakeet-text")
@@ -320,7 +319,7 @@ class ParakeetScorer(Scorer):
         # Set the decoder explicitly rather than trusting the checkpoint's saved decoding
         # config: on an H200 (random weights, 64 x 15 s clips) greedy transcription took
         # 0.0081 s/clip with the CUDA-graph label loop and 0.0437 without.
-        strategy, loop_labels, graphs = DECODINGS[self.decoding]
+        strategy, loop_labels, graphs, graphs_mode = DECODINGS[self.decoding]
         decoding_cfg = self.model.cfg.decoding
         with open_dict(decoding_cfg):
             decoding_cfg.strategy = strategy
@@ -329,8 +328,8 @@ class ParakeetScorer(Scorer):
             decoding_cfg.greedy.loop_labels = loop_labels
             decoding_cfg.greedy.use_cuda_graph_decoder = graphs
         self.model.change_decoding_strategy(decoding_cfg, verbose=False)
-        if self.decoding in GRAPHS_MODES:
-            self._force_graphs_mode(GRAPHS_MODES[self.decoding])
+        if graphs_mode is not None:
+            self._force_graphs_mode(graphs_mode)
         for p in self.model.parameters():
             p.requires_grad_(False)
 

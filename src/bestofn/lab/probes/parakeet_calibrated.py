@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 GOAL_S_PER_CLIP = 0.003  # issue 24: whole ASR with the calibrated fake, one H200
-DEFAULT_ON_CUDA = "cuda_graphs_host_loop"  # the scorer's decoding 'auto' on CUDA
 
 
 def _sync(device):
@@ -86,6 +85,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
 
     from bestofn.audio_gpu import scorer_input
+    from bestofn.backends.parakeet import CUDA_DEFAULT_DECODING
     from bestofn.backends.registry import build
     from bestofn.fakes import parakeet as fake
 
@@ -110,8 +110,8 @@ def main(argv=None) -> int:
                             .read_text())  # fmt: skip
         record.pop("bisection_trace", None)
         emit(rows, {"row": "calibration", "write_s": round(time.perf_counter() - t0, 1), **record})
-        runs = [("calibrated", DEFAULT_ON_CUDA), ("calibrated", "cuda_graphs"),
-                ("calibrated", "label_looping"), ("plain", DEFAULT_ON_CUDA)]  # fmt: skip
+        runs = [("calibrated", CUDA_DEFAULT_DECODING), ("calibrated", "cuda_graphs"),
+                ("calibrated", "label_looping"), ("plain", CUDA_DEFAULT_DECODING)]  # fmt: skip
         for which, decoding in runs:
             path = paths["calibrated_model_path" if which == "calibrated" else "model_path"]
             opts = {"model_path": path, "batch_size": a.batch, "decoding": decoding,
@@ -132,7 +132,7 @@ def main(argv=None) -> int:
                 row["goal_s_per_clip"] = GOAL_S_PER_CLIP
                 row["meets_goal"] = row["s_per_clip"] <= GOAL_S_PER_CLIP
             emit(rows, row)
-            if which == "calibrated" and decoding == DEFAULT_ON_CUDA:
+            if which == "calibrated" and decoding == CUDA_DEFAULT_DECODING:
                 enc_s, _ = timed(
                     lambda s=scorer: [s.encode_batch(clips16[i : i + a.batch])
                                       for i in range(0, len(clips16), a.batch)],
