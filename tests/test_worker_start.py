@@ -251,3 +251,40 @@ def test_builds_that_use_process_wide_torch_state_run_one_at_a_time(monkeypatch)
     sidon, vc = report["backends"]["restorer:sidon"], report["backends"]["scorer0:voiceclap"]
     assert sidon["end_s"] <= vc["start_s"] or vc["end_s"] <= sidon["start_s"]
     assert torch.get_default_dtype() == torch.float32
+
+
+def test_a_parallel_load_hands_the_gil_on_sooner_and_restores_the_interval(monkeypatch):
+    """During a parallel load the builds and the import thread run with the short GIL switch
+    interval (``loading.SWITCH_INTERVAL_S``); afterwards, and after a failed build, the caller's
+    interval is back. A serial load leaves it alone."""
+    import sys
+
+    from bestofn.backends import loading, registry
+
+    seen = {}
+
+    def preload(name):
+        seen["import"] = sys.getswitchinterval()
+
+    def build(role, name, kwargs, device):
+        seen[name] = sys.getswitchinterval()
+        if kwargs.get("fail"):
+            raise RuntimeError(f"{name} failed")
+        return type("Built", (), {"provenance": lambda self: {}})()
+
+    monkeypatch.setattr(loading, "preload", preload)
+    monkeypatch.setattr(registry, "build", build)
+    monkeypatch.setattr(registry, "backend_class", lambda role, name: None)
+    before = sys.getswitchinterval()
+    assert before != loading.SWITCH_INTERVAL_S
+    entries = [("generator", "moss-fast", {}), ("scorer", "parakeet", {})]
+    loading.build_all(entries, "cpu", parallel=True)
+    assert seen == {"import": loading.SWITCH_INTERVAL_S, "moss-fast": loading.SWITCH_INTERVAL_S,
+                    "parakeet": loading.SWITCH_INTERVAL_S}  # fmt: skip
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError, match="parakeet failed"):
+        loading.build_all([entries[0], ("scorer", "parakeet", {"fail": True})], "cpu", True)
+    assert sys.getswitchinterval() == before
+    seen.clear()
+    loading.build_all(entries, "cpu", parallel=False)
+    assert seen["moss-fast"] == seen["parakeet"] == before

@@ -16,7 +16,13 @@ device copies, and CUDA work. Python itself (imports, module construction) holds
   ``from_pretrained`` changes while it runs. Each build runs with the calling thread's
   torch intra-op thread count (``bestofn.torch_threads``: a CPU op run with another count can
   round differently, so a weight folded at load gets the same bits as in a serial load);
-- its provenance (which hashes its weight files) is taken in the same thread, right after.
+- its provenance (which hashes its weight files) is taken in the same thread, right after;
+- while the threads run, the interpreter hands the GIL on after ``SWITCH_INTERVAL_S``, not
+  Python's default 5 ms. A thread that reads weights releases the GIL inside every tensor read
+  and device copy, and must take it back from whichever thread is running Python (an import,
+  OmegaConf): with 5 ms it waits up to 5 ms for each of its thousands of tensors (the convoy
+  effect). On the H200 the codec's load (about 2,400 tensor operations) took 13.8-14.9 s beside
+  Parakeet's build against 3.2 s beside lighter work (docs/PERFORMANCE.md, worker start).
 
 The first error, in config order, is raised once every thread is done (a thread cannot be
 stopped half way through a load), so an error reads as it does in a serial load."""
@@ -32,6 +38,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 from bestofn.backends import registry
 from bestofn.torch_threads import torch_threads
+
+# The GIL switch interval during a parallel load (see the module docstring); restored after.
+SWITCH_INTERVAL_S = 0.0005
+
+
+@contextlib.contextmanager
+def switch_interval(seconds: float):
+    """Run the block with ``sys.setswitchinterval(seconds)``; the caller's value after."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 def preload(name: str) -> None:
@@ -127,11 +147,12 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         import_all()
         results = [build(k) for k in range(len(entries))]
     else:
-        loader = threading.Thread(target=import_all, name="bestofn-imports", daemon=True)
-        loader.start()
-        with ThreadPoolExecutor(len(entries), thread_name_prefix="bestofn-load") as pool:
-            futures = [pool.submit(build, k) for k in range(len(entries))]
-        loader.join()
+        with switch_interval(SWITCH_INTERVAL_S):
+            loader = threading.Thread(target=import_all, name="bestofn-imports", daemon=True)
+            loader.start()
+            with ThreadPoolExecutor(len(entries), thread_name_prefix="bestofn-load") as pool:
+                futures = [pool.submit(build, k) for k in range(len(entries))]
+            loader.join()
         errors = [f.exception() for f in futures]
         first = next((e for e in errors if e is not None), None)
         if first is not None:
