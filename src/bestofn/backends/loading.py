@@ -20,9 +20,10 @@ device copies, and CUDA work. Python itself (imports, module construction) holds
 - while the threads run, the interpreter hands the GIL on after ``SWITCH_INTERVAL_S``, not
   Python's default 5 ms. A thread that reads weights releases the GIL inside every tensor read
   and device copy, and must take it back from whichever thread is running Python (an import,
-  OmegaConf): with 5 ms it waits up to 5 ms for each of its thousands of tensors (the convoy
-  effect). On the H200 the codec's load (about 2,400 tensor operations) took 13.8-14.9 s beside
-  Parakeet's build against 3.2 s beside lighter work (docs/PERFORMANCE.md, worker start).
+  OmegaConf): with 5 ms it waits up to 5 ms after each of its tensor operations (the convoy
+  effect). On the H200 moss-fast's codec load took 13.8-14.9 s beside Parakeet's build against
+  3.2 s beside lighter work, and 3.4-4.6 s beside it with 0.5 ms (docs/PERFORMANCE.md, worker
+  start).
 
 The first error, in config order, is raised once every thread is done (a thread cannot be
 stopped half way through a load), so an error reads as it does in a serial load."""
