@@ -33,6 +33,7 @@ the defaults named in ``VARIANTS``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from bestofn.backends.loading import switch_interval
 from bestofn.groupio import SCORES, TAKES
 from bestofn.pipeline import Backends
 from bestofn.runner import run_group
@@ -505,15 +507,15 @@ def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         specs = [spec(name, i) for i in range(args.stream_groups)]
-        interval = sys.getswitchinterval()  # the process's own, back after the variant
-        if "switch_interval_ms" in knobs:
-            sys.setswitchinterval(knobs["switch_interval_ms"] / 1000)
-        try:
+        interval = (  # the process's own unless the variant sets one; back after it
+            switch_interval(knobs["switch_interval_ms"] / 1000)
+            if "switch_interval_ms" in knobs
+            else contextlib.nullcontext()
+        )
+        with interval:
             timings, elapsed = run_stream(
                 specs, backends, workdir, dev, mode, args.depth, knobs.get("gen_priority", 0)
             )
-        finally:
-            sys.setswitchinterval(interval)
         row = summarize_stream(name, knobs, n, timings, elapsed)
         if cuda:
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
