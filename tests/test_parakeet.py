@@ -388,6 +388,51 @@ def test_a_config_of_another_class_keeps_its_vocabulary(tmp_path):
     assert parakeet._config_without_vocabulary(tmp_path) is None
 
 
+_YAML_CASES = """\
+target: x.Y
+small_float: 1e-5
+big_float: 1.5E+3
+underscored: 1_000
+plain_int: 12
+octal_like: 0o17
+neg_inf: -.inf
+not_a_number: .nan
+date_text: 2001-12-14
+on_off: [yes, no, on, off, true, false, ~, null]
+interpolation: ${model.sample_rate}
+quoted: '1e-5'
+unicode: "\\u00e9t\\u00e9 — ♪"
+path: !!python/object/apply:pathlib.Path [/a, b]
+nested: {list: [[1, 2], {k: v}], empty: [], none: }
+"""
+
+
+@pytest.mark.parametrize("libyaml", [True, False])
+def test_the_config_parses_as_omegaconf_parses_it(tmp_path, monkeypatch, libyaml):
+    """The config reader (libyaml's parser under OmegaConf's loader, or OmegaConf's own where
+    there is no libyaml) gives what ``OmegaConf.load`` gives, value for value and type for
+    type: its floats without a dot, its dates left as text, its path tag; a duplicate key
+    fails as it does in OmegaConf."""
+    from omegaconf import OmegaConf
+
+    if not libyaml:
+        monkeypatch.setattr(parakeet, "_omegaconf_yaml_with_libyaml", lambda: None)
+    elif parakeet._omegaconf_yaml_with_libyaml() is None:
+        pytest.skip("PyYAML here was built without libyaml")
+    path = tmp_path / "model_config.yaml"
+    path.write_text(_YAML_CASES, encoding="utf-8")
+    got = parakeet._load_config_dict(path)
+    want = OmegaConf.to_container(OmegaConf.load(path))
+    assert got == want
+    assert [type(v) for v in got.values()] == [type(v) for v in want.values()]
+    assert isinstance(got["small_float"], float) and got["date_text"] == "2001-12-14"
+    path.write_text("a: 1\nb: 2\na: 3\n")
+    with pytest.raises(Exception, match="duplicate key a"):
+        OmegaConf.load(path)
+    with pytest.raises(Exception, match="duplicate key a"):
+        parakeet._load_config_dict(path)
+
+
 @needs_data_filter
 def test_an_incomplete_extraction_is_extracted_again(tiny_nemo, plain_model, worker_cache):
     """A cached directory whose files no longer match its manifest (a crash after the rename,

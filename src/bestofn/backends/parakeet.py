@@ -120,18 +120,59 @@ def resolve_nemo_file(
 _VOCABULARY_FROM_TOKENIZER = "nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel"
 
 
+def _omegaconf_yaml_with_libyaml():
+    """OmegaConf's own YAML loader class (its float and duplicate-key rules, its constructors)
+    with libyaml's C parser in place of PyYAML's Python one; None without libyaml.
+
+    Why: ``OmegaConf.load`` parses with the pure-Python parser, and a Parakeet-TDT config
+    holds two 8,192-piece lists, about 1 s of the 2-core VM's build, held under the GIL while
+    the other backends load. The C parser makes the same nodes; the constructor and the
+    implicit resolvers (Python, OmegaConf's) turn them into the same values (tested against
+    ``OmegaConf.load``). ``omegaconf._utils.get_yaml_loader``: tested with omegaconf 2.3.0."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    if not getattr(yaml, "__with_libyaml__", False):
+        return None
+    from yaml.cyaml import CParser
+
+    loader = get_yaml_loader()
+
+    class Loader(CParser, loader):  # the C parser first: it replaces the Python stages
+        def __init__(self, stream):
+            CParser.__init__(self, stream)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+
+    return Loader
+
+
+def _load_config_dict(path: Path):
+    """``path`` parsed as ``OmegaConf.load`` parses it, as plain Python (dicts, lists)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    loader = _omegaconf_yaml_with_libyaml()
+    if loader is None:
+        return OmegaConf.to_container(OmegaConf.load(path))
+    with open(path, encoding="utf-8") as f:
+        return yaml.load(f, Loader=loader)
+
+
 def _config_without_vocabulary(members: Path):
     """The archive's model config with ``labels`` and ``joint.vocabulary`` emptied when its
-    class rebuilds them from its tokenizer; else None (NeMo reads the config itself)."""
-    from omegaconf import OmegaConf, open_dict
+    class rebuilds them from its tokenizer; else None (NeMo reads the config itself). The
+    lists are emptied before OmegaConf wraps the config, so it never wraps them."""
+    from omegaconf import OmegaConf
 
-    config = OmegaConf.load(members / "model_config.yaml")
-    if config.get("target") != _VOCABULARY_FROM_TOKENIZER or "joint" not in config:
+    config = _load_config_dict(members / "model_config.yaml")
+    if not isinstance(config, dict) or config.get("target") != _VOCABULARY_FROM_TOKENIZER:
         return None
-    with open_dict(config):
-        config.labels = []
-        config.joint.vocabulary = []
-    return config
+    if not isinstance(config.get("joint"), dict):
+        return None
+    config["labels"] = []
+    config["joint"]["vocabulary"] = []
+    return OmegaConf.create(config)
 
 
 def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
