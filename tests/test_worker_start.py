@@ -145,7 +145,7 @@ def test_imports_go_in_preload_order_and_backends_without_imports_do_not_wait(mo
                ("scorer", "parakeet", {}), ("scorer", "voiceclap", {}),
                ("scorer", "empathic-insight", {}), ("scorer", "duration", {})]  # fmt: skip
     loading.build_all(entries, "cpu", parallel=True)
-    assert order == ["empathic-insight", "sidon", "voiceclap", "parakeet"]
+    assert order == ["empathic-insight", "parakeet", "sidon", "voiceclap"]
     assert no_imports <= set(built)  # and both were built while NeMo imported (preload waits)
     # serial: the same imports first, then the builds in config order
     order.clear(), built.clear()

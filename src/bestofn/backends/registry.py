@@ -37,20 +37,17 @@ REGISTRY: dict[str, dict[str, str]] = {
 # imports these in one thread while other backends read their weights, IN THIS ORDER (not the
 # config's). The builds that need them run one at a time (PARALLEL_BUILD, below), so the order
 # keeps that one-at-a-time lane busy while the long import runs: Empathic-Insight first (its
-# transformers import is short, its build about 7 s on the H200), then Sidon and VoiceCLAP
-# (transformers is in by then: their imports are short, their builds about 1 s each), then
-# Parakeet: NeMo's import (about 9 s) overlaps those three builds, and Parakeet's build (8-10 s)
-# is the last in the lane. (Parakeet before Sidon and VoiceCLAP left their builds after it, on
-# the start's longest path: E1, docs/bench/2026-12-03-h200-e.) A backend with no entry
+# transformers import is short, its build about 9 s on the H200), then Parakeet (NeMo's import,
+# about 9 s, overlaps that build; its build 10-15 s), Sidon, VoiceCLAP. A backend with no entry
 # (moss-fast, duration, piper) imports nothing here and starts building at once.
 PRELOAD: dict[str, tuple[str, ...]] = {
     "empathic-insight": ("transformers:WhisperFeatureExtractor,WhisperModel",),
+    "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
     "sidon": (
         "safetensors.torch",
         "transformers:Wav2Vec2BertConfig,Wav2Vec2BertModel,SeamlessM4TFeatureExtractor",
     ),
     "voiceclap": ("transformers:AutoModel",),
-    "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
     "whisper-asr": ("faster_whisper",),
 }
 
