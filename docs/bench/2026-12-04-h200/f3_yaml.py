@@ -14,7 +14,9 @@ from pathlib import Path
 from bestofn.backends import parakeet as new
 from bestofn.fakes import parakeet as fake
 
-spec = importlib.util.spec_from_file_location("old_parakeet", Path(sys.argv[1]) / "bestofn/backends/parakeet.py")
+spec = importlib.util.spec_from_file_location(
+    "old_parakeet", Path(sys.argv[1]) / "bestofn/backends/parakeet.py"
+)
 old = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(old)
 with tempfile.TemporaryDirectory() as tmp:
