@@ -122,7 +122,8 @@ _VOCABULARY_FROM_TOKENIZER = "nemo.collections.asr.models.rnnt_bpe_models.EncDec
 
 def _omegaconf_yaml_with_libyaml():
     """OmegaConf's own YAML loader class (its float and duplicate-key rules, its constructors)
-    with libyaml's C parser in place of PyYAML's Python one; None without libyaml.
+    with libyaml's C parser in place of PyYAML's Python one; None without libyaml (or without
+    that private function of OmegaConf's).
 
     Why: ``OmegaConf.load`` parses with the pure-Python parser, and a Parakeet-TDT config
     holds two 8,192-piece lists, about 1 s of the 2-core VM's build, held under the GIL while
@@ -130,8 +131,11 @@ def _omegaconf_yaml_with_libyaml():
     implicit resolvers (Python, OmegaConf's) turn them into the same values (tested against
     ``OmegaConf.load``). ``omegaconf._utils.get_yaml_loader``: tested with omegaconf 2.3.0."""
     import yaml
-    from omegaconf._utils import get_yaml_loader
 
+    try:  # a private function: where an omegaconf lacks it, OmegaConf.load reads the config
+        from omegaconf._utils import get_yaml_loader
+    except ImportError:
+        return None
     if not getattr(yaml, "__with_libyaml__", False):
         return None
     from yaml.cyaml import CParser
