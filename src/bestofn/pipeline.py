@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -224,14 +225,21 @@ class StageTimer:
     def __call__(self, name: str, gpu: bool = True):
         """Time a stage; ``gpu=False``: host wall time only (no CUDA call at all, for work off
         the GPU thread: a CUDA call there could meet another thread's CUDA-graph capture)."""
-        events = None
+        events, label = None, contextlib.nullcontext()
         if self.cuda and gpu:
             import torch
 
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             events[0].record()
+        loaded = sys.modules.get("torch")
+        if loaded is not None:
+            # a range a profiler's trace attributes kernels to (`bench pipeline --profile`);
+            # unconditional because the profiler's on-switch is thread-local and the stages run
+            # on other threads; without a profiler it costs a few microseconds
+            label = loaded.profiler.record_function(f"stage:{name}")
         t0 = time.perf_counter()
-        yield  # an exception propagates without touching the device again
+        with label:
+            yield  # an exception propagates without touching the device again
         self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - t0
         if events is not None:
             events[1].record()

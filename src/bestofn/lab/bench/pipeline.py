@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 
 from bestofn.backends.loading import switch_interval
 from bestofn.groupio import SCORES, TAKES
+from bestofn.lab import kernel_profile
 from bestofn.pipeline import Backends
 from bestofn.runner import run_group
 from bestofn.spec import GroupSpec
@@ -143,6 +144,7 @@ def run_stream(
         try:
             timings[i] = runner.run(GroupJob(spec, out_dir / spec.emotion / spec.prompt_id))
             timings[i]["ended_at_s"] = time.perf_counter() - t0
+            kernel_profile.mark("group-end")
         except BaseException as e:  # reported after the join
             errors.append(e)
         finally:
@@ -232,8 +234,11 @@ class TimedCodec:
         self.sample_rate, self.channels = codec.sample_rate, codec.channels
 
     def decode(self, codes):
+        import torch
+
         t0 = time.perf_counter()
-        out = self.codec.decode(codes)
+        with torch.profiler.record_function("stage:codec-decode"):  # apart under --profile
+            out = self.codec.decode(codes)
         self.seconds += time.perf_counter() - t0
         return out
 
@@ -241,8 +246,19 @@ class TimedCodec:
         return self.codec.encode(audio, sample_rate)
 
 
-def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir=None):
-    """All production backends with random weights; returns (Backends, codec, build seconds)."""
+def build_backends(
+    size: str,
+    device: str,
+    frames: int,
+    workdir: Path,
+    codec_dir=None,
+    gen_options: dict | None = None,
+    parakeet_calibrated: bool = False,
+):
+    """All production backends with random weights; returns (Backends, codec, build seconds).
+    ``gen_options``: moss-fast runtime options (e.g. the production set's ``pair_groups``,
+    ``decode_batch_size``); ``parakeet_calibrated``: Parakeet's joint calibrated to speech's
+    token rate (``bestofn.fakes.parakeet.calibrate``), as ``fake-weights`` writes it."""
     import torch
 
     from bestofn.backends.duration import DurationScorer
@@ -265,7 +281,12 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
     gen = timed(
         "moss-fast",
         lambda: moss.build(
-            device, size=size, codec_dir=str(codec_dir), min_frames=frames, max_frames=frames
+            device,
+            size=size,
+            codec_dir=str(codec_dir),
+            min_frames=frames,
+            max_frames=frames,
+            **(gen_options or {}),
         ),
     )
     if tiny:  # the tiny random model stops at random frames; pin its length as the real one's
@@ -274,7 +295,10 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
     codec = TimedCodec(timed("codec", gen._codec))
     gen.codec = codec
     restorer = timed("sidon", lambda: sidon.build(device, size))
-    asr = timed("parakeet", lambda: parakeet.build(device, size, str(workdir / "asr")))
+    asr = timed(
+        "parakeet",
+        lambda: parakeet.build(device, size, str(workdir / "asr"), calibrated=parakeet_calibrated),
+    )
     scorers = [
         DurationScorer(device),
         asr,
@@ -282,7 +306,10 @@ def build_backends(size: str, device: str, frames: int, workdir: Path, codec_dir
         timed("empathic-insight", lambda: empathic.build(device, size)),
     ]
     models = {
-        "generator": {"backend": "moss-fast", "options": {"random": size, "frames": frames}},
+        "generator": {
+            "backend": "moss-fast",
+            "options": {"random": size, "frames": frames, **(gen_options or {})},
+        },
         "restorer": {"backend": "sidon", "options": {"random": size}},
         "scorers": [{"backend": s.name, "options": {"random": size}} for s in scorers],
     }
@@ -385,8 +412,39 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--stream-groups", type=int, default=4, help="timed groups per variant")
     ap.add_argument("--depth", type=int, default=2, help="groups in flight (queue depth)")
+    ap.add_argument(
+        "--gen-option",
+        action="append",
+        default=[],
+        help="KEY=VALUE moss-fast runtime option (JSON value), repeatable; the production set: "
+        "pair_groups=true decode_batch_size=64 (with --depth 4)",
+    )
+    ap.add_argument(
+        "--parakeet-calibrated",
+        action="store_true",
+        help="Parakeet's joint calibrated to speech's token rate, as fake-weights writes it",
+    )
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a directory: each variant's streamed groups run under torch.profiler; its trace "
+        "(VARIANT.trace.json.gz) and the kernel time per stage and scorer in the steady state "
+        "(bestofn.lab.kernel_profile) go there and into the results",
+    )
     args = ap.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant or []]
+    if args.profile and not variants:
+        raise SystemExit("--profile needs at least one --variant (it profiles streamed groups)")
+    gen_options = {}
+    for item in args.gen_option:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"--gen-option {item!r}: give KEY=VALUE")
+        try:
+            gen_options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            gen_options[key] = value
     if variants and (args.stream_groups < 1 or args.depth < 1):
         raise SystemExit("--stream-groups and --depth must be at least 1")
 
@@ -412,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         or f"MOSS-Audio-Tokenizer-v2, random weights ({args.size}, bestofn.fakes.moss_codec), "
         "decoded by bestofn.moss.audio_tokenizer",
         "flac_subtype": "PCM_24",
+        "gen_options": gen_options,
+        "parakeet": "calibrated" if args.parakeet_calibrated else "plain random",
     }
     for k, v in meta.items():
         print(f"# {k}: {v}")
@@ -422,7 +482,15 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(result, indent=2))
 
-    backends, codec, build_s = build_backends(args.size, dev, args.frames, workdir, args.codec_dir)
+    backends, codec, build_s = build_backends(
+        args.size,
+        dev,
+        args.frames,
+        workdir,
+        args.codec_dir,
+        gen_options,
+        args.parakeet_calibrated,
+    )
     result["build_s"] = build_s
     save()
 
@@ -512,11 +580,19 @@ def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> 
             if "switch_interval_ms" in knobs
             else contextlib.nullcontext()
         )
-        with interval:
+        trace = args.profile / f"{name}.trace.json.gz" if args.profile else None
+        profiled = kernel_profile.profiling(trace) if trace else contextlib.nullcontext()
+        with interval, profiled:
             timings, elapsed = run_stream(
                 specs, backends, workdir, dev, mode, args.depth, knobs.get("gen_priority", 0)
             )
         row = summarize_stream(name, knobs, n, timings, elapsed)
+        if trace:  # the steady state, as summarize_stream times it: first group end to last
+            events = kernel_profile.load_events(trace)
+            row["kernel_profile"] = kernel_profile.summarize(
+                events, n * (len(specs) - 1), ("group-end", "group-end")
+            )
+            kernel_profile.print_summary(name, row["kernel_profile"])
         if cuda:
             row["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         rows.append(row)
