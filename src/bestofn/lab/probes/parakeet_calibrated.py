@@ -82,12 +82,13 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--rows", default="asr,resample", help="which parts: asr (the fakes' ASR), resample"
+    )
     a = p.parse_args(argv)
-
-    from bestofn.audio_gpu import scorer_input
-    from bestofn.backends.parakeet import CUDA_DEFAULT_DECODING
-    from bestofn.backends.registry import build
-    from bestofn.fakes import parakeet as fake
+    parts = set(a.rows.split(","))
+    if not parts or parts - {"asr", "resample"}:
+        p.error(f"--rows {a.rows!r}: give asr, resample or both")
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -104,44 +105,66 @@ def main(argv=None) -> int:
 
     clips16 = noise_clips(a.clips, a.seconds, 16000)
     with tempfile.TemporaryDirectory(prefix="parakeet-calibrated-") as tmp:
-        t0 = time.perf_counter()
-        paths = fake.write(tmp, a.size, seed=0)
-        record = json.loads(Path(paths["calibrated_model_path"]).with_name("calibration.json")
-                            .read_text())  # fmt: skip
-        record.pop("bisection_trace", None)
-        emit(rows, {"row": "calibration", "write_s": round(time.perf_counter() - t0, 1), **record})
-        runs = [("calibrated", CUDA_DEFAULT_DECODING), ("calibrated", "cuda_graphs"),
-                ("calibrated", "label_looping"), ("plain", CUDA_DEFAULT_DECODING)]  # fmt: skip
-        for which, decoding in runs:
-            path = paths["calibrated_model_path" if which == "calibrated" else "model_path"]
-            opts = {"model_path": path, "batch_size": a.batch, "decoding": decoding,
-                    "hash_weights": False}  # fmt: skip
-            scorer = build("scorer", "parakeet", opts, device=dev)
-            seconds, _ = timed(lambda s=scorer: s.transcribe(clips16, 16000), dev, a.repeats)
-            per_clip = []
-            for start in range(0, len(clips16), a.batch):
-                enc, lens = scorer.encode_batch(clips16[start : start + a.batch])
-                per_clip += fake.emitted_tokens_per_s(scorer, enc, lens)[1]
-            audio_s = sum(len(c) for c in clips16) / 16000
-            row = {"row": "asr", "fake": which, "decoding": decoding,
-                   "s_per_clip": seconds / len(clips16),
-                   "tokens_per_s": round(sum(per_clip) / audio_s, 3),
-                   "tokens_per_clip_min_max": [min(per_clip), max(per_clip)],
-                   "provenance_decoding": scorer.provenance()["decoding"]}  # fmt: skip
-            if which == "calibrated":
-                row["goal_s_per_clip"] = GOAL_S_PER_CLIP
-                row["meets_goal"] = row["s_per_clip"] <= GOAL_S_PER_CLIP
-            emit(rows, row)
-            if which == "calibrated" and decoding == CUDA_DEFAULT_DECODING:
-                enc_s, _ = timed(
-                    lambda s=scorer: [s.encode_batch(clips16[i : i + a.batch])
-                                      for i in range(0, len(clips16), a.batch)],
-                    dev, a.repeats,
-                )  # fmt: skip
-                emit(rows, {"row": "encoder", "fake": which, "s_per_clip": enc_s / len(clips16)})
-            scorer.close()
-            del scorer
+        if "asr" in parts:
+            asr_rows(a, tmp, clips16, rows)
+    if "resample" in parts:
+        resample_rows(a, rows)
+    (out / "parakeet_calibrated.json").write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {out / 'parakeet_calibrated.json'}")
+    return 0
 
+
+def asr_rows(a, tmp: str, clips16: list, rows: list) -> None:
+    """The calibration, then the ASR of the calibrated and plain fakes, NeMo's decoders."""
+    from bestofn.backends.parakeet import CUDA_DEFAULT_DECODING
+    from bestofn.backends.registry import build
+    from bestofn.fakes import parakeet as fake
+
+    dev = a.device
+    t0 = time.perf_counter()
+    paths = fake.write(tmp, a.size, seed=0)
+    record = json.loads(Path(paths["calibrated_model_path"]).with_name("calibration.json")
+                        .read_text())  # fmt: skip
+    record.pop("bisection_trace", None)
+    emit(rows, {"row": "calibration", "write_s": round(time.perf_counter() - t0, 1), **record})
+    runs = [("calibrated", CUDA_DEFAULT_DECODING), ("calibrated", "cuda_graphs"),
+            ("calibrated", "label_looping"), ("plain", CUDA_DEFAULT_DECODING)]  # fmt: skip
+    for which, decoding in runs:
+        path = paths["calibrated_model_path" if which == "calibrated" else "model_path"]
+        opts = {"model_path": path, "batch_size": a.batch, "decoding": decoding,
+                "hash_weights": False}  # fmt: skip
+        scorer = build("scorer", "parakeet", opts, device=dev)
+        seconds, _ = timed(lambda s=scorer: s.transcribe(clips16, 16000), dev, a.repeats)
+        per_clip = []
+        for start in range(0, len(clips16), a.batch):
+            enc, lens = scorer.encode_batch(clips16[start : start + a.batch])
+            per_clip += fake.emitted_tokens_per_s(scorer, enc, lens)[1]
+        audio_s = sum(len(c) for c in clips16) / 16000
+        row = {"row": "asr", "fake": which, "decoding": decoding,
+               "s_per_clip": seconds / len(clips16),
+               "tokens_per_s": round(sum(per_clip) / audio_s, 3),
+               "tokens_per_clip_min_max": [min(per_clip), max(per_clip)],
+               "provenance_decoding": scorer.provenance()["decoding"]}  # fmt: skip
+        if which == "calibrated":
+            row["goal_s_per_clip"] = GOAL_S_PER_CLIP
+            row["meets_goal"] = row["s_per_clip"] <= GOAL_S_PER_CLIP
+        emit(rows, row)
+        if which == "calibrated" and decoding == CUDA_DEFAULT_DECODING:
+            enc_s, _ = timed(
+                lambda s=scorer: [s.encode_batch(clips16[i : i + a.batch])
+                                  for i in range(0, len(clips16), a.batch)],
+                dev, a.repeats,
+            )  # fmt: skip
+            emit(rows, {"row": "encoder", "fake": which, "s_per_clip": enc_s / len(clips16)})
+        scorer.close()
+        del scorer
+
+
+def resample_rows(a, rows: list) -> None:
+    """The scorers' resampler, soxr on the host against torch on the device, and their SNR."""
+    from bestofn.audio_gpu import scorer_input
+
+    dev = a.device
     takes48 = noise_clips(a.clips, a.seconds, 48000, seed=2, channels=2)
     got = {}
     for resampler in ("soxr", "torch"):
@@ -154,10 +177,6 @@ def main(argv=None) -> int:
               for t, r in zip(got["torch"], got["soxr"], strict=True))  # fmt: skip
     emit(rows, {"row": "resample", "resampler": "torch vs soxr",
                 "snr_db": round(10 * np.log10(num / max(err, 1e-30)), 1)})  # fmt: skip
-
-    (out / "parakeet_calibrated.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"wrote {out / 'parakeet_calibrated.json'}")
-    return 0
 
 
 if __name__ == "__main__":
