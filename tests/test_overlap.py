@@ -370,3 +370,50 @@ def test_bench_variants_parse():
         parse_variant("x:parakeet_beam=4")
     with pytest.raises(SystemExit, match="one of"):
         parse_variant("nameless")
+
+
+def test_full_overlap_scores_a_group_while_the_next_is_restored(monkeypatch, tmp_path):
+    """Under 'full' restore and score are phases of their own: group 0's score runs while
+    group 1 is restored, and every phase keeps the groups' arrival order."""
+    from types import SimpleNamespace
+
+    from bestofn import runner as runner_mod
+
+    spans: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def stage(name, seconds):
+        def run(job_or_spec, *args, **kwargs):
+            group = getattr(job_or_spec, "spec", job_or_spec).prompt_id
+            t0 = time.monotonic()
+            time.sleep(seconds)
+            spans[(name, group)] = (t0, time.monotonic())
+            return job_or_spec if name != "write" else {}
+
+        return run
+
+    def generate(spec, backends, device):
+        stage("generate", 0.05)(spec)
+        return SimpleNamespace(spec=spec)
+
+    monkeypatch.setattr(runner_mod, "generate_stage", generate)
+    monkeypatch.setattr(runner_mod, "restore_stage", stage("restore", 0.3))
+    monkeypatch.setattr(runner_mod, "score_stage", stage("score", 0.3))
+    monkeypatch.setattr(runner_mod, "write_stage", stage("write", 0.01))
+    part = SimpleNamespace(close=lambda: None)
+    backends = SimpleNamespace(generator=part, restorer=part, scorers=[part], load_s=0.0)
+    r = runner_mod.Runner(backends, "cpu", "full")
+    jobs = [runner_mod.GroupJob(GroupSpec("calm", f"p{i}", "Hi.", 2), tmp_path / f"p{i}")
+            for i in range(3)]  # fmt: skip
+    threads = []
+    for job in jobs:  # arrival order: each thread starts after the one before is queued
+        threads.append(threading.Thread(target=r.run, args=(job,)))
+        threads[-1].start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(30)
+    assert r.describe()["overlap"] == "full"
+    score0, restore1 = spans[("score", "p0")], spans[("restore", "p1")]
+    assert restore1[0] < score0[1] and score0[0] < restore1[1], "score and restore overlapped"
+    for name in ("generate", "restore", "score", "write"):
+        starts = [spans[(name, f"p{i}")][0] for i in range(3)]
+        assert starts == sorted(starts), name

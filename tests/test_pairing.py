@@ -271,7 +271,7 @@ def test_a_group_waits_for_a_partner_while_the_gpu_restores_and_scores(codec_dir
         GroupJob(spec, tmp_path / spec.prompt_id, paths_relative_to=tmp_path) for spec in (a, b)
     ]
     threads = [threading.Thread(target=runner.run, args=(j,)) for j in jobs]
-    with runner._post_gate:  # a group ahead, in restore + score
+    with runner._score_gate:  # a group ahead, being scored
         threads[0].start()
         time.sleep(0.3)  # a is in generate, with no partner queued yet
         threads[1].start()

@@ -16,17 +16,24 @@ FIFO gate, so groups keep their arrival order in every phase:
     off   [generate, restore, score, write]           the whole group in the gate
     host  [generate, restore, score] [write]           the next group's GPU stages run while
                                                        one is written (scorers' text work too)
-    full  [generate] [restore, score] [write]          also generate the next group while one
-                                                       is restored and scored, on a second
-                                                       CUDA stream
+    full  [generate] [restore] [score] [write]         every GPU stage its own phase on its own
+                                                       CUDA stream: generate a group while the
+                                                       one before is restored and the one
+                                                       before that scored
 
-The results are the same in every mode (the same stages on the same inputs).
+The results are the same in every mode (the same stages on the same inputs; the stages hand
+each other host arrays, so no device tensor crosses a stream). Why restore and score are apart
+under ``full``: a trace of the production set's steady state (``bench pipeline --profile``,
+docs/PERFORMANCE.md) had the GPU busy 69 % of the time, the restore + score phase's span equal
+to the whole group period, and its kernels under half that span: its host work (feature
+extraction, copies, the decoders' host loops) was the bound, and a group's score can run while
+the next one is restored.
 
 Pairs: with a generator that pairs groups (moss-fast's runtime option ``pair_groups``), the
 group that enters the generate phase takes the first group queued behind it (``run`` called,
 its generate not started) whose ``pair_key`` is equal, and generates both in shared calls
 (``generate_pair_stage``); the partner then finds its takes made when it reaches the phase.
-With none queued, it waits for one while a group ahead is restored and scored (``overlap:
+With none queued, it waits for one while a group ahead is restored or scored (``overlap:
 full``; at most ``PAIR_WAIT_S``), since groups reach a worker one at a time. The
 generator makes every call in one shape, so a group's takes are the same alone or paired; each
 row names its partner (column ``paired_with``). A partner whose key cannot be made (e.g. its
@@ -201,7 +208,8 @@ class Runner:
         self.on_error = on_error or (lambda e: None)
         self.stages = self._pipeline_stages()
         self.gate = FifoGate()  # the first phase's gate (speech renders take it too)
-        self._post_gate = FifoGate()  # overlap full: restore + score
+        self._restore_gate = FifoGate()  # overlap full: restore, then score, each its own phase
+        self._score_gate = FifoGate()
         self._write_gate = FifoGate()  # groups are written in the order they were generated
         self._streams: dict[str, object] = {}
         self.lock = threading.Lock()
@@ -288,7 +296,8 @@ class Runner:
             return [_Phase(self.gate, [gen, restore, score], gen_stream),
                     _Phase(self._write_gate, [write])]  # fmt: skip
         return [_Phase(self.gate, [gen], gen_stream),
-                _Phase(self._post_gate, [restore, score], self._streams.get("post")),
+                _Phase(self._restore_gate, [restore], self._streams.get("restore")),
+                _Phase(self._score_gate, [score], self._streams.get("score")),
                 _Phase(self._write_gate, [write])]  # fmt: skip
 
     def describe(self) -> dict:
@@ -326,8 +335,9 @@ class Runner:
                         if other in self._queued and other.work is None:
                             self._queued.remove(other)
                             return other
-            # wait only while a group ahead is restored and scored: the GPU is busy with it
-            if not self._post_gate.busy or time.monotonic() > deadline:
+            # wait only while a group ahead is restored or scored: the GPU is busy with it
+            ahead = self._restore_gate.busy or self._score_gate.busy
+            if not ahead or time.monotonic() > deadline:
                 return None
             time.sleep(0.005)
 
@@ -346,7 +356,8 @@ class Runner:
 
             torch.cuda.synchronize(self.device)
             if self.overlap == "full":
-                self._streams["post"] = torch.cuda.Stream(self.device)
+                self._streams["restore"] = torch.cuda.Stream(self.device)
+                self._streams["score"] = torch.cuda.Stream(self.device)
             if self.generate_priority:
                 self._streams["generate"] = torch.cuda.Stream(
                     self.device, priority=self.generate_priority
