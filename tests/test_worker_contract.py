@@ -17,6 +17,7 @@ import yaml
 from test_worker import gone
 from test_workflow_e2e import BIN, snakemake, verify
 
+from bestofn.worker import contract
 from bestofn.worker.client import (
     Runtime,
     SlotPool,
@@ -170,6 +171,37 @@ def test_any_spec_change_replaces_the_worker(pools, tmp_path, change, caplog):
     # a request made for the old spec is refused, not served with the wrong settings
     status, answer, _ = post_group(pool, first, tmp_path / "results/groups/calm/p1")
     assert status == 409 and "request wants" in answer["error"]
+
+
+def test_a_worker_running_other_code_is_replaced(pools, tmp_path, monkeypatch, caplog):
+    # What an upgrade (or an edited checkout) looks like to the group job: its own code's
+    # identity differs from the warm worker's.
+    first = start(pools(), tmp_path, models())
+    assert first["spec"]["code"] == contract.code_identity()
+    monkeypatch.setattr(contract, "code_identity", lambda: "0" * 16)
+    with caplog.at_level("INFO", logger="bestofn.client"):
+        second = start(pools(), tmp_path, models())
+    assert second["pid"] != first["pid"] and gone(first["pid"])
+    assert "spec differs: code " in caplog.text
+    assert start(pools(), tmp_path, models())["pid"] == second["pid"]  # same code: reused
+
+
+def test_the_code_digest_follows_the_package_files_not_their_byte_code(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub/__pycache__").mkdir(parents=True)
+    (pkg / "a.py").write_text("A = 1\n")
+    (pkg / "sub/b.sql").write_text("SELECT 1\n")
+    before = contract.tree_digest(pkg)
+    (pkg / "sub/__pycache__/b.cpython-312.pyc").write_bytes(b"\0" * 8)
+    (pkg / ".cache").mkdir()
+    (pkg / ".cache/lock").write_text("1")
+    assert contract.tree_digest(pkg) == before
+    (pkg / "sub/b.sql").write_text("SELECT 2\n")
+    edited = contract.tree_digest(pkg)
+    assert edited != before
+    (pkg / "sub/b.sql").rename(pkg / "b.sql")  # the same bytes under another name
+    assert contract.tree_digest(pkg) not in (before, edited)
+    assert contract.code_identity() == contract.tree_digest(contract.PACKAGE)
 
 
 def write_config(project: Path, mdl: dict, **extra) -> None:

@@ -6,8 +6,12 @@ to), the FLAC subtype and the results directory; and by the config's runtime opt
 shape how it runs (``SERVING``: how the GPU's phases overlap, the generate stream's priority,
 the GPU memory cap). Those change no take, but a worker started under other ones would keep
 them: a long-lived ``bestofn serve`` whose config now says ``overlap: off`` must not go on
-serving with ``full``. The group job computes the key of the worker it needs; a worker whose
-key differs, or that is not healthy, is replaced. Nothing else decides reuse.
+serving with ``full``. And by the code it runs (``code_identity``): a worker started before an
+upgrade or an edit of the checkout would otherwise serve the new run's groups with the old
+stages (seen on 2026-12-04: a workflow killed past its limit left its worker up, and the next
+run, of another tree, was served by it). The group job computes the key of the worker it
+needs; a worker whose key differs, or that is not healthy, is replaced. Nothing else decides
+reuse.
 
 Not in the key: ``parallel_load``, ``warm_up`` and ``cache_dir`` (they shape only a start),
 and the idle exit and speech batching (``idle_timeout_s``, ``speech_*``), which ``bestofn
@@ -16,6 +20,8 @@ would replace each other's worker. A warm worker keeps those until it exits."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from pathlib import Path
 
 from bestofn.pipeline import stable_hash
@@ -37,6 +43,31 @@ def serving(**options) -> dict:
     return {name: SERVING[name](options[name]) for name in SERVING}
 
 
+PACKAGE = Path(__file__).resolve().parents[1]  # the bestofn package this process imports
+
+
+def tree_digest(root: Path) -> str:
+    """A digest of every file under ``root`` (names and bytes), byte code and hidden files
+    (a tool's cache or lock) left out."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if "__pycache__" in rel.parts or path.suffix == ".pyc" or not path.is_file():
+            continue
+        if not any(part.startswith(".") for part in rel.parts):
+            digest.update(rel.as_posix().encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def code_identity() -> str:
+    """The bestofn this process runs, as ``tree_digest`` of its package: equal for two
+    processes that run the same code, whatever the version string says (an editable checkout
+    keeps one version across edits). ~20 ms, once a process."""
+    return tree_digest(PACKAGE)
+
+
 def worker_spec(
     models: dict,
     device: str,
@@ -52,6 +83,7 @@ def worker_spec(
         "flac_subtype": flac_subtype,
         "results_dir": str(Path(results_dir).resolve()),
         "serving": serving_options,
+        "code": code_identity(),
     }
 
 
