@@ -65,6 +65,20 @@ def test_a_variant_without_sidon_knobs_runs_the_default_path():
     assert (restorer.kernels.layout, restorer.kernels.mode) == ("channels_last", "auto")
 
 
+def test_a_variant_sets_the_scorers_resampler_and_the_next_gets_the_built_one_back():
+    from bestofn.lab.bench.pipeline import apply_variant, parse_variant
+
+    asr, clap = SimpleNamespace(name="asr", resampler="torch"), SimpleNamespace(name="clap")
+    backends = SimpleNamespace(scorers=[asr, clap], restorer=SimpleNamespace(name="identity"))
+    built = {"asr": "torch"}
+    apply_variant(backends, parse_variant("host:resampler=soxr")[1], built)
+    assert asr.resampler == "soxr" and not hasattr(clap, "resampler")  # only where it has one
+    apply_variant(backends, parse_variant("plain:overlap=full")[1], built)
+    assert asr.resampler == "torch"
+    with pytest.raises(SystemExit, match="resampler"):
+        parse_variant("bad:resampler=sinc")
+
+
 def test_variants_stream_groups_through_the_workers_runner(tmp_path, monkeypatch):
     """--variant streams groups through bestofn.runner.Runner (the worker's scheduler, not a
     copy): every group of every variant is published, in each overlap mode."""

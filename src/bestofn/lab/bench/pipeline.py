@@ -76,6 +76,8 @@ KNOBS = {
     # so its chain of small kernels is scheduled before restore/score's big ones
     "gen_priority": int,
     "switch_interval_ms": float,  # sys.setswitchinterval for the run (else the process's own)
+    # every scorer's runtime.resampler (a variant without it: the config's)
+    "resampler": lambda v: _one_of(v, ("soxr", "torch")),
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -85,6 +87,12 @@ VARIANTS = {
     "after": "overlap=host,parakeet_batch=128,parakeet_compile=0,sidon_resample=torch,"
     "sidon_compile=0,sidon_batch=32",
 }
+
+
+def _one_of(value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{value!r} is not one of {list(allowed)}")
+    return value
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -98,15 +106,22 @@ def parse_variant(text: str) -> tuple[str, dict]:
         key, eq, value = item.partition("=")
         if key not in KNOBS or not eq:
             raise SystemExit(f"--variant {text!r}: unknown knob {key!r}; known: {list(KNOBS)}")
-        knobs[key] = KNOBS[key](value)
+        try:
+            knobs[key] = KNOBS[key](value)
+        except ValueError as e:
+            raise SystemExit(f"--variant {text!r}: knob {key}: {e}") from None
     return name, knobs
 
 
-def apply_variant(backends, knobs: dict) -> None:
-    """Set a variant's knobs on the loaded backends (Parakeet and Sidon ``set_speed``)."""
+def apply_variant(backends, knobs: dict, resamplers: dict | None = None) -> None:
+    """Set a variant's knobs on the loaded backends (Parakeet and Sidon ``set_speed``, the
+    scorers' resampler). ``resamplers``: each scorer's as built (by name), what a variant
+    without the knob gets back."""
     for scorer in backends.scorers:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
+        if hasattr(scorer, "resampler") and ("resampler" in knobs or resamplers):
+            scorer.resampler = knobs.get("resampler") or resamplers[scorer.name]
     if backends.restorer.name == "sidon":
         from bestofn.backends.sidon import DEFAULT_LAYOUT, DEFAULT_SNAKE
 
@@ -563,8 +578,9 @@ def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> 
 
     rows = []
     result["variants"] = rows
+    built = {s.name: s.resampler for s in backends.scorers if hasattr(s, "resampler")}
     for name, knobs in variants:
-        apply_variant(backends, knobs)
+        apply_variant(backends, knobs, built)
         mode = resolve_overlap(knobs.get("overlap"), dev)
         knobs = {**knobs, "overlap": mode}
         for i in range(args.warmup):
