@@ -264,7 +264,7 @@ class GroupWork:
     """One group between the stages (``generate_stage`` -> ``score_stage`` -> ``write_stage``).
 
     The runner may run the GPU stages of the next group while this one is written (and, with
-    ``overlap: full``, generate the next while this one is restored and scored)."""
+    ``overlap: full``, generate, restore and score three groups at once, a phase each)."""
 
     spec: GroupSpec
     device: str

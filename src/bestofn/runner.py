@@ -63,7 +63,7 @@ from bestofn.pipeline import (
 from bestofn.spec import GroupSpec
 
 # Pairing: how long a group may wait in the generate phase for a partner to arrive, at most,
-# while a group ahead of it is restored and scored (the GPU has that work meanwhile). A new
+# while a group ahead of it is restored or scored (the GPU has that work meanwhile). A new
 # group reaches a worker when one leaves it, one at a time, so without waiting a group would
 # mostly find the generate phase free and no partner queued.
 PAIR_WAIT_S = 5.0
