@@ -75,6 +75,8 @@ def test_runtime_resampler_reaches_the_scorer_and_its_provenance():
     s = build("scorer", "duration", {"resampler": "torch"})
     assert s.resampler == "torch" and s.provenance()["resampler"] == "torch"
     assert build("scorer", "duration", {}).provenance()["resampler"] == "soxr"  # CPU default
+    s.resampler = "soxr"  # what a bench variant sets: the rows must name the one that ran
+    assert s.provenance()["resampler"] == "soxr"
     assert "resampler" in backend_class("scorer", "duration").known_options()
     assert "resampler" not in backend_class("restorer", "identity").known_options()
 

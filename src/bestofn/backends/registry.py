@@ -116,5 +116,5 @@ def build(role: str, name: str, options: dict | None = None, device: str = "cpu"
     scorer = backend_class(role, name)(device=device, **options)
     scorer.resampler = resampler
     own = scorer.provenance
-    scorer.provenance = lambda: {**own(), "resampler": resampler}
+    scorer.provenance = lambda: {**own(), "resampler": scorer.resampler}  # as it runs now
     return scorer
