@@ -157,8 +157,8 @@ def gpu_busy_table(rows: list[tuple]) -> list[str]:
         "clip, and the GPU's busy share of the worker's elapsed time (first group start to "
         "last group end). `overlap` says how the worker overlapped groups (runtime.overlap): "
         "with `host` the next group's GPU stages run while one is written; with `full` the "
-        "GPU stages of three groups run at once (generate, restore, score), so stages can add up to "
-        "more than the elapsed time.",
+        "GPU stages of three groups run at once (generate, restore, score), so stages can add "
+        "up to more than the elapsed time.",
         "",
         "| worker | overlap | clips | generate s/clip | restore s/clip | score s/clip "
         "| GPU busy s/clip | GPU busy % |",
