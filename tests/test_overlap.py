@@ -413,7 +413,7 @@ def test_full_overlap_scores_a_group_while_the_next_is_restored(monkeypatch, tmp
         t.join(30)
     assert r.describe()["overlap"] == "full"
     score0, restore1 = spans[("score", "p0")], spans[("restore", "p1")]
-    assert restore1[0] < score0[1] and score0[0] < restore1[1], "score and restore overlapped"
+    assert restore1[0] < score0[1] and score0[0] < restore1[1], "p0 scored apart from p1 restored"
     for name in ("generate", "restore", "score", "write"):
         starts = [spans[(name, f"p{i}")][0] for i in range(3)]
         assert starts == sorted(starts), name
