@@ -24,6 +24,7 @@ import functools
 import hashlib
 from pathlib import Path
 
+from bestofn.hashing import combined_sha256, files_under
 from bestofn.pipeline import stable_hash
 
 # runtime.* a worker serves with, and how each is written in the spec (one form for the group
@@ -47,17 +48,14 @@ PACKAGE = Path(__file__).resolve().parents[1]  # the bestofn package this proces
 
 
 def tree_digest(root: Path) -> str:
-    """A digest of every file under ``root`` (names and bytes), byte code and hidden files
-    (a tool's cache or lock) left out."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
+    """A digest of every file under ``root`` (names and bytes), hidden entries (a tool's cache
+    or lock, ``hashing.files_under``) and byte code left out."""
+    files = {}
+    for path in files_under(root):
         rel = path.relative_to(root)
-        if "__pycache__" in rel.parts or path.suffix == ".pyc" or not path.is_file():
-            continue
-        if not any(part.startswith(".") for part in rel.parts):
-            digest.update(rel.as_posix().encode() + b"\0")
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+        if "__pycache__" not in rel.parts and path.suffix != ".pyc":
+            files[rel.as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return combined_sha256(files)[:16]
 
 
 @functools.cache

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from bestofn.backends.base import RESAMPLERS
 from bestofn.backends.loading import switch_interval
 from bestofn.groupio import SCORES, TAKES
 from bestofn.lab import kernel_profile
@@ -77,7 +78,7 @@ KNOBS = {
     "gen_priority": int,
     "switch_interval_ms": float,  # sys.setswitchinterval for the run (else the process's own)
     # every scorer's runtime.resampler (a variant without it: the config's)
-    "resampler": lambda v: _one_of(v, ("soxr", "torch")),
+    "resampler": lambda v: _one_of(v, tuple(r for r in RESAMPLERS if r != "auto")),
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -120,8 +121,9 @@ def apply_variant(backends, knobs: dict, resamplers: dict | None = None) -> None
     for scorer in backends.scorers:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
-        if hasattr(scorer, "resampler") and ("resampler" in knobs or resamplers):
-            scorer.resampler = knobs.get("resampler") or resamplers[scorer.name]
+        want = knobs.get("resampler") or (resamplers or {}).get(scorer.name)
+        if want and hasattr(scorer, "resampler"):
+            scorer.resampler = want
     if backends.restorer.name == "sidon":
         from bestofn.backends.sidon import DEFAULT_LAYOUT, DEFAULT_SNAKE
 
