@@ -281,3 +281,29 @@ def test_a_group_waits_for_a_partner_while_the_gpu_restores_and_scores(codec_dir
     for t in threads:
         t.join(120)
     assert runner.groups_paired == 2 and jobs[0].work.paired_with == "sad/p2"
+
+
+def test_a_group_that_finds_the_gpu_idle_waits_briefly_for_a_partner(codec_dir, tmp_path):
+    """A worker's first groups arrive a few ms apart: with nothing ahead, the first waits up to
+    PAIR_IDLE_WAIT_S for a partner (and pairs with one that comes 50 ms later); with none
+    coming, it starts after that wait, not after PAIR_WAIT_S."""
+    from bestofn.runner import PAIR_IDLE_WAIT_S, PAIR_WAIT_S, GroupJob, Runner
+
+    runner = Runner(_backends(_generator(codec_dir, pair=True)), "cpu", "full")
+    a, b = _spec("calm", "p1", "Hello there."), _spec("sad", "p2", "Good night, all.")
+    runner.run(GroupJob(a, tmp_path / "warm" / "p1", paths_relative_to=tmp_path))  # warm-up
+    assert runner.groups_paired == 0
+    jobs = [GroupJob(s, tmp_path / s.prompt_id, paths_relative_to=tmp_path) for s in (a, b)]
+    threads = [threading.Thread(target=runner.run, args=(j,)) for j in jobs]
+    threads[0].start()
+    time.sleep(0.05)  # a is in generate, the GPU idle, b not yet queued
+    threads[1].start()
+    for t in threads:
+        t.join(120)
+    assert runner.groups_paired == 2 and jobs[0].work.paired_with == "sad/p2"
+    lone = GroupJob(_spec("angry", "p3", "Who goes there?"), tmp_path / "p3",
+                    paths_relative_to=tmp_path)  # fmt: skip
+    t0 = time.monotonic()
+    runner._partner(lone)
+    waited = time.monotonic() - t0
+    assert PAIR_IDLE_WAIT_S <= waited < PAIR_WAIT_S / 2

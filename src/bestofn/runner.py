@@ -34,7 +34,8 @@ group that enters the generate phase takes the first group queued behind it (``r
 its generate not started) whose ``pair_key`` is equal, and generates both in shared calls
 (``generate_pair_stage``); the partner then finds its takes made when it reaches the phase.
 With none queued, it waits for one while a group ahead is restored or scored (``overlap:
-full``; at most ``PAIR_WAIT_S``), since groups reach a worker one at a time. The
+full``; at most ``PAIR_WAIT_S``), since groups reach a worker one at a time, and with none
+ahead at most ``PAIR_IDLE_WAIT_S`` (a worker's first groups arrive a few ms apart). The
 generator makes every call in one shape, so a group's takes are the same alone or paired; each
 row names its partner (column ``paired_with``). A partner whose key cannot be made (e.g. its
 reference voice does not load) is not paired, and fails on its own turn. Every stage error
@@ -67,6 +68,12 @@ from bestofn.spec import GroupSpec
 # group reaches a worker when one leaves it, one at a time, so without waiting a group would
 # mostly find the generate phase free and no partner queued.
 PAIR_WAIT_S = 5.0
+# ... and how long with no group ahead (the GPU idle), at most. A worker's first groups arrive
+# a few ms apart (snakemake submits queue_depth jobs at once); a first group that starts alone
+# shifts every later pair by one, so an even number of groups costs one pair-shape call more
+# (16 groups on one H200, 2026-12-04: 0.032-0.034 s/clip steady against 0.029). A group with
+# no partner coming pays this wait once.
+PAIR_IDLE_WAIT_S = 0.25
 # runtime.generate_priority -> the CUDA stream priority the generate phase runs at (lower is
 # higher; -1 is the highest torch asks for on every GPU it supports)
 STREAM_PRIORITY = {"normal": 0, "high": -1}
@@ -325,7 +332,7 @@ class Runner:
         or pairing is off). Called in the generate phase, so no other generate runs."""
         if not self.pairs or (key := self._key(job)) is None:
             return None
-        deadline = time.monotonic() + PAIR_WAIT_S
+        start = time.monotonic()
         while True:
             with self.lock:
                 waiting = [j for j in self._queued if j.work is None]
@@ -335,9 +342,11 @@ class Runner:
                         if other in self._queued and other.work is None:
                             self._queued.remove(other)
                             return other
-            # wait only while a group ahead is restored or scored: the GPU is busy with it
+            # wait while a group ahead is restored or scored (the GPU is busy with it), and
+            # briefly when the GPU is idle (a partner may be a few ms behind)
             ahead = self._restore_gate.busy or self._score_gate.busy
-            if not ahead or time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited > (PAIR_WAIT_S if ahead else PAIR_IDLE_WAIT_S):
                 return None
             time.sleep(0.005)
 

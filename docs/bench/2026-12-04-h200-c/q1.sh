@@ -24,3 +24,8 @@ python3 -m bestofn.bench pipeline --size real --device cuda --takes 64 --frames 
   --variant "lag0b:$P,stop_lag=0" --variant "lag4b:$P,stop_lag=4" \
   --workdir /tmp/bp --out "$OUT/pipeline.json" > "$OUT/pipeline.log" 2>&1
 el "pipeline rc=$?"; grep -A12 "^## variants" "$OUT/pipeline.log"
+# the weights Q2 runs the workflow on (gpu_workflow.sh's own command), written after the
+# measurements so that they run on a quiet machine
+python3 -m bestofn.cli fake-weights /tmp/bestofn-gpu/weights --size real --p-stop 1e-9 \
+  --no-delay --parakeet calibrated > "$OUT/fake_weights.log" 2>&1
+el "fake-weights rc=$?"
