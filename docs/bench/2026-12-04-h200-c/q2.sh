@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device calls Q2 and Q3 (2026-12-04, evening): the production set through snakemake, 16
+# Device calls Q2, Q3 and Q4 (2026-12-04, evening; Q5 is q5.sh): the production set through snakemake, 16
 # groups x 64 takes x 188 frames on one H200, runs in turn, each on a worker of its own (the
 # one before is stopped): O, the tree before this session (391a20f, its own Snakefile and
 # rules, from .whl/old), and N, this tree (the stop check read 4 steps late). The weights are
