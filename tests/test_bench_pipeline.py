@@ -65,21 +65,16 @@ def test_a_variant_without_sidon_knobs_runs_the_default_path():
     assert (restorer.kernels.layout, restorer.kernels.mode) == ("channels_last", "auto")
 
 
-def test_a_variant_sets_the_resampler_and_stop_lag_and_the_next_gets_the_built_ones_back():
+def test_a_variant_sets_the_scorers_resampler_and_the_next_gets_the_built_one_back():
     from bestofn.lab.bench.pipeline import apply_variant, parse_variant
 
     asr, clap = SimpleNamespace(name="asr", resampler="torch"), SimpleNamespace(name="clap")
-    engine = SimpleNamespace(stop_lag=4)
-    backends = SimpleNamespace(
-        scorers=[asr, clap], restorer=SimpleNamespace(name="identity"),
-        generator=SimpleNamespace(engine=engine),
-    )  # fmt: skip
+    backends = SimpleNamespace(scorers=[asr, clap], restorer=SimpleNamespace(name="identity"))
     built = {"asr": "torch"}
-    apply_variant(backends, parse_variant("host:resampler=soxr,stop_lag=0")[1], built, 4)
+    apply_variant(backends, parse_variant("host:resampler=soxr")[1], built)
     assert asr.resampler == "soxr" and not hasattr(clap, "resampler")  # only where it has one
-    assert engine.stop_lag == 0
-    apply_variant(backends, parse_variant("plain:overlap=full")[1], built, 4)
-    assert asr.resampler == "torch" and engine.stop_lag == 4
+    apply_variant(backends, parse_variant("plain:overlap=full")[1], built)
+    assert asr.resampler == "torch"
     with pytest.raises(SystemExit, match="resampler"):
         parse_variant("bad:resampler=sinc")
 

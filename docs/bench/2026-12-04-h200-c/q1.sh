@@ -6,7 +6,8 @@
 #     alone, paired with stop_lag 0, paired as built);
 #  2. the production set's steady state through the worker's runner (bench pipeline), four
 #     variants alternating stop_lag 0 and 4, the same loaded backends.
-# Run from the repository root with .whl carried; OUT is the device's.
+# Run from the repository root with .whl carried; OUT is the device's. Ran at tree 62c1c73;
+# the stop lag showed no gain (docs/PERFORMANCE.md) and was taken out again, with its knob.
 set -u
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

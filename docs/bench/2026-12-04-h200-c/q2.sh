@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Device calls Q2, Q3 and Q4 (2026-12-04, evening; Q5 is q5.sh): the production set through snakemake, 16
-# groups x 64 takes x 188 frames on one H200, runs in turn, each on a worker of its own (the
-# one before is stopped): O, the tree before this session (391a20f, its own Snakefile and
-# rules, from .whl/old), and N, this tree (the stop check read 4 steps late). The weights are
-# Q1's (/tmp/bestofn-gpu/weights; written here if absent), one cache for all runs.
+# Device calls Q2, Q3 and Q4 (2026-12-04, evening; Q5 is q5.sh): the production set through
+# snakemake, 16 groups x 64 takes x 188 frames on one H200, runs in turn, each on a worker of
+# its own (the one before is stopped): O, the tree before this session (391a20f, its own
+# Snakefile and rules, from .whl/old), and N, tree 62c1c73 (the stop check read 4 steps late;
+# taken out again after these runs). The weights are Q1's (/tmp/bestofn-gpu/weights; written
+# here if absent), one cache for all runs.
 #   bash q2.sh TAG:TREE:LIMIT ...   e.g. O:old:330 N:new:160
 # Run from the repository root, .whl carried. Everything comes back in one tarball.
 set -u

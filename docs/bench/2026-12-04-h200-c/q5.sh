@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call Q5 (2026-12-04, evening): q2.sh again on a fresh machine, with this tree N now
+# Device call Q5 (2026-12-04, evening; tree eb47b92): q2.sh again on a fresh machine, N now
 # also waiting up to 0.25 s for a partner when the GPU is idle (runner.PAIR_IDLE_WAIT_S), and
 # each run's groups that ran alone (the rows' paired_with) printed. The weights are written
 # by the first run; one cache for all runs.

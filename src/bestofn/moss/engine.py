@@ -193,7 +193,7 @@ class MossLocalEngine(EngineShell):
         frames of the concatenated blocks (exactly ``generate``'s codes for the same inputs).
 
         ``row_frames``: each row's own frame budget (rows of one batch may have different ones);
-        a row past it is stopped at the next stop check (``EngineShell._loop``), so it can
+        a row past it is stopped at the next sync (every ``sync_every`` frames), so it can
         overshoot by a few frames: cut each row at its budget. Other rows are not affected."""
         start = 0
         for s, frames, last in self._decode(

@@ -7,9 +7,8 @@
 - **CUDA graphs.** On CUDA a step is captured once per (sampling flags, KV bucket) and then
   replayed: one launch per step instead of ~1,000 kernels (``run_captured``).
 - **The sync loop.** Prefill, the first step from the prefill's last hidden state, then one
-  captured step per output row. Every few steps the device records whether every row has
-  stopped; on CUDA the host reads the record of ``stop_lag`` steps before, so it never waits
-  for the GPU's queue to drain (``EngineShell._loop``, ``StopChecks``).
+  captured step per output row; the host reads the device only every ``sync_every`` steps, to
+  see whether every row has stopped (``EngineShell._loop``).
 - **Sampling.** Per-take counter-based uniforms (``bestofn.moss.sampling``) and the sampling
   scalars kept on the device (``StepState``), so a replayed graph reads this request's values.
 - **Pairs.** ``generate_pair`` decodes two requests (two groups, or two chunks of one) in one
@@ -112,7 +111,6 @@ class StepState:
         self.text_top_p = torch.ones((), **f32)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = None
-        self.stop_flags: torch.Tensor | None = None  # StopChecks' host slots (pinned on CUDA)
 
     def set_sampling(self, p: SamplingParams) -> None:
         self.temperature.fill_(p.temperature)
@@ -120,51 +118,6 @@ class StepState:
         self.penalty.fill_(p.repetition_penalty)
         self.text_temperature.fill_(p.text_temperature)
         self.text_top_p.fill_(p.text_top_p)
-
-
-LAGGED_CHECK_EVERY = 2  # steps between stop checks when the host reads them late
-
-
-class StopChecks:
-    """Whether every row has stopped, as recorded on the device every few steps and read by the
-    host ``lag`` steps later.
-
-    Why the lag: a read of the device waits until every step queued before it has run, so the
-    GPU's queue is empty when the host gets the answer, and stays empty until the host, which
-    must first take the GIL back from the worker's other threads (restore, score, write: each
-    may hold it up to the 5-ms switch interval), queues the next step. Reading the record of
-    ``lag`` steps before instead leaves that many steps queued while the host waits and acts.
-    The price: the loop stops ``lag`` steps later than it could. A row that has finished
-    produces no code, so the takes are the same either way; only the last steps are spent.
-    ``lag`` 0: the host reads at once (what streaming does, and the CPU)."""
-
-    def __init__(self, state: StepState, lag_checks: int, n_checks: int):
-        self.lag, self.pending, self.n = lag_checks, [], 0
-        flags = state.stop_flags
-        on_cuda = state.temperature.device.type == "cuda"
-        if lag_checks and (flags is None or flags.numel() < n_checks):
-            flags = torch.zeros(n_checks, dtype=torch.bool, pin_memory=on_cuda)
-            state.stop_flags = flags
-        self.flags, self.on_cuda = flags, on_cuda
-
-    def all_stopped(self, finished: torch.Tensor) -> bool:
-        """Record ``finished.all()`` now; True when the record ``lag`` checks back says so."""
-        if not self.lag:
-            return bool(finished.all())
-        slot = self.flags[self.n]  # one slot per check of this loop: none is reused in it
-        self.n += 1
-        slot.copy_(finished.all(), non_blocking=True)
-        event = None
-        if self.on_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending.append((slot, event))
-        if len(self.pending) <= self.lag:
-            return False
-        slot, event = self.pending.pop(0)
-        if event is not None:
-            event.synchronize()  # returns at once unless the GPU is more than lag steps behind
-        return bool(slot)
 
 
 class StateCache(dict):
@@ -232,7 +185,6 @@ class EngineShell:
         sync_every: int = 8,
         max_states: int = 2,
         compile_mode: str | None = None,
-        stop_lag: int | None = None,
     ):
         self.model = model.eval()
         self.config = model.config
@@ -247,11 +199,6 @@ class EngineShell:
             model.compile_steps(compile_mode)  # runtime option compile_mode (None: torch's)
             self._sample = torch.compile(self.sampler, dynamic=False)
             self._uniform = torch.compile(take_uniform, dynamic=False)
-        # stop_lag: steps the host runs ahead of the stop check it reads (StopChecks says why);
-        # on CUDA 4, with a check every LAGGED_CHECK_EVERY steps: the loop ends 4-5 steps after
-        # the last row stops, against 0-7 reading at once every sync_every (8) steps. 0 on the
-        # CPU, where a read drains no queue.
-        self.stop_lag = (4 if on_gpu else 0) if stop_lag is None else int(stop_lag)
         self.sync_every = sync_every
         self._states = StateCache(max_states)
 
@@ -347,21 +294,15 @@ class EngineShell:
         self, s, prompt_len: int, max_steps: int, step, every: int = 0, on_sync=None
     ) -> Iterator[tuple[int, bool]]:
         """Steps 1.. of a decode whose step 0 is done (from the prefill). Yields (steps done,
-        last) every ``every`` steps (0: never) and once at the end. Every few steps the device
-        records whether all rows have finished (``on_sync`` first: rules on the device's state,
-        e.g. per-row frame budgets) and the host reads the record of ``stop_lag`` steps before
-        (``StopChecks``); with no lag, or in a stream (``every`` > 0: its consumer reads the
-        device every ``every`` steps anyway), it reads at once every ``sync_every`` steps.
-        ``step(kv_len)`` runs one step."""
-        lag = 0 if every else self.stop_lag
-        interval = LAGGED_CHECK_EVERY if lag else self.sync_every
-        checks = StopChecks(s, -(-lag // interval), s.max_steps // interval + 1)
+        last) every ``every`` steps (0: never) and once at the end. Every ``sync_every`` steps
+        the host reads whether all rows have finished (``on_sync`` first: rules that need the
+        host's view, e.g. per-row frame budgets). ``step(kv_len)`` runs one step."""
         n = 1
         while n < max_steps:
-            if n % interval == 0:
+            if n % self.sync_every == 0:
                 if on_sync is not None:
                     on_sync()
-                if checks.all_stopped(s.finished):
+                if bool(s.finished.all()):
                     break
             if every and n % every == 0:
                 yield n, False

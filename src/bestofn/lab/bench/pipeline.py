@@ -21,8 +21,7 @@ What is not the product's cost, and why:
 
 Old vs new in one run (issue 15): each ``--variant NAME:key=value,...`` sets the speed knobs
 (``overlap`` off/host/full, ``parakeet_batch``, ``parakeet_compile``, ``sidon_batch``,
-``sidon_resample`` soxr/torch, ``sidon_compile``, ``sidon_bucket_s``, ``stop_lag``; ``KNOBS``
-lists them all) on the same loaded
+``sidon_resample`` soxr/torch, ``sidon_compile``, ``sidon_bucket_s``) on the same loaded
 backends, runs one warm-up group, then ``--stream-groups`` groups the way a warm worker
 serves them (``--depth`` in flight, as runtime.queue_depth, through the worker's own scheduler
 ``bestofn.runner.Runner``: the same gates, streams and deferred host work), and
@@ -80,10 +79,6 @@ KNOBS = {
     "switch_interval_ms": float,  # sys.setswitchinterval for the run (else the process's own)
     # every scorer's runtime.resampler (a variant without it: the config's)
     "resampler": lambda v: _one_of(v, tuple(r for r in RESAMPLERS if r != "auto")),
-    # steps the generator's decode loop runs ahead of the stop check it reads (the engine's
-    # stop_lag; 0: read at once every 8 steps, as before 2026-12-04; a variant without it: the
-    # engine's as built)
-    "stop_lag": int,
 }
 # Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
 # soxr) and after it (the defaults on CUDA now).
@@ -119,15 +114,10 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, knobs
 
 
-def apply_variant(backends, knobs: dict, resamplers: dict | None = None, stop_lag=None) -> None:
+def apply_variant(backends, knobs: dict, resamplers: dict | None = None) -> None:
     """Set a variant's knobs on the loaded backends (Parakeet and Sidon ``set_speed``, the
-    scorers' resampler, the generator engine's stop lag). ``resamplers``: each scorer's as
-    built (by name), and ``stop_lag`` the engine's, what a variant without the knob gets back."""
-    engine = getattr(getattr(backends, "generator", None), "engine", None)
-    if engine is not None and hasattr(engine, "stop_lag"):
-        engine.stop_lag = knobs.get(
-            "stop_lag", stop_lag if stop_lag is not None else engine.stop_lag
-        )
+    scorers' resampler). ``resamplers``: each scorer's as built (by name), what a variant
+    without the knob gets back."""
     for scorer in backends.scorers:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
@@ -591,9 +581,8 @@ def _run_variants(args, variants, n, backends, codec, workdir, result, save) -> 
     rows = []
     result["variants"] = rows
     built = {s.name: s.resampler for s in backends.scorers if hasattr(s, "resampler")}
-    built_lag = getattr(getattr(backends.generator, "engine", None), "stop_lag", None)
     for name, knobs in variants:
-        apply_variant(backends, knobs, built, built_lag)
+        apply_variant(backends, knobs, built)
         mode = resolve_overlap(knobs.get("overlap"), dev)
         knobs = {**knobs, "overlap": mode}
         for i in range(args.warmup):

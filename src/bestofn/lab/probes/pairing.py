@@ -12,9 +12,8 @@ takes) and ``pair_groups: true`` (every call 2 x takes rows).
     of budget (a larger state, the loop running on past A); also, for information, A
     through today's path and A in a plain left-padded batch with B (the naive pairing);
 (b) speed, s/clip of a group of ``takes``: today's path, alone in the pair shape, and paired
-    (the pair call's time over both groups' clips) with the stop check read at once
-    (``stop_lag`` 0) and as built (4 steps late on CUDA), each the best of ``repeats`` calls
-    after a warm-up call (compiles, graph captures).
+    (the pair call's time over both groups' clips), each the best of ``repeats`` calls after
+    a warm-up call (compiles, graph captures).
 
 Prints one line per figure and writes ``pairing.json`` to OUT.
 
@@ -106,27 +105,16 @@ def run(out_dir: Path, device: str, size: str, takes: int, frames: int, repeats:
 
     # (b) speed first: its warm-up calls compile and capture what (a) replays
     speed = {}
-    lag = on.engine.stop_lag  # the engine's as built (4 on CUDA); 0: the stop read at once
-
-    def paired(stop_lag):
-        def call():
-            on.engine.stop_lag = stop_lag
-            return on.generate_codes_paired([A, B])
-
-        return call
-
     for name, fn, clips in (
         (f"today_batch{takes}", lambda: off.generate_codes(A), takes),
         ("pair_shape_alone", lambda: on.generate_codes(A), takes),
-        ("paired_stop_read_at_once", paired(0), 2 * takes),
-        ("paired", paired(lag), 2 * takes),
+        ("paired", lambda: on.generate_codes_paired([A, B]), 2 * takes),
     ):
         first, best, _ = _timed(fn, device, repeats)
         speed[name] = {"first_call_s": round(first, 2), "best_s": round(best, 4),
                        "clips": clips, "s_per_clip": round(best / clips, 5)}  # fmt: skip
         print(f"speed {name}: {best / clips:.5f} s/clip ({best:.3f} s per call of {clips} clips; "
               f"first call {first:.1f} s)", flush=True)  # fmt: skip
-    on.engine.stop_lag = lag
     res["speed"] = speed
     if device.startswith("cuda"):
         res["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
