@@ -147,10 +147,14 @@ workers = con.execute(
        SELECT pid, any_value(device), count(*), sum(clips), min(s), max(f), sum(wall)
        FROM g GROUP BY pid ORDER BY 2"""
 ).fetchall()
+# paired_with: the partner whose takes came from the same generate calls ('' alone); trees
+# before pairing have no such column
+cols = {d[0] for d in con.execute("SELECT * FROM takes LIMIT 0").description}
+partner = "any_value(paired_with)" if "paired_with" in cols else "NULL"
 per_group = con.execute(
-    """SELECT group_id, any_value(worker_pid), any_value(device), any_value(worker_idle_s),
-              any_value(group_wall_s), count(*), any_value(group_load_s)
-       FROM takes GROUP BY group_id ORDER BY min(started_at)"""
+    f"""SELECT group_id, any_value(worker_pid), any_value(device), any_value(worker_idle_s),
+               any_value(group_wall_s), count(*), any_value(group_load_s), {partner}
+        FROM takes GROUP BY group_id ORDER BY min(started_at)"""
 ).fetchall()
 summary = {"verify": verify, "workers": [], "groups": []}
 for pid, device, groups, clips, first, last, busy in workers:
@@ -161,9 +165,13 @@ for pid, device, groups, clips, first, last, busy in workers:
                                    span_s=span, busy_s=busy, idle_between_groups_s=idle,
                                    idle_fraction=idle / span if span else None,
                                    s_per_clip_wall=span / clips))
-for gid, pid, device, idle, wall, clips, load in per_group:
+for gid, pid, device, idle, wall, clips, load, paired_with in per_group:
     summary["groups"].append(dict(group=gid, pid=pid, device=device, idle_before_s=idle,
-                                  wall_s=wall, clips=clips, load_s=load))
+                                  wall_s=wall, clips=clips, load_s=load, paired_with=paired_with))
+# With pair_groups, a group alone costs a pair's call for half the clips, and a first group
+# alone shifts every later pair (docs/PERFORMANCE.md, 2026-12-04): read the steady state with
+# this. With pair_groups off every group is alone.
+summary["groups_alone"] = [g["group"] for g in summary["groups"] if g["paired_with"] == ""]
 spans = con.execute("SELECT min(started_at), max(finished_at), count(*) FROM takes").fetchone()
 total = (spans[1] - spans[0]).total_seconds()
 n_gpus = len(summary["workers"])
@@ -200,7 +208,7 @@ summary["steady_state_after_two"] = [dict(pid=pid, span_s=span, clips=clips,
                                      for pid, span, clips in steady2]
 json.dump(summary, open(f"{out}/summary.json", "w"), indent=1, default=str)
 print(json.dumps({k: summary[k] for k in ("verify", "workers", "overall", "steady_state",
-                                          "steady_state_after_two")},
+                                          "steady_state_after_two", "groups_alone")},
                  indent=1, default=str))
 EOF
 
