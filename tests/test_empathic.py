@@ -137,6 +137,7 @@ def test_columns_discovered_from_directory(scorer):
         "ei_gender": "DOUBLE",
         "ei_score_overall_quality": "DOUBLE",
         "ei_score_content_enjoyment": "DOUBLE",
+        "ei_target": "DOUBLE",
     }
     kinds = {h: v["input"] for h, v in scorer.provenance()["heads"].items()}
     assert kinds["Jealousy_&_Envy"] == "flat" and kinds["score_content_enjoyment"] == "pooled"
@@ -246,7 +247,7 @@ def test_random_tiny_build_runs():
 
     s = build("cpu", "tiny", n_emotion_heads=3, n_quality_heads=1)
     out = s.score(clips(2, sr=16000), 16000, SPEC)
-    assert len(out) == 4 and all(len(v) == 2 for v in out.values())
+    assert len(out) == 5 and all(len(v) == 2 for v in out.values())  # 4 heads and ei_target
 
 
 def test_encoder_weights_come_from_the_checkpoint(scorer, weights):
@@ -257,3 +258,36 @@ def test_encoder_weights_come_from_the_checkpoint(scorer, weights):
     saved = load_file(weights / "encoder" / "model.safetensors")
     for name, param in scorer.encoder.named_parameters():
         torch.testing.assert_close(param, saved[f"model.encoder.{name}"])
+
+
+def test_emotion_heads_and_their_mapping(weights):
+    from bestofn.backends.empathic import emotion_head_names, resolve_head
+
+    heads = emotion_head_names(weights / "heads")
+    assert heads == ["Anger", "Gender", "Jealousy_&_Envy"]  # quality heads and non-heads left out
+    assert resolve_head("anger", None, heads) == "Anger"
+    assert resolve_head("Jealousy & Envy", None, heads) == "Jealousy_&_Envy"
+    assert resolve_head("jealousy_envy", "", heads) == "Jealousy_&_Envy"
+    # the sheet's ei_head wins over the emotion's name
+    assert resolve_head("rage", "ANGER", heads) == "Anger"
+    assert resolve_head("anger", "Gender", heads) == "Gender"
+    assert resolve_head("rage", None, heads) is None
+    assert resolve_head("anger", "no such head", heads) is None
+    with pytest.raises(WeightsError, match="heads_path"):
+        emotion_head_names(weights / "missing")
+
+
+def test_ei_target_is_the_group_emotions_head(scorer):
+    takes = clips(3)
+    anger = scorer.score(takes, 24000, SPEC)
+    assert anger["ei_target"] == anger["ei_anger"]
+    envy = GroupSpec(emotion="Jealousy & Envy", prompt_id="p1", text="hello", n_takes=3)
+    out = scorer.score(takes, 24000, envy)
+    assert out["ei_target"] == out["ei_jealousy_envy"] != out["ei_anger"]
+    mapped = GroupSpec(
+        emotion="rage", prompt_id="p1", text="hello", n_takes=3, extra={"ei_head": "Gender"}
+    )
+    out = scorer.score(takes, 24000, mapped)
+    assert out["ei_target"] == out["ei_gender"]
+    unmapped = GroupSpec(emotion="rage", prompt_id="p1", text="hello", n_takes=3)
+    assert all(np.isnan(scorer.score(takes, 24000, unmapped)["ei_target"]))

@@ -53,9 +53,41 @@ def head_name(path: Path) -> str:
     return stem
 
 
+def _normalised(name: str) -> str:
+    """Case, spaces, underscores, punctuation folded: ``Jealousy & Envy`` -> ``jealousy_envy``."""
+    return re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+
+
 def column_name(name: str, prefix: str) -> str:
     """A SQL-friendly column: ``Jealousy_&_Envy`` -> ``ei_jealousy_envy``."""
-    return prefix + re.sub(r"[^0-9a-z]+", "_", name.lower()).strip("_")
+    return prefix + _normalised(name)
+
+
+# The quality heads' published names start with this; every other head file is an emotion or
+# attribute head (the file naming does not tell emotions from attributes such as Gender).
+QUALITY_PREFIX = "score_"
+TARGET = "target"  # the ``<prefix>target`` column: the group's own emotion's head
+
+
+def head_files(heads_dir: Path) -> list[Path]:
+    """The head files of a heads folder (``*.pth``, ``*.pt``), sorted."""
+    return sorted(p for p in heads_dir.iterdir() if p.suffix in HEAD_SUFFIXES and p.is_file())
+
+
+def emotion_head_names(heads_path) -> list[str]:
+    """The emotion (and attribute) heads in a heads folder, by the published file naming
+    ``model_<Name>_best.pth``, less the ``score_*`` quality heads. Reads names only."""
+    heads_dir = _existing_dir(str(heads_path) if heads_path else None, "heads_path")
+    return [n for n in map(head_name, head_files(heads_dir)) if not n.startswith(QUALITY_PREFIX)]
+
+
+def resolve_head(emotion: str, ei_head: str | None, heads: list[str]) -> str | None:
+    """The head that scores a group's own emotion: the sheet's ``ei_head`` when it gives one,
+    else the emotion's name; matched to a head name with case, spaces, underscores and
+    punctuation folded (``jealousy & envy`` -> ``Jealousy_&_Envy``). None when no head matches."""
+    by_key = {_normalised(h): h for h in heads}
+    want = ei_head if ei_head is not None and str(ei_head).strip() else emotion
+    return by_key.get(_normalised(str(want))) if want else None
 
 
 def load_head_state(path: Path, field: str = "heads_path") -> dict[str, torch.Tensor]:
@@ -207,7 +239,9 @@ def _to_mono_16k(audio: np.ndarray, sample_rate: int, max_samples: int) -> np.nd
 
 
 class EmpathicInsightScorer(Scorer):
-    """One column per discovered head (emotions, attributes, quality scores), all from one encode.
+    """One column per discovered head (emotions, attributes, quality scores), all from one encode,
+    and ``ei_target``: the head of the group's own emotion (``resolve_head``: the emotion sheet's
+    ``ei_head`` column, else the emotion's name), NaN when the emotion maps to no head.
 
     Config options: ``encoder_path`` (local BUD-E-Whisper directory: config.json, weights,
     preprocessor_config.json), ``heads_path`` (directory with the ``*.pth`` head files),
@@ -219,8 +253,9 @@ class EmpathicInsightScorer(Scorer):
     name = "empathic-insight"
     dynamic_columns = True  # one column per head file found in heads_path
     # the four quality heads (score_overall_quality...): more is better; emotion heads measure
-    # how much of an emotion a take carries, which has no better side (with the default prefix)
-    better = {"ei_score_*": "higher"}
+    # how much of an emotion a take carries, which has no better side (with the default prefix);
+    # ei_target is the group's own emotion: more of it is the acting asked for
+    better = {"ei_score_*": "higher", "ei_target": "higher"}
     input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
 
     def __init__(
@@ -250,7 +285,7 @@ class EmpathicInsightScorer(Scorer):
                 f"(config option 'encoder_path'): {e}"
             ) from e
 
-        files = sorted(p for p in heads_dir.iterdir() if p.suffix in HEAD_SUFFIXES and p.is_file())
+        files = head_files(heads_dir)
         if not files:
             raise WeightsError(
                 f"empathic-insight: no head files (*.pth, *.pt) in {str(heads_dir)!r} "
@@ -343,8 +378,16 @@ class EmpathicInsightScorer(Scorer):
             raise WeightsError(
                 f"empathic-insight: head names collide as columns: {sorted(self.column_of)}"
             )
+        self.target_column = column_name(TARGET, column_prefix)
+        if self.target_column in self.column_of.values():
+            raise WeightsError(
+                f"empathic-insight: a head named {TARGET!r} collides with the "
+                f"{self.target_column!r} column (the group's own emotion)"
+            )
+        self.emotion_heads = sorted(n for n in heads if not n.startswith(QUALITY_PREFIX))
         # instance attribute: the heads (hence columns) are only known once the directory is read
         self.columns = {self.column_of[n]: "DOUBLE" for n in sorted(heads)}
+        self.columns[self.target_column] = "DOUBLE"
 
     # -- scoring -----------------------------------------------------------------------------
 
@@ -379,11 +422,15 @@ class EmpathicInsightScorer(Scorer):
 
     def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec) -> dict[str, list]:
         clips = [_to_mono_16k(a, sample_rate, self.max_samples) for a in audios]
-        result: dict[str, list] = {c: [] for c in self.columns}
+        result: dict[str, list] = {c: [] for c in self.columns if c != self.target_column}
         for i in range(0, len(clips), self.batch_size):
             ys = self.heads_from_states(self.encode(clips[i : i + self.batch_size]))
             for n, y in ys.items():
                 result[self.column_of[n]].extend(float(v) for v in y.cpu())
+        target = resolve_head(spec.emotion, spec.extra.get("ei_head"), self.emotion_heads)
+        result[self.target_column] = (
+            list(result[self.column_of[target]]) if target else [float("nan")] * len(clips)
+        )
         return result
 
     def provenance(self) -> dict:
@@ -401,6 +448,8 @@ class EmpathicInsightScorer(Scorer):
                 for n in sorted(self.column_of)
             },
             "window_samples": self.max_samples,
+            "target": f"{self.target_column}: the head of the group's emotion (its ei_head, "
+            "else its name; case, spaces and underscores folded); NaN when none",
         }
 
     def close(self) -> None:
