@@ -244,6 +244,82 @@ def test_auth_body_limits_and_unknown_paths(server):
     assert server.health()["status"] == "ok"
 
 
+def request(conn, method: str, path: str, body: bytes | None = None, key: str | None = KEY):
+    """One raw request on ``conn``: (status, headers, body bytes)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    conn.request(method, path, body=body, headers=headers)
+    resp = conn.getresponse()
+    return resp.status, resp, resp.read()
+
+
+def error_message(status: int, data: bytes) -> str:
+    """The message of an error answer, which must be the service's JSON, not an HTML page."""
+    body = json.loads(data)
+    assert set(body) == {"error"} and body["error"]["type"], (status, body)
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [("DELETE", "/v1/audio/speech", "POST"), ("PUT", "/v1/audio/speech", "POST"),
+     ("PATCH", "/v1/audio/speech", "POST"), ("OPTIONS", "/v1/audio/speech", "POST"),
+     ("BREW", "/v1/audio/speech", "POST"), ("get", "/v1/audio/speech", "POST"),
+     ("GET", "/v1/audio/speech", "POST"), ("POST", "/health", "GET, HEAD"),
+     ("DELETE", "/v1/models", "GET, HEAD"), ("PUT", "/v1/audio/voices?x=1", "GET, HEAD")],
+)  # fmt: skip
+def test_a_method_an_endpoint_does_not_take_is_a_json_405_naming_the_allowed(
+    server, method, path, allow
+):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        status, resp, data = request(conn, method, path, body=b'{"input": "Hi."}')
+        assert (status, resp.getheader("Allow")) == (405, allow), data
+        assert resp.getheader("Content-Type") == "application/json"
+        assert method in error_message(status, data)
+        # the body was read: the same connection answers the next request in step
+        status, _, data = request(conn, "GET", "/health")
+        assert status == 200 and json.loads(data)["status"] == "ok"
+    finally:
+        conn.close()
+
+
+def test_unknown_paths_auth_and_head_answer_json_on_any_method(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        status, resp, data = request(conn, "DELETE", "/v1/nothing")
+        assert status == 404 and "DELETE /v1/nothing" in error_message(status, data)
+        status, resp, data = request(conn, "DELETE", "/v1/audio/speech", key="wrong")
+        assert status == 401 and resp.getheader("Allow") is None
+        assert "API key" in error_message(status, data)
+        status, resp, data = request(conn, "HEAD", "/health")  # GET's headers, no body
+        assert (status, data) == (200, b"")
+        assert resp.getheader("Content-Type") == "application/json"
+        assert int(resp.getheader("Content-Length")) > 0
+        status, resp, data = request(conn, "HEAD", "/v1/audio/speech")
+        assert (status, resp.getheader("Allow"), data) == (405, "POST", b"")
+        status, _, data = request(conn, "GET", "/v1/models")  # still in step after the HEADs
+        assert status == 200 and json.loads(data)["data"]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [(b"GARBAGE", 400), (b"GET / HTTP/x.y", 400), (b"GET / HTTP/9.9", 505),
+     (b"GET /" + b"a" * 70000 + b" HTTP/1.1", 414), (b"\x00\xff junk here now", 400)],
+)  # fmt: skip
+def test_a_request_line_the_parser_refuses_is_answered_in_json(server, line, status):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(line + b"\r\nHost: x\r\n\r\n")
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        data = resp.read()
+    assert resp.status == status, data
+    assert resp.getheader("Content-Type") == "application/json"
+    assert resp.getheader("Connection") == "close"
+    assert error_message(resp.status, data)
+
+
 def test_client_leaving_mid_stream_does_not_wedge_the_worker(server):
     client = server.client()
     speak(client, "Warm up.")

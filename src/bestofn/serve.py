@@ -6,6 +6,11 @@
     GET  /v1/audio/voices   the voices: "default" and every emotion of the emotions sheet
     GET  /health            the worker (running or not), batching, time to first audio, RTF
 
+Every answer, errors included, is JSON: a method an endpoint does not take (DELETE, PUT, an
+unknown word) is a 405 naming the ones it does in ``Allow``; a request line or header the
+stdlib's parser refuses is its 400/414/431/505 in the same shape, never the stdlib's HTML page.
+HEAD is GET without the body.
+
 Lazy: the server itself loads no model. The first request starts the same warm worker the
 workflow uses (``bestofn.worker.client.ensure_worker``: same state directory, same worker key),
 later requests reuse it; the worker exits after ``runtime.idle_timeout_s`` idle (freeing the
@@ -54,6 +59,14 @@ __all__ = ["Service", "SpeechServer", "bind_refusal", "is_loopback", "main"]
 
 log = logging.getLogger("bestofn.serve")
 
+# Each endpoint and the methods it takes: anything else there is a 405 with this ``Allow``.
+ROUTES = {
+    "/v1/audio/speech": ("POST",),
+    "/v1/models": ("GET", "HEAD"),
+    "/v1/audio/voices": ("GET", "HEAD"),
+    "/health": ("GET", "HEAD"),
+}
+
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "bestofn-serve"
@@ -71,15 +84,56 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, status: int, body: dict, extra: dict | None = None) -> None:
         data = json.dumps(body).encode()
+        extra = dict(extra or {})
+        if self.close_connection:  # a body left unread: tell the client not to reuse it
+            extra.setdefault("Connection", "close")
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
-            for k, v in (extra or {}).items():
+            for k, v in extra.items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":  # a HEAD answer has the headers of GET's, no body
+                self.wfile.write(data)
             self.wfile.flush()
+
+    def send_error(self, code, message=None, explain=None):
+        """The stdlib's own refusals (a request line it cannot parse, a line or header too
+        long, a bad version) in the service's JSON shape instead of its HTML page."""
+        self.close_connection = True  # the stdlib stops reading this connection after these
+        if self.request_version == "HTTP/0.9":  # a line the parser could not read at all: the
+            self.request_version = "HTTP/1.0"  # stdlib would send a bare body, no status line
+        message = message or self.responses.get(code, ("error",))[0]
+        log.debug("%s refused: %d %s", self.address_string(), code, message)
+        if code < 200 or code in (204, 205, 304):  # no body allowed
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError, TimeoutError):
+                self.send_response(code, message)
+                self.send_header("Connection", "close")
+                self.end_headers()
+            return
+        self._send_json(code, ApiError(code, message).body(), {"Connection": "close"})
+
+    def parse_request(self) -> bool:
+        """The stdlib's parse, then every method but GET, HEAD and POST answered here (the
+        stdlib would answer an HTML 501 for a method the handler has no ``do_`` for)."""
+        if not super().parse_request():
+            return False
+        if self.command in ("GET", "HEAD", "POST"):
+            return True
+        if self._authorized():
+            self._drain()
+            self._wrong_method(self.path.split("?", 1)[0])
+        return False  # answered: the stdlib's loop reads the next request
+
+    def _wrong_method(self, path: str) -> None:
+        """404 for a path the service does not have, else 405 naming the methods it takes."""
+        allowed = ROUTES.get(path)
+        if allowed is None:
+            self._error(ApiError(404, f"no such endpoint {self.command} {path}"))
+            return
+        e = ApiError(405, f"{path} does not take {self.command}; it takes {', '.join(allowed)}")
+        self._send_json(405, e.body(), {"Allow": ", ".join(allowed)})
 
     def _error(self, e: ApiError) -> None:
         extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
@@ -138,7 +192,11 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if not self._authorized():
             return
+        self._drain()  # a GET may carry a body; read it so the next request stays in step
         path = self.path.split("?", 1)[0]
+        if "GET" not in ROUTES.get(path, ("GET",)):
+            self._wrong_method(path)
+            return
         svc = self.service
         if path == "/health":
             self._send_json(200, self.server.health())
@@ -152,7 +210,9 @@ class Handler(BaseHTTPRequestHandler):
                       for v in svc.snap.voices.values()]  # fmt: skip
             self._send_json(200, {"object": "list", "data": voices})
         else:
-            self._error(ApiError(404, f"no such endpoint GET {path}"))
+            self._error(ApiError(404, f"no such endpoint {self.command} {path}"))
+
+    do_HEAD = do_GET
 
     def do_POST(self):
         if not self._authorized():
@@ -160,7 +220,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path != "/v1/audio/speech":
             self._drain()
-            self._error(ApiError(404, f"no such endpoint POST {path}"))
+            self._wrong_method(path)
             return
         gate = self.server.slots
         if not gate.acquire(blocking=False):
