@@ -25,6 +25,7 @@ REGISTRY: dict[str, dict[str, str]] = {
         "duration": "bestofn.backends.duration:DurationScorer",
         "whisper-asr": "bestofn.backends.whisper_asr:WhisperASRScorer",
         "resemblyzer": "bestofn.backends.resemblyzer_sim:ResemblyzerScorer",
+        "wavlm-speaker": "bestofn.backends.speaker:SpeakerScorer",
         "dnsmos": "bestofn.backends.dnsmos:DNSMOSScorer",
         "parakeet": "bestofn.backends.parakeet:ParakeetScorer",
         "voiceclap": "bestofn.backends.voiceclap:VoiceCLAPScorer",
@@ -38,8 +39,8 @@ REGISTRY: dict[str, dict[str, str]] = {
 # config's). The builds that need them run one at a time (PARALLEL_BUILD, below), so the order
 # keeps that one-at-a-time lane busy while the long import runs: Empathic-Insight first (its
 # transformers import is short, its build about 9 s on the H200), then Parakeet (NeMo's import,
-# about 9 s, overlaps that build; its build 10-15 s), Sidon, VoiceCLAP. A backend with no entry
-# (moss-fast, duration, piper) imports nothing here and starts building at once.
+# about 9 s, overlaps that build; its build 10-15 s), Sidon, VoiceCLAP, the speaker model. A
+# backend with no entry (moss-fast, duration, piper) imports nothing here and builds at once.
 PRELOAD: dict[str, tuple[str, ...]] = {
     "empathic-insight": ("transformers:WhisperFeatureExtractor,WhisperModel",),
     "parakeet": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
@@ -48,6 +49,7 @@ PRELOAD: dict[str, tuple[str, ...]] = {
         "transformers:Wav2Vec2BertConfig,Wav2Vec2BertModel,SeamlessM4TFeatureExtractor",
     ),
     "voiceclap": ("transformers:AutoModel",),
+    "wavlm-speaker": ("transformers:WavLMForXVector,Wav2Vec2FeatureExtractor",),
     "whisper-asr": ("faster_whisper",),
 }
 
