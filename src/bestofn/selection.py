@@ -12,9 +12,13 @@ from pathlib import Path
 import duckdb
 
 from bestofn import trust
+from bestofn.held_out import is_numeric
 from bestofn.takes_schema import BASE_COLUMNS, SelectionError
 
-__all__ = ["BASE_COLUMNS", "SelectionError", "build_database", "check_selection", "open_read_only"]
+__all__ = [
+    "BASE_COLUMNS", "SelectionError", "build_database", "check_selection", "normed_columns",
+    "open_read_only", "resolve_norm",
+]  # fmt: skip
 
 # DuckDB's own memory (config: database.memory_limit, passed in by the rule) bounds the rule
 # whatever the run's size: past it, sorts, joins and aggregates spill to a temporary directory
@@ -68,6 +72,127 @@ def _scored_sql(filter_sql: str, score_sql: str, source: str = "takes") -> str:
     )
 
 
+# ``norm(col)``: a column min-max normalised over every take of the run (LAION's voice-acting
+# recipe ranks by norm(target emotion), norm(blend), norm(genuineness), normalised "globally over
+# the whole run": LAION-AI/moss-8b-voice-acting SYNTHETIC_DATA_RECIPE.md section 6). DuckDB has no
+# such function and the run's range is only known once every group is scored, so each call is
+# written out with the run's min and max before the SQL runs (resolve_norm); NaN and infinite
+# values are left out of the range and normalise to NULL (a NULL score is never preferred, where
+# NaN would sort above every number), and a column with one value over the run normalises to 0.
+_NORM_CALL = re.compile(r"\bnorm\s*\(", re.IGNORECASE)
+_NORM_ARG = re.compile(r'\s*("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_]*)\s*\)')
+_STRING = re.compile(r"'(?:[^']|'')*'")
+
+
+def _norm_calls(sql: str, name: str) -> list[tuple[int, int, str]]:
+    """(start, end, column) of every ``norm(column)`` in ``sql`` (not inside a string)."""
+    masked = _STRING.sub(lambda m: "'" + " " * (len(m[0]) - 2) + "'", sql)
+    calls = []
+    for m in _NORM_CALL.finditer(masked):
+        arg = _NORM_ARG.match(masked, m.end())
+        if arg is None:
+            raise SelectionError(
+                f"selection.{name}: norm() takes one column name, e.g. norm(ei_target); got "
+                f"{sql[m.start() : m.start() + 40]!r}...\n{name}: {sql}"
+            )
+        col = arg[1]
+        calls.append((m.start(), arg.end(), col[1:-1].replace('""', '"') if col[0] == '"' else col))
+    return calls
+
+
+def normed_columns(filter_sql: str, score_sql: str) -> list[str]:
+    """The columns the selection normalises with ``norm()``, in first-seen order."""
+    seen: dict[str, str] = {}
+    for name, sql in (("filter", filter_sql), ("score", score_sql)):
+        for _, _, col in _norm_calls(sql, name):
+            seen.setdefault(col.lower(), col)
+    return list(seen.values())
+
+
+def _norm_sql(col: str, low: float | None, high: float | None) -> str:
+    x = f"{trust.quote_ident(col)}::DOUBLE"
+    if low is None or high is None or not high > low:
+        return f"(CASE WHEN isfinite({x}) THEN 0.0 END)"
+    # the bounds as exact DOUBLE literals: the export recomputes the same scores from them
+    return (
+        f"(CASE WHEN isfinite({x}) THEN ({x} - '{low!r}'::DOUBLE) / "
+        f"('{high!r}'::DOUBLE - '{low!r}'::DOUBLE) END)"
+    )
+
+
+def expand_norm(sql: str, ranges: dict[str, tuple], name: str = "score") -> str:
+    """``sql`` with every ``norm(col)`` written out with ``ranges[col.lower()] = (min, max)``."""
+    out, at = [], 0
+    for start, end, col in _norm_calls(sql, name):
+        out += [sql[at:start], _norm_sql(col, *ranges[col.lower()])]
+        at = end
+    return "".join(out) + sql[at:]
+
+
+def norm_ranges(con, source: str, columns: list[str], params=None) -> dict[str, list]:
+    """{column (lower-cased): [min, max]} of the finite values of ``columns`` in ``source``
+    (a table, or ``read_parquet(?)`` with ``params``); a column ``source`` lacks is left out."""
+    have = {
+        r[0].lower(): r[0]
+        for r in con.execute(f"DESCRIBE SELECT * FROM {source}", params).fetchall()
+    }
+    present = [have[c.lower()] for c in columns if c.lower() in have]
+    if not present:
+        return {}
+    parts = []
+    for col in present:
+        x = f"{trust.quote_ident(col)}::DOUBLE"
+        parts.append(
+            f"min({x}) FILTER (WHERE isfinite({x})), max({x}) FILTER (WHERE isfinite({x}))"
+        )
+    row = con.execute(f"SELECT {', '.join(parts)} FROM {source}", params).fetchone()
+    return {c.lower(): [row[2 * i], row[2 * i + 1]] for i, c in enumerate(present)}
+
+
+def _merge_ranges(into: dict[str, list], more: dict[str, list]) -> None:
+    for col, (low, high) in more.items():
+        have = into.setdefault(col, [None, None])
+        have[0] = low if have[0] is None else have[0] if low is None else min(have[0], low)
+        have[1] = high if have[1] is None else have[1] if high is None else max(have[1], high)
+
+
+def resolve_norm(con, source: str, filter_sql: str, score_sql: str) -> tuple[str, str]:
+    """The filter and score with ``norm()`` written out over every take in ``source`` (a table
+    on ``con``, e.g. the results database's ``takes``); a normalised column the takes lack is
+    refused by name."""
+    columns = normed_columns(filter_sql, score_sql)
+    if not columns:
+        return filter_sql, score_sql
+    ranges: dict[str, list] = {}
+    _merge_ranges(ranges, norm_ranges(con, source, columns))
+    return _expanded(filter_sql, score_sql, columns, ranges)
+
+
+def _expanded(filter_sql, score_sql, columns, ranges) -> tuple[str, str]:
+    missing = [c for c in columns if c.lower() not in ranges]
+    if missing:
+        raise SelectionError(
+            f"selection: norm({missing[0]}) names a column the takes do not have: {missing[0]!r}"
+        )
+    return expand_norm(filter_sql, ranges, "filter"), expand_norm(score_sql, ranges, "score")
+
+
+def _resolve_norm_files(files: list[str], filter_sql: str, score_sql: str, memory_limit):
+    """resolve_norm over the group parquets, MAX_CHUNK_FILES files at a time (their footers
+    only and the normalised columns are read)."""
+    columns = normed_columns(filter_sql, score_sql)
+    if not columns:
+        return filter_sql, score_sql
+    ranges: dict[str, list] = {}
+    with closing(duckdb.connect()) as con:
+        con.execute("SET memory_limit = ?", [memory_limit])
+        for start in range(0, len(files), MAX_CHUNK_FILES):
+            batch = files[start : start + MAX_CHUNK_FILES]
+            source = "read_parquet(?, union_by_name = true)"
+            _merge_ranges(ranges, norm_ranges(con, source, columns, [batch]))
+    return _expanded(filter_sql, score_sql, columns, ranges)
+
+
 def check_selection(
     filter_sql: str, score_sql: str, columns: dict[str, str], strict: bool = True
 ) -> None:
@@ -81,6 +206,20 @@ def check_selection(
     for name, sql in (("filter", filter_sql), ("score", score_sql)):
         if not sql.strip() or ";" in sql:
             raise SelectionError(f"selection.{name} must be one SQL expression, got {sql!r}")
+    known = {c.lower(): t for c, t in columns.items()}
+    for col in normed_columns(filter_sql, score_sql):
+        if strict and col.lower() not in known:
+            raise SelectionError(
+                f"selection: norm({col}) names {col!r}, which no configured scorer writes; "
+                f"known columns: {sorted(columns)}"
+            )
+        if col.lower() in known and not is_numeric(known[col.lower()]):
+            raise SelectionError(
+                f"selection: norm({col}): {col!r} is {known[col.lower()]}, not a number"
+            )
+    # norm() bound with a stand-in range: the run's own is only known once it is scored
+    unit = {c.lower(): (0.0, 1.0) for c in normed_columns(filter_sql, score_sql)}
+    filter_sql, score_sql = expand_norm(filter_sql, unit, "filter"), expand_norm(score_sql, unit)
     try:
         con.execute(_scored_sql(filter_sql, score_sql) + " LIMIT 0").fetchall()
     except duckdb.BinderException as e:
@@ -258,6 +397,7 @@ def build_database(
     files = [str(p) for p in parquets]
     if memory_limit is None:  # a library call: the config schema's default (database:)
         memory_limit = database_defaults()["memory_limit"]
+    filter_sql, score_sql = _resolve_norm_files(files, filter_sql, score_sql, memory_limit)
     try:
         return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
                       memory_limit, threads, chunked=True)  # fmt: skip

@@ -1,0 +1,146 @@
+"""Target-emotion selection with norm(): the take that acts the group's own emotion wins, a take
+under the speaker floor or the WER gate never does; norm() is min-max over the whole run and is
+checked before any GPU work."""
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bestofn.selection import SelectionError, build_database, check_selection, resolve_norm
+from bestofn.takes_schema import BASE_COLUMNS
+
+# the production selection's shape (config/production.yaml)
+FILTER = "wer <= 0.1 AND NOT truncated AND stop_reason = 'eos' AND spk_sim >= 0.40"
+SCORE = "1.5 * norm(ei_target) + norm(vc_blend) + norm(vc_genuineness)"
+
+
+def takes(tmp_path, group_id, rows):
+    """A group's parquet: rows of (ei_anger, ei_sadness, ei_target, wer, spk_sim, blend, genu)."""
+    n = len(rows)
+    cols = list(zip(*rows, strict=True))
+    emotion, prompt = group_id.split("/")
+    table = pa.table(
+        {
+            "group_id": [group_id] * n,
+            "emotion": [emotion] * n,
+            "prompt_id": [prompt] * n,
+            "take": pa.array(range(n), pa.int32()),
+            "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
+            "duration_s": [2.0] * n,
+            "truncated": [False] * n,
+            "stop_reason": ["eos"] * n,
+            "ei_anger": cols[0],
+            "ei_sadness": cols[1],
+            "ei_target": cols[2],
+            "wer": cols[3],
+            "spk_sim": cols[4],
+            "vc_blend": cols[5],
+            "vc_genuineness": cols[6],
+            "device": ["cpu"] * n,
+            **{
+                f"group_{s}_s": [1.0] * n
+                for s in ("generate", "restore", "score", "load", "write", "wall")
+            },
+            "worker_idle_s": [0.0] * n,
+            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
+            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
+        }
+    )
+    path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+def selected(tmp_path, files) -> dict[str, int]:
+    out = tmp_path / "bestofn.duckdb"
+    build_database(files, out, FILTER, SCORE)
+    with duckdb.connect(str(out), read_only=True) as con:
+        return dict(con.execute("SELECT group_id, take FROM selection").fetchall())
+
+
+def test_the_target_emotions_head_wins_over_another_emotions(tmp_path):
+    # Anger group: ei_target is the Anger head. Take 0 is far higher on Sadness, take 1 on
+    # Anger; blend and genuineness equal. Sadness group: the same takes, target = Sadness.
+    rows = [(1.0, 3.5, None, 0.0, 0.8, 5.0, 3.0), (3.0, 0.5, None, 0.0, 0.8, 5.0, 3.0)]
+    anger = [(a, s, a, *rest) for a, s, _, *rest in rows]
+    sad = [(a, s, s, *rest) for a, s, _, *rest in rows]
+    files = [takes(tmp_path, "Anger/p1", anger), takes(tmp_path, "Sadness/p1", sad)]
+    assert selected(tmp_path, files) == {"Anger/p1": 1, "Sadness/p1": 0}
+
+
+def test_a_take_under_the_speaker_floor_or_the_wer_gate_is_never_selected(tmp_path):
+    # take 0: the best acting but another voice (spk_sim 0.30 < 0.40); take 1: the best
+    # acting of the rest but garbled (wer 0.4); take 2: modest, passes both gates
+    rows = [
+        (3.9, 0.0, 3.9, 0.0, 0.30, 9.0, 6.0),
+        (3.8, 0.0, 3.8, 0.4, 0.90, 9.0, 6.0),
+        (1.0, 0.0, 1.0, 0.05, 0.60, 2.0, 1.0),
+    ]
+    files = [takes(tmp_path, "Anger/p1", rows)]
+    assert selected(tmp_path, files) == {"Anger/p1": 2}
+    # and a group where every take fails a gate selects nothing
+    files = [takes(tmp_path, "Anger/p2", rows[:2])]
+    assert selected(tmp_path, files) == {}
+
+
+def test_norm_is_min_max_over_the_whole_run_not_the_group(tmp_path):
+    # over the run: ei_target 0..4, blend 0..10, genuineness 1..3. Within a group genuineness
+    # never varies (a per-group norm would make it 0 everywhere); over the run it is 0 or 1.
+    g = [(4.0, 0, 4.0, 0.0, 0.9, 0.0, 1.0), (1.0, 0, 1.0, 0.0, 0.9, 10.0, 1.0)]
+    h = [(0.0, 0, 0.0, 0.0, 0.9, 5.0, 3.0), (2.0, 0, 2.0, 0.0, 0.9, 5.0, 3.0)]
+    files = [takes(tmp_path, "Anger/g", g), takes(tmp_path, "Anger/h", h)]
+    out = tmp_path / "bestofn.duckdb"
+    build_database(files, out, FILTER, SCORE)
+    with duckdb.connect(str(out), read_only=True) as con:
+        scores = dict(con.execute("SELECT group_id || take, score FROM selection").fetchall())
+    assert scores == pytest.approx(
+        {"Anger/g0": 1.5 * 1.0 + 0.0 + 0.0, "Anger/h1": 1.5 * 0.5 + 0.5 + 1.0}
+    )
+
+
+def test_nan_normalises_to_null_and_never_wins(tmp_path):
+    nan = float("nan")
+    rows = [(nan, 0.0, nan, 0.0, 0.9, 5.0, 3.0), (1.0, 0.0, 1.0, 0.0, 0.9, 5.0, 3.0),
+            (2.0, 0.0, 2.0, 0.0, 0.9, 4.0, 3.0)]  # fmt: skip
+    assert selected(tmp_path, [takes(tmp_path, "Anger/p1", rows)]) == {"Anger/p1": 2}
+
+
+def test_resolve_norm_writes_the_runs_range_into_the_sql():
+    con = duckdb.connect()
+    con.execute("CREATE TABLE takes AS SELECT * FROM (VALUES (1.0, 2), (3.0, 4)) t(x, y)")
+    filter_sql, score_sql = resolve_norm(con, "takes", "norm(y) > 0.5", 'norm(x) + norm("x")')
+    assert "norm" not in filter_sql.lower() and "norm" not in score_sql.lower()
+    got = con.execute(f"SELECT {score_sql}, {filter_sql} FROM takes ORDER BY x").fetchall()
+    assert got == [(0.0, False), (2.0, True)]
+    with pytest.raises(SelectionError, match="'z'"):
+        resolve_norm(con, "takes", "true", "norm(z)")
+
+
+COLUMNS = {**BASE_COLUMNS, "wer": "DOUBLE", "truncated": "BOOLEAN", "stop_reason": "VARCHAR",
+           "spk_sim": "DOUBLE", "ei_target": "DOUBLE", "vc_blend": "DOUBLE",
+           "vc_genuineness": "DOUBLE", "transcript": "VARCHAR"}  # fmt: skip
+
+
+def test_check_selection_takes_norm_of_known_columns():
+    check_selection(FILTER, SCORE, COLUMNS)
+
+
+def test_check_selection_refuses_norm_of_a_missing_column_by_name():
+    with pytest.raises(SelectionError, match="norm\\(ei_targte\\).*'ei_targte'"):
+        check_selection(FILTER, "norm(ei_targte) + norm(vc_blend)", COLUMNS)
+
+
+@pytest.mark.parametrize("score", ["norm(wer + 1)", "norm()", "norm(wer, cer)"])
+def test_check_selection_refuses_norm_of_an_expression(score):
+    with pytest.raises(SelectionError, match="one column name"):
+        check_selection(FILTER, score, COLUMNS)
+
+
+def test_check_selection_refuses_norm_of_text():
+    with pytest.raises(SelectionError, match="transcript.*not a number"):
+        check_selection(FILTER, "norm(transcript)", COLUMNS)
+
+
+def test_norm_inside_a_string_is_text():
+    check_selection("stop_reason <> 'norm(x)'", "norm(wer)", COLUMNS)
