@@ -33,12 +33,20 @@ def expected_columns(weights: Path) -> set[str]:
     from bestofn.backends.duration import DurationScorer
     from bestofn.backends.empathic import column_name, head_name
     from bestofn.backends.parakeet import ParakeetScorer
+    from bestofn.backends.speaker import SpeakerScorer
     from bestofn.backends.voiceclap import VoiceCLAPScorer
 
     heads = sorted((weights / "Empathic-Insight-Voice-Plus").glob("*.pth"))
     assert len(heads) == 4
     ei = {column_name(head_name(p), "ei_") for p in heads}
-    return {*DurationScorer.columns, *ParakeetScorer.columns, *VoiceCLAPScorer.columns, *ei}
+    ei |= {"ei_target"}  # the group's own emotion's head
+    return {
+        *DurationScorer.columns,
+        *ParakeetScorer.columns,
+        *VoiceCLAPScorer.columns,
+        *ei,
+        *SpeakerScorer.columns,  # spk_sim, spk_ref
+    }
 
 
 def _tree_bytes(root):
@@ -101,6 +109,12 @@ def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
     ).fetchall()
     # 4 takes per group, one warm worker, Sidon's 48 kHz, every scorer filled every row
     assert takes == [(g, 4, 1, 48000, 48000, 4, 4, 4) for g in GROUPS]
+    # spk_sim against the sheet's reference voice where the emotion has one, else the centroid
+    refs = con.execute(
+        "SELECT DISTINCT split_part(group_id, '/', 1), spk_ref FROM takes "
+        "WHERE spk_sim BETWEEN -1.0001 AND 1.0001 ORDER BY 1"
+    ).fetchall()
+    assert refs == [("angry", "group_centroid"), ("calm", "reference")]
     generators = con.execute("SELECT DISTINCT generator FROM takes").fetchall()
     assert generators == [("moss-fast",)]
     # the tuned stop head: takes end on their stop token and on the budget, never all at once

@@ -18,6 +18,7 @@ parakeet.py     a FastConformer-TDT NeMo model (.nemo) with a freshly trained to
 whisper.py      Whisper-Small shapes shared by the two Whisper-based scorers
 voiceclap.py    a STAND-IN VoiceCLAP embedder (remote code in remote/voiceclap) + the two heads
 empathic.py     BUD-E-Whisper encoder dir + Empathic-Insight head files
+speaker.py      a WavLMForXVector folder (microsoft/wavlm-base-plus-sv layout)
 weights.py      `bestofn fake-weights DIR`: all of the above + a complete production config
 
 Random weights make noise: every score they give is meaningless. They exist to run the real

@@ -18,6 +18,7 @@ complete production config that points at them.
                                                 rate (a CALIBRATION; --parakeet calibrated)
     DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: STAND-IN embedder (remote code), heads
     DIR/BUD-E-Whisper/, Empathic-Insight-Voice-Plus/
+    DIR/wavlm-base-plus-sv/                     speaker similarity (WavLMForXVector)
 
 ``tiny`` runs the whole workflow on a CPU in about a minute (the CI test); ``real`` has the
 published sizes (about 40 GB on disk, mostly the 59 Empathic-Insight heads and the 8.5 GB v2
@@ -124,6 +125,9 @@ models:
         encoder_path: {encoder_path}
         heads_path: {heads_path}
       runtime: {scorer_runtime}
+    - backend: wavlm-speaker
+      options:
+        model_path: {speaker_path}
 
 runtime:
   queue_depth: {queue_depth}
@@ -166,6 +170,8 @@ weights: the real loading code runs on them, and the audio and scores they make 
   code with VoiceCLAP's shapes and API), and the two heads in the published format.
 - `BUD-E-Whisper/`, `Empathic-Insight-Voice-Plus/` (empathic-insight): a Whisper checkpoint and
   {n_heads} head files `model_<Name>_best.pth`.
+- `wavlm-base-plus-sv/` (wavlm-speaker): a WavLMForXVector checkpoint (config.json,
+  preprocessor_config.json, model.safetensors).
 {delay}"""
 DELAY_README = """\
 - `MOSS-TTS-Delay-v1.5/` (moss-fast picks its Delay engine from config.json; moss-hf{moss_hf}):
@@ -215,7 +221,7 @@ def write_reference_voice(path: Path) -> Path:
 
 # The backends' writers, in the order a serial write runs them (see _write_backend).
 WRITERS = ("moss-tts-local + codec", "moss-audio-tokenizer", "moss-tts-delay", "sidon",
-           "parakeet", "voiceclap", "empathic-insight")  # fmt: skip
+           "parakeet", "voiceclap", "empathic-insight", "wavlm-speaker")  # fmt: skip
 
 
 def _set_threads(n: int) -> None:
@@ -234,6 +240,7 @@ def _write_backend(name, out, size, seed, moss_code, delay_code, p_stop):
         moss_delay,
         parakeet,
         sidon,
+        speaker,
         voiceclap,
     )
 
@@ -248,6 +255,7 @@ def _write_backend(name, out, size, seed, moss_code, delay_code, p_stop):
         "parakeet": lambda: parakeet.write(out, size, seed),
         "voiceclap": lambda: voiceclap.write(out, size, seed),
         "empathic-insight": lambda: empathic.write(out, size, seed),
+        "wavlm-speaker": lambda: speaker.write(out, size, seed),
     }
     t0 = time.perf_counter()
     options = writers[name]()
@@ -338,6 +346,7 @@ def write_all(
             ),
             voiceclap_options=voiceclap_options,
             **{k: _yaml(v) for k, v in opts["empathic-insight"].items()},
+            speaker_path=_yaml(opts["wavlm-speaker"]["model_path"]),
             **RUN[size],
         )
     )
