@@ -61,6 +61,18 @@ def _plan(args) -> int:
     return 0
 
 
+def _doctor(args) -> int:
+    from bestofn.doctor import main as doctor_main
+
+    return doctor_main(args)
+
+
+def _status(args) -> int:
+    from bestofn.status import main as status_main
+
+    return status_main(args)
+
+
 def _run_group(args) -> int:
     from bestofn.workflow_glue import run_group_job
 
@@ -181,6 +193,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", help="results directory (default: the config's, under --base)")
     p.add_argument("--limit", type=int, default=50, help="emotions listed one by one")
     p.set_defaults(func=_plan)
+
+    p = sub.add_parser(
+        "doctor",
+        help="before a long run: CUDA build vs driver, GPU memory, disk, weights lock, then "
+        "one real group per slot, timed (for bestofn plan)",
+    )
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--base", default=".", help="the workflow directory (sheets, results)")
+    p.add_argument("--no-pilot", action="store_true", help="the checks only, no group")
+    p.set_defaults(func=_doctor)
+
+    p = sub.add_parser(
+        "status", help="a run's progress: groups done and left, takes/s, ETA, failures"
+    )
+    p.add_argument("--config", default="config/config.yaml")
+    p.add_argument("--base", default=".", help="the workflow directory (sheets, results)")
+    p.add_argument("--results", help="results directory (default: the config's, under --base)")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="again every SECONDS")
+    p.set_defaults(func=_status)
 
     p = sub.add_parser("run-group", help="run one group in this process (what a group job does)")
     p.add_argument("--params", required=True, help="group spec JSON")
