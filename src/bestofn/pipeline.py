@@ -85,16 +85,20 @@ def _strip_runtime(entry: dict) -> dict:
     return {k: v for k, v in entry.items() if k != "runtime"}
 
 
-def models_identity(models: dict) -> dict:
+def models_identity(models: dict, memo_dir: Path | None = None) -> dict:
     """The models section without each backend's ``runtime`` knobs (batch sizes, threads,
-    compile flags): what makes a take, and so what a group's params and hashes include."""
+    compile flags), every weights path replaced by its content identity (bestofn.weights.
+    identity: no path, so moving the weights reruns nothing): what makes a take, and so what a
+    group's params and hashes include. ``memo_dir``: the sha256 memo (None: the process's)."""
+    from bestofn.weights.identity import models_content
+
     out = {}
     for role, value in models.items():
         if role == "scorers":
             out[role] = [_strip_runtime(s) for s in value]
         else:
             out[role] = _strip_runtime(value) if isinstance(value, dict) else value
-    return out
+    return models_content(out, memo_dir)
 
 
 def backend_kwargs(entry: dict) -> dict:
@@ -122,8 +126,8 @@ class Backends:
     def __post_init__(self):
         self.cpu_threads = int(self.cpu_threads) or default_cpu_threads()
 
-    @property
-    def models_hash(self) -> str:
+    @functools.cached_property
+    def models_hash(self) -> str:  # hashes the weights (memoised): once per worker
         return stable_hash(models_identity(self.models))
 
 

@@ -24,6 +24,8 @@ from bestofn.backends.registry import (
     is_plugin,
 )
 from bestofn.spec import GroupSpec
+from bestofn.weights import lock as weights_lock
+from bestofn.weights import paths as weight_paths
 
 
 class PlanError(ValueError):
@@ -39,20 +41,31 @@ class Plan:
     groups: dict[tuple[str, str], GroupSpec]  # (emotion, prompt_id) -> spec
     # what runs but runs slower than the config means it to (the workflow logs them)
     warnings: tuple[str, ...] = ()
+    memo_dir: Path | None = None  # the sha256 memo of the weights' content identity
 
     def group_params(self, emotion: str, prompt_id: str) -> str:
-        """The group's identity as a stable JSON string (a Snakemake param): every GroupSpec
-        field, the reference voice's content digest included (in ``extra``). Built field by
-        field: Snakemake calls this once per group job, and dataclasses.asdict is 4x slower."""
+        """The group's spec as a stable JSON string, the reference voice's path included: what
+        a worker runs (``spec_from_params``). Built field by field: Snakemake calls this once
+        per group job, and dataclasses.asdict is 4x slower."""
         spec = self.groups[(emotion, prompt_id)]
         return json.dumps({f: getattr(spec, f) for f in _SPEC_FIELDS}, sort_keys=True)
 
+    def group_identity(self, emotion: str, prompt_id: str) -> str:
+        """The group's identity (its Snakemake param): every GroupSpec field but the reference
+        voice's path, which is there by its content digest only (in ``extra``): moving the
+        voice, the sheets or the tree reruns nothing."""
+        spec = self.groups[(emotion, prompt_id)]
+        fields_ = {f: getattr(spec, f) for f in _SPEC_FIELDS}
+        fields_["reference_audio"] = None
+        return json.dumps(fields_, sort_keys=True)
+
     @property
     def models_params(self) -> str:
-        """The models' identity (without runtime knobs) as a Snakemake param."""
+        """The models' identity as a Snakemake param: no runtime knobs, and every weights path
+        by its content (bestofn.weights.identity), never its place."""
         from bestofn.pipeline import models_identity
 
-        return json.dumps(models_identity(self.config["models"]), sort_keys=True)
+        return json.dumps(models_identity(self.config["models"], self.memo_dir), sort_keys=True)
 
 
 def _decode_sheet(path: Path, data: bytes) -> str:
@@ -143,20 +156,8 @@ def _check_reference(path_str: str, where: str, base: Path, checked: dict) -> st
     return path_str
 
 
-def _is_weight_option(key: str) -> bool:
-    """Options naming weights that must already exist (caches are created, so not checked)."""
-    return not key.startswith("cache") and (key.endswith(("_path", "_dir")) or key == "lora")
-
-
-def _roles(models: dict) -> list[tuple[str, str, dict]]:
-    """(role, config place, entry) of every backend the models section names."""
-    roles = [("generator", "models.generator", models["generator"])]
-    if models.get("restorer"):
-        roles.append(("restorer", "models.restorer", models["restorer"]))
-    roles += [
-        ("scorer", f"models.scorers[{i}]", s) for i, s in enumerate(models.get("scorers", []))
-    ]
-    return roles
+_is_weight_option = weight_paths.is_weight_option
+_roles = weight_paths.model_entries
 
 
 def check_options(role: str, where: str, entry: dict) -> None:
@@ -239,7 +240,18 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
         raise PlanError(f"config field {where}: {e.message}")
     config = schemas.apply_defaults(config)  # Plan.config: every default the schema declares
+    try:  # weights paths relative to weights_root (or base), made absolute for the workers
+        root = weight_paths.weights_root(config, base)
+    except weight_paths.WeightsRootError as e:
+        raise PlanError(str(e)) from None
+    config["models"] = weight_paths.resolve_models(config["models"], root, base)
     check_models(config["models"], base)
+    problems = weights_lock.check_config(config, base)
+    if problems:
+        raise PlanError(
+            "config models: the weights do not match their lock (bestofn weights lock writes "
+            "it again once the files are right):\n" + "\n".join(f"  {p}" for p in problems)
+        )
 
     emotions = read_sheet(base / config["emotions"], "emotions")
     prompts = read_sheet(base / config["prompts"], "prompts")
@@ -295,7 +307,8 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
             )
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
-    return Plan(config, groups, tuple(slow_settings(config)))
+    memo_dir = weights_lock.memo_dir_for(config, base)
+    return Plan(config, groups, tuple(slow_settings(config)), memo_dir)
 
 
 PAIRING_QUEUE_DEPTH = 4  # a pair generating while the pair before is restored (config/README)

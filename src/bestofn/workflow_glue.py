@@ -105,15 +105,19 @@ def thread_log(path: Path):
         handler.close()
 
 
-def run_group_rule(params, out: str, emotion: str, prompt_id: str, config: dict) -> dict:
+def run_group_rule(
+    params, out: str, emotion: str, prompt_id: str, config: dict, spec: str | None = None
+) -> dict:
     """The ``group`` rule's ``run:`` block. A ``run:`` block, not a ``script:``, and no ``log:``
     or input function: Snakemake's per-job work for those dominated planning at 100k groups
-    (docs/PERFORMANCE.md). The group's log goes to logs/groups/{emotion}/{prompt_id}.log."""
+    (docs/PERFORMANCE.md). The group's log goes to logs/groups/{emotion}/{prompt_id}.log.
+    ``spec``: the group as the worker runs it (the reference voice's path included; the
+    params hold only its digest); None: ``params.spec``."""
     path = group_log_path(config["results"], emotion, prompt_id)
     with thread_log(path):
         try:
             return run_group_job(
-                params.spec,
+                spec if spec is not None else params.spec,
                 # The full models section, runtime knobs included; params.models (identity
                 # only) is what decides whether a finished group must rerun.
                 json.dumps(config["models"]),

@@ -38,7 +38,21 @@ def group_dirs(wildcards=None):
 
 def group_params(wildcards):
     # Called once per group job while planning: keep it a dict lookup and one json.dumps.
-    return PLAN.group_params(wildcards.emotion, wildcards.prompt_id)
+    # The identity only (the reference voice by its digest): the run: block gets the spec
+    # with the voice's path from PLAN.group_params.
+    return PLAN.group_identity(wildcards.emotion, wildcards.prompt_id)
+
+
+def clear_load_failures():
+    """A new run starts workers again: forget the models that could not load in a run before."""
+    from bestofn.worker.client import Runtime, clear_load_failure, default_state_dir
+
+    rt = Runtime.from_config(config.get("runtime"))
+    clear_load_failure(rt.state_dir or default_state_dir())
+
+
+onstart:
+    clear_load_failures()
 
 
 def stop_workers():

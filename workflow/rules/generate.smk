@@ -22,5 +22,10 @@ rule group:
         flac_subtype=config["flac_subtype"],
     run:
         run_group_rule(
-            params, output[0], wildcards.emotion, wildcards.prompt_id, config
+            params,
+            output[0],
+            wildcards.emotion,
+            wildcards.prompt_id,
+            config,
+            spec=PLAN.group_params(wildcards.emotion, wildcards.prompt_id),
         )

@@ -43,6 +43,33 @@ class WorkerError(RuntimeError):
     pass
 
 
+LOAD_FAILED = "load-failed.json"  # in the state dir: the models of this run that cannot load
+
+
+class WorkerLoadError(WorkerError):
+    """A worker could not load its models (broken weights, a device that cannot run them): a
+    retry or another slot would fail the same way, so this run starts no other worker for
+    them (until ``clear_load_failure``: the workflow's onstart)."""
+
+
+def clear_load_failure(state_dir: str | Path) -> None:
+    (Path(state_dir) / LOAD_FAILED).unlink(missing_ok=True)
+
+
+def _load_failure(pool, key: str) -> str | None:
+    try:
+        record = json.loads((pool.dir / LOAD_FAILED).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("error") if record.get("worker_key") == key else None
+
+
+def _record_load_failure(pool, key: str, error: str) -> None:
+    tmp = pool.dir / f".{LOAD_FAILED}.{os.getpid()}"
+    tmp.write_text(json.dumps({"worker_key": key, "error": error}))
+    os.replace(tmp, pool.dir / LOAD_FAILED)
+
+
 def default_state_dir(workdir: str | Path = ".") -> Path:
     """Short per-user, per-workflow directory for sockets and locks (paths max ~107 bytes).
 
@@ -274,8 +301,18 @@ def ensure_worker(
             if _serves(h, key):
                 return h
             stop_worker(pool, slot, timeout=10)
-        return _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype,
-                      warm_up_spec)  # fmt: skip
+        failed = _load_failure(pool, key)
+        if failed is not None:
+            raise WorkerLoadError(
+                "not starting a worker: one of this run could not load these models; fix "
+                f"that and run again. Its error: {failed}"
+            )
+        try:
+            return _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype,
+                          warm_up_spec)  # fmt: skip
+        except WorkerLoadError as e:
+            _record_load_failure(pool, key, str(e))
+            raise
 
 
 def _start(
@@ -345,7 +382,7 @@ def _wait_ready(sock, proc, timeout, log_path, pid: int | None = None) -> dict |
         if h is not None:
             return h
         if proc is not None and proc.poll() is not None:
-            raise WorkerError(
+            raise WorkerLoadError(
                 f"worker exited with code {proc.returncode} while starting; last lines of "
                 f"{log_path}:\n{_tail(log_path)}"
             )

@@ -1,0 +1,157 @@
+"""The weights lock: size and sha256 of every file under a weights root, in
+``ROOT/bestofn-weights.lock.json``, written by ``bestofn weights lock`` and verified by
+``bestofn check`` (and before any group job: the workflow builds its plan through the same
+check). Sizes are compared on every check; hashes through the sha256 memo (keyed by path,
+size, mtime and inode: bestofn.hashing), so an unchanged tree re-hashes nothing and a
+rewritten file is hashed again."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from bestofn import hashing
+from bestofn.weights import paths
+
+LOCK_NAME = "bestofn-weights.lock.json"
+FORMAT = 1
+
+
+class LockError(ValueError):
+    """A lock file that cannot be read, named."""
+
+
+def lock_path(root: str | Path) -> Path:
+    return Path(root) / LOCK_NAME
+
+
+def write_lock(root: str | Path, memo_dir: Path | None = None) -> Path:
+    """Hash every file under ``root`` (hidden entries such as huggingface_hub's ``.cache`` left
+    out) into the lock file; returns its path."""
+    root = Path(root)
+    if not root.is_dir():
+        raise LockError(f"weights lock: {root} is not a directory")
+    files = [p for p in hashing.files_under(root) if p.name != LOCK_NAME]
+    digests = hashing.hash_files(files, memo_dir)
+    table = {
+        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": digests[str(p)]}
+        for p in files
+    }
+    out = lock_path(root)
+    tmp = out.with_name(f".{LOCK_NAME}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"format": FORMAT, "files": table}, indent=1, sort_keys=True))
+    os.replace(tmp, out)
+    return out
+
+
+_cache: dict = {}
+
+
+def read_lock(path: str | Path) -> dict[str, dict]:
+    """{relative path: {size, sha256}} of a lock file; a file that does not parse raises
+    LockError naming it."""
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.absolute()), st.st_size, st.st_mtime_ns)
+    if key in _cache:
+        return _cache[key]
+    try:
+        data = json.loads(path.read_text())
+        files = data["files"]
+        if data.get("format") != FORMAT or not isinstance(files, dict):
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        for rel, entry in files.items():
+            if not (isinstance(entry["size"], int) and len(entry["sha256"]) == 64):
+                raise ValueError(f"entry {rel!r} has no integer size and sha256")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise LockError(
+            f"weights lock {path} does not parse ({e}); write it again with "
+            f"`bestofn weights lock --root {path.parent}`"
+        ) from None
+    _cache[key] = files
+    return files
+
+
+def _covers(rel: str, prefix: str) -> bool:
+    return prefix in ("", ".") or rel == prefix or rel.startswith(prefix.rstrip("/") + "/")
+
+
+def verify(root: Path, prefixes: list[str] | None = None, memo_dir: Path | None = None) -> list:
+    """The lock's files under ``prefixes`` (paths relative to ``root``; None: all) against the
+    disk: missing, other size, other sha256, or a file there that the lock does not list. Each
+    problem names the file."""
+    lock = lock_path(root)
+    files = read_lock(lock)
+    prefixes = [""] if prefixes is None else prefixes
+    problems, to_hash = [], []
+    for rel, entry in sorted(files.items()):
+        if not any(_covers(rel, p) for p in prefixes):
+            continue
+        path = root / rel
+        try:
+            size = path.stat().st_size
+        except OSError:
+            problems.append(f"{path}: missing (listed in {lock})")
+            continue
+        if size != entry["size"]:
+            problems.append(f"{path}: {size} bytes, the lock {lock} says {entry['size']}")
+        else:
+            to_hash.append((path, entry["sha256"]))
+    for prefix in prefixes:
+        base = root / prefix
+        extra = hashing.files_under(base) if base.is_dir() else []
+        for path in extra:
+            rel = path.relative_to(root).as_posix()
+            if rel not in files and path.name != LOCK_NAME:
+                problems.append(f"{path}: not in the lock {lock} (lock again if it belongs)")
+    digests = hashing.hash_files([p for p, _ in to_hash], memo_dir)
+    for path, want in to_hash:
+        if digests[str(path)] != want:
+            problems.append(f"{path}: sha256 differs from the lock {lock}")
+    return list(dict.fromkeys(problems))  # two options may name one folder
+
+
+def memo_dir_for(config: dict, base: str | Path = ".") -> Path | None:
+    """The sha256 memo the workers use (RESULTS/runtime.cache_dir/sha256-memo), if any."""
+    cache_dir = (config.get("runtime") or {}).get("cache_dir", "cache")
+    if not cache_dir:
+        return None
+    results = Path(base) / config.get("results", "results")
+    return results / Path(cache_dir).expanduser() / "sha256-memo"
+
+
+def check_config(config: dict, base: str | Path = ".") -> list[str]:
+    """The lock problems of the weights a config uses (empty: verified, or no lock to verify:
+    see ``lock_state``). Each problem names the file; a weights_root that does not exist or a
+    lock that does not parse is one problem too."""
+    try:
+        root = paths.weights_root(config, base)
+    except paths.WeightsRootError as e:
+        return [str(e)]
+    if root is None or not lock_path(root).is_file():
+        return []
+    prefixes = []
+    for *_, value in paths.weight_options(config["models"]):
+        path = paths.resolve(value, root, base)
+        if path.is_relative_to(root):
+            prefixes.append(path.relative_to(root).as_posix())
+    if not prefixes:
+        return []
+    try:
+        return verify(root, prefixes, memo_dir_for(config, base))
+    except LockError as e:
+        return [str(e)]
+
+
+def lock_state(config: dict, base: str | Path = ".") -> str:
+    """One line: whether the config's weights have a lock to verify."""
+    try:
+        root = paths.weights_root(config, base)
+    except paths.WeightsRootError as e:
+        return str(e)
+    if root is None:
+        return "no weights_root in the config: no lock to verify"
+    if not lock_path(root).is_file():
+        return f"no lock at {lock_path(root)} (write one: bestofn weights lock --root {root})"
+    return f"lock {lock_path(root)}"
