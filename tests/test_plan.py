@@ -358,3 +358,51 @@ def test_pairing_without_room_for_partners_is_a_warning(pair_groups, runtime, wa
     }
     got = slow_settings(schemas.apply_defaults(config))
     assert (got == []) if warns is None else (len(got) == 1 and warns in got[0])
+
+
+# --- wall-clock before and during a run (bestofn.remaining) -------------------------------------
+
+
+def test_wall_clock_before_any_group_uses_the_documented_gpu_figure(project, monkeypatch):
+    import bestofn.remaining as rem
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(rem, "gpu_model_names", lambda: ["NVIDIA H200", "NVIDIA H200"])
+    r = rem.remaining(plan(project, device="cuda"), project / "results")
+    assert r.slots == 2 and r.per_slot.source == "documented figure"
+    assert r.wall_hours_left == pytest.approx(4 * 2 * 0.030 / 2 / 3600)
+    report = rem.format_report(r)
+    assert "wall-clock: 0 s left at 2 slot(s) working at once, 0.0300 s/take per slot" in report
+    assert "from the documented figure: NVIDIA H200; " in report and "not your weights" in report
+    # another GPU model has no documented figure: the estimate says what would give one
+    monkeypatch.setattr(rem, "gpu_model_names", lambda: ["NVIDIA A10"])
+    r = rem.remaining(plan(project, device="cuda"), project / "results")
+    assert r.per_slot is None and "run `bestofn doctor`" in rem.format_report(r)
+
+
+def test_wall_clock_during_a_run_reads_the_published_groups(project):
+    from datetime import UTC, datetime, timedelta
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import bestofn.remaining as rem
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def group(name, pid, start_s, end_s, takes=2):
+        d = project / "results/groups" / name
+        d.mkdir(parents=True)
+        rows = {"host": ["h"] * takes, "worker_pid": [pid] * takes,
+                "started_at": [t0 + timedelta(seconds=start_s)] * takes,
+                "finished_at": [t0 + timedelta(seconds=end_s)] * takes}  # fmt: skip
+        pq.write_table(pa.table(rows), d / "scores.parquet")
+
+    group("calm/p1", 1, 0, 10)
+    group("calm/p2", 1, 5, 20)  # overlapped the group before on worker 1: counted once
+    group("happy/p1", 2, 0, 4)
+    r = rem.remaining(plan(project), project / "results")
+    assert r.per_slot.source == "published groups"
+    assert r.per_slot.s_per_take == pytest.approx((20 + 4) / 6)
+    assert "3 newest published groups, 6 takes, 2 worker(s)" in r.per_slot.detail
+    assert r.wall_hours_left == pytest.approx(1 * 2 * 4.0 / 1 / 3600)  # 1 group left, 1 slot
