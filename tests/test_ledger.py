@@ -4,6 +4,7 @@ name an existing script under docs/bench/, and docs/ must hold no dated notebook
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,12 @@ def test_the_figures_the_product_cites_are_in_the_ledger(ledger):
     # Stand-in labels stay on the rows measured with stand-ins.
     assert "VoiceCLAP stand-in" in figures["workflow.s_per_clip_per_gpu"]["stand_in"]
     assert "STAND-IN" in figures["scorers.voiceclap.s_per_clip"]["stand_in"]
+
+
+def test_docs_hold_no_dated_folder_and_no_raw_log():
+    dated = re.compile(r"20\d\d-\d\d-\d\d")
+    raw = {".log", ".csv", ".tgz", ".gz", ".tar", ".json"}
+    for path in (REPO / "docs").rglob("*"):
+        relative = path.relative_to(REPO)
+        assert not dated.search(path.name), f"{relative}: a dated entry (the ledger holds figures)"
+        assert path.suffix not in raw, f"{relative}: a raw output (the ledger names its command)"
