@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `bestofn ab`: the production set before 2026-12-02 (A: pair_groups false, decode_batch_size 16)
+# `bestofn ab`: the unpaired production set (A: pair_groups false, decode_batch_size 16)
 # against the production set now (B: pair_groups true, decode_batch_size 64), with the
 # thresholds fixed beforehand in config/ab_thresholds_pairing.yaml, on the config that
 # `bestofn fake-weights` wrote under WORK/weights (docs/bench/gpu_workflow.sh writes it; default

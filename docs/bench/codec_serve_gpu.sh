@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Local figures with the real-shaped v2 codec on one H200, in one call (issue 27):
+# The Local figures with the real-shaped v2 codec on one H200, in one call:
 #   1. every production checkpoint at the real size (`bestofn fake-weights --size real`, v2
 #      codec included) is written on the CPU while `codec_v2_gpu.sh` measures v2 decode on the
 #      GPU (ours fp32/bf16 at batch 64, one clip at a time, the stream, and the vendored

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `bench pipeline` on the first GPU, then the production workflow through snakemake on every
-# visible GPU, with random weights at the real sizes, in one call: the per-clip comparison of
-# issue 8 ("within 10 % of bench pipeline on the same machine, in the same call").
+# visible GPU, with random weights at the real sizes, in one call: the two per-clip figures
+# should agree within a few per cent on the same machine, in the same call.
 #
 #   bash docs/bench/gpu_workflow.sh OUT [EMOTIONS] [PROMPTS_PER_EMOTION]
 #
@@ -27,8 +27,8 @@ py=${PYTHON:-python3}
 # CODEC_KERNELS=eager|compiled the generator's runtime.codec_kernels (default: auto);
 # PAIR_GROUPS=1: runtime.pair_groups true and runtime.queue_depth 4 (pairing needs a pair
 # queued while a pair is restored); PAIR_GROUPS=0: pair_groups false (the config's depth);
-# QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's). The production set before
-# 2026-12-02 16:16 UTC: PAIR_GROUPS=0 DECODE_BATCH=16 QUEUE_DEPTH=2.
+# QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's). The unpaired production set:
+# PAIR_GROUPS=0 DECODE_BATCH=16 QUEUE_DEPTH=2.
 # DECODE_BATCH=N: the generator's runtime.decode_batch_size (default: the config's, 64);
 # GEN_PRIORITY=high|normal: runtime.generate_priority; CACHE_DIR=PATH: runtime.cache_dir as an
 # absolute path, so that a second run of this script starts its worker on the compile cache and
@@ -169,7 +169,7 @@ for gid, pid, device, idle, wall, clips, load, paired_with in per_group:
     summary["groups"].append(dict(group=gid, pid=pid, device=device, idle_before_s=idle,
                                   wall_s=wall, clips=clips, load_s=load, paired_with=paired_with))
 # With pair_groups, a group alone costs a pair's call for half the clips, and a first group
-# alone shifts every later pair (docs/PERFORMANCE.md, 2026-12-04): read the steady state with
+# alone shifts every later pair (docs/PERFORMANCE.md, the workflow): read the steady state with
 # this. With pair_groups off every group is alone.
 summary["groups_alone"] = [g["group"] for g in summary["groups"] if g["paired_with"] == ""]
 spans = con.execute("SELECT min(started_at), max(finished_at), count(*) FROM takes").fetchone()

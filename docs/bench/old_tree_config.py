@@ -6,7 +6,7 @@ an older tree can run the same workflow on the same weights (a side-by-side devi
 Writes OLD_WEIGHTS/: links to every checkpoint of WEIGHTS but the v2 codec, the older tree's
 random stand-in codec (written by that tree's own ``bestofn.fakes.moss_codec``), and a
 config.yaml with the codec path changed, checked by that tree's schema (the older tree first on
-PYTHONPATH). Used on 2026-12-01 for the side-by-side workflow in docs/PERFORMANCE.md.
+PYTHONPATH), for a side-by-side workflow of two trees (workflow_trees.sh).
 """
 
 import sys

@@ -1,7 +1,7 @@
 """Parakeet's build (``ParakeetScorer``, as a worker builds it) with and without the worker
 cache's extracted archive, alternately, on the page-cached archive with its hash memoised; and
 from the cache with the archive's own config (``_config_without_vocabulary`` switched off in
-this process: the build before 2026-12-03) against the one without its vocabulary lists.
+this process: the older build) against the one without its vocabulary lists.
 
     python docs/bench/parakeet_load.py NEMO CACHE_DIR [REPEATS]
 

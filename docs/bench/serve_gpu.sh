@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `bestofn serve` with moss-fast (MOSS-TTS-Local v1.5 shape, random weights) and the load
-# generator `python -m bestofn.bench serve` against it (issue 14). One run gives:
+# generator `python -m bestofn.bench serve` against it. One run gives:
 #   1. bf16, no memory cap: time to first audio and audio-seconds per second at each level
 #      (default 1,16,64,128)                                          -> OUT/serve.json
 #   2. moss-fast `weights: int8` with the worker's GPU memory held to CAP_GB (default 8,

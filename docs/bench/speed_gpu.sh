@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15, old vs new side by side in one call (random weights at the real sizes):
+# Scorer and pipeline variants side by side in one call (random weights at the real sizes):
 #   1. scorers: Parakeet batch 64 vs 128, encoder compiled off/on, score vs deferred text work;
 #      Sidon resampling on the host (soxr) vs on the device (torch), compiled off/on, buckets,
 #      fp16 vs bf16 autocast;
@@ -77,7 +77,7 @@ import os
 import sys
 
 out = sys.argv[1]
-lines = ["# issue 15: old vs new in one call", ""]
+lines = ["# scorer and pipeline variants in one call", ""]
 lines += [l.rstrip() for l in open(f"{out}/env.txt")] + [""]
 lines += ["## scorers (s/clip)", "", "| backend | clips | s/clip | peak GiB |", "|---|---:|---:|---:|"]
 for line in open(f"{out}/scorers.jsonl") if os.path.exists(f"{out}/scorers.jsonl") else []:

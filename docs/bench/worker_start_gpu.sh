@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a worker's start goes (issue 24, "a worker ready in 30 s"): the production worker is
+# Where a worker's start goes (the goal: a worker ready in 30 s): the production worker is
 # started as a group job starts it (bestofn.worker.client), then two groups go through it;
 # printed per run: process start -> imports -> each backend's load -> warm-up -> ready -> the
 # first group's takes, and the first group's extra over the second. Runs, each a fresh worker:
