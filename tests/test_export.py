@@ -4,6 +4,7 @@ by each format's own library; bad input; broken takes; incremental re-export; th
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import soundfile as sf
 import yaml
 from conftest import REPO, tiny_config, write_tsv
+from readme_snippets import code_blocks
 
 from bestofn.cli import main as cli
 from bestofn.selection import build_database
@@ -136,6 +138,75 @@ def test_hf_loads_back_with_datasets(demo, tmp_path, capsys):
     assert want["models_hash"] in card and "model_sha256" in card
 
 
+def test_hf_export_loads_as_itself_whatever_was_loaded_before(demo, tmp_path):
+    """Two exports in folders of one name, then a re-export over the second, loaded by
+    ``load_dataset(DIR)`` through one cache: each load returns its own export's rows."""
+    from datasets import load_dataset
+
+    cache = str(tmp_path / "cache")
+
+    def loaded(out):
+        ds = load_dataset(str(out), cache_dir=cache)
+        return {s: sorted(zip(ds[s]["group_id"], ds[s]["take"], strict=True)) for s in ds}
+
+    def exported(out):
+        con = duckdb.connect()
+        try:
+            rows = con.sql(f"SELECT split, group_id, take FROM '{out}/data/*.parquet'").fetchall()
+        finally:
+            con.close()
+        return {s: sorted((g, t) for s2, g, t in rows if s2 == s) for s in {r[0] for r in rows}}
+
+    first, second = tmp_path / "a/hf", tmp_path / "b/hf"
+    assert export(demo, first, "--format", "hf", "--which", "all", *SPLIT) == 0
+    assert export(demo, second, "--format", "hf", *SPLIT) == 0
+    seen = []
+    for out in (first, second):
+        got = loaded(out)
+        assert got == exported(out)
+        seen.append(sum(map(len, got.values())))
+    assert seen == [12, 4]
+    # the incremental workflow: the same folder, replaced
+    args = ("--format", "hf", "--which", "all", "--where", "emotion = 'calm'", "--overwrite")
+    assert export(demo, second, *args, *SPLIT) == 0
+    got = loaded(second)
+    assert got == exported(second) and sum(map(len, got.values())) == 6
+    assert {g.split("/")[0] for rows in got.values() for g, _ in rows} == {"calm"}
+
+
+def test_readme_export_snippets_run_as_written(demo, tmp_path):
+    """The README's export section, every block as written (the shell commands, then the
+    Python that loads what they wrote), in a copy of the demo project with a fresh HF cache;
+    then the Python of the hf export's own card."""
+    shutil.copytree(demo / "config", tmp_path / "config")
+    shutil.copytree(demo / "results", tmp_path / "results")
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_HUB_OFFLINE": "1",  # a local folder: nothing is fetched
+    }
+    env.pop("HF_DATASETS_CACHE", None)
+
+    def run(block, cwd, where):
+        cmd = ["bash", "-euo", "pipefail", "-c", block.code]
+        if block.lang == "python":
+            cmd = [sys.executable, "-c", block.code]
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{where} line {block.line}:\n{block.code}\n{proc.stderr}"
+
+    blocks = code_blocks(REPO / "README.md", "Export")
+    assert [b.lang for b in blocks] == ["sh", "python"] * 4
+    for block in blocks:
+        run(block, tmp_path, "README.md")
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == [
+        "hf", "lhotse", "nemo", "wds"
+    ]  # fmt: skip
+    (card,) = code_blocks(tmp_path / "export/hf/README.md", "Load it")
+    assert card.lang == "python" and 'load_dataset("hf")' in card.code
+    run(card, tmp_path / "export", "the hf card")
+
+
 def test_webdataset_passing_takes_in_shards(demo, tmp_path):
     import webdataset as wds
 
@@ -253,6 +324,25 @@ def test_bad_input_is_refused_and_writes_nothing(demo, tmp_path, capsys):
     assert "not a bestofn export" in capsys.readouterr().err
     assert (tmp_path / "mine/notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "mine"]  # no partial sibling
+
+
+def test_split_shares_must_sum_to_one(demo, tmp_path, capsys):
+    """Shares are never renormalised: a sum other than 1 is refused, naming the shares, from
+    the command line and from the config, before anything is written."""
+    cases = [("train=0.7,test=0.7", "split shares train=0.7,test=0.7 sum to 1.4, not 1"),
+             ("train=0.5", "split shares train=0.5 sum to 0.5, not 1")]  # fmt: skip
+    for split, message in cases:
+        assert export(demo, tmp_path / "x", "--split", split) == 2
+        assert message in capsys.readouterr().err
+    config = yaml.safe_load((demo / "config/config.yaml").read_text())
+    config["export"]["split"]["fractions"] = {"train": 0.8, "test": 0.1}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    argv = ["export", str(demo / "results"), "--config", str(tmp_path / "config.yaml")]
+    assert cli([*argv, "--out", str(tmp_path / "x")]) == 2
+    assert "split shares train=0.8,test=0.1 sum to 0.9" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml"]
+    # decimals that miss 1 by float rounding only are 1
+    assert export(demo, tmp_path / "ok", "--split", "train=0.7,validation=0.2,test=0.1") == 0
 
 
 def test_broken_flac_stops_unless_skip_broken(demo, tmp_path, capsys):

@@ -18,8 +18,8 @@ def add_arguments(p) -> None:
     p.add_argument("--where", help="extra DuckDB filter over the takes columns, score, rank")
     p.add_argument(
         "--split",
-        help="NAME=SHARE,...: e.g. train=0.9,validation=0.05,test=0.05 (default: "
-        "export.split.fractions); one name: no split",
+        help="NAME=SHARE,... summing to 1: e.g. train=0.9,validation=0.05,test=0.05 "
+        "(default: export.split.fractions); one name: no split",
     )
     p.add_argument("--split-by", choices=["prompt", "group"], help="hash key (export.split.by)")
     p.add_argument("--split-seed", type=int, help="seed of the split hash (export.split.seed)")

@@ -2,10 +2,24 @@
 column (the FLAC bytes as they are, or re-encoded at the export rate) and every other column
 typed as DuckDB typed it; the features ride in the parquet schema's ``huggingface`` metadata,
 as ``datasets`` writes them, and the card's ``configs`` names the splits, so
-``datasets.load_dataset(DIR)`` opens it (decoding the audio needs torchcodec, as ``datasets``
-5 does; ``cast_column('audio', Audio(decode=False))`` gives the FLAC bytes)."""
+``datasets.load_dataset(DIR)`` opens it. ``cast_column('audio', Audio(decode=False))`` gives
+the FLAC bytes (soundfile reads them); ``datasets`` 5 decodes audio itself only with torchcodec
+and FFmpeg's libraries, which bestofn does not install.
+
+The config's description carries a digest of the export's content, which makes
+``load_dataset(DIR)`` read this export rather than an earlier one from its cache. In
+``datasets`` 5.2.0 (huggingface/datasets, src/datasets/load.py,
+``LocalDatasetModuleFactory.get_module``; src/datasets/builder.py, ``_relative_data_dir``) a
+local folder is cached under ``<cache>/<folder name>/<config>/<version>/<hash>``, the hash
+being ``Hasher.hash({"dataset_infos", "builder_configs"})``; the builder configs made from a
+card's ``configs`` hold its ``data_files`` patterns and its other ``BuilderConfig`` fields,
+not the files or their mtimes. Without the digest, two exports in folders of one name (or a
+re-export with --overwrite) hash alike, and the second load silently returns the first's rows.
+"""
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import pyarrow as pa
@@ -90,6 +104,12 @@ class HFWriter:
                 w.write_table(table.select(self.schema.names).cast(self.schema))
 
     def finish(self, tmp, meta: pa.Table, units, settings) -> pa.Table:
+        # every unit's fingerprint covers its rows (split included), its takes' audio and the
+        # audio settings: equal digests, equal exports
+        h = hashlib.sha256()
+        for u in sorted(units, key=lambda u: u.relpath):
+            h.update(f"{u.relpath}\0{u.fingerprint}\n".encode())
+        self.digest = h.hexdigest()
         return meta
 
     def card_yaml(self, splits: list[str]) -> dict:
@@ -97,6 +117,7 @@ class HFWriter:
             "configs": [
                 {
                     "config_name": "default",
+                    "description": f"bestofn export, content sha256 {self.digest}",
                     "data_files": [{"split": s, "path": f"data/{s}-*.parquet"} for s in splits],
                 }
             ]
@@ -104,8 +125,10 @@ class HFWriter:
 
     def load_lines(self, out: str, splits: list[str]) -> str:
         return (
-            "from datasets import load_dataset\n"
+            "import io, soundfile\n"
+            "from datasets import Audio, load_dataset\n\n"
             f'ds = load_dataset("{out}")  # splits: {", ".join(splits)}\n'
-            f'row = ds["{splits[0]}"][0]  # row["audio"]: decoded by torchcodec; row["text"], '
-            'row["emotion"], row["score"], ...'
+            'ds = ds.cast_column("audio", Audio(decode=False))  # the FLAC bytes, as exported\n'
+            f'row = ds["{splits[0]}"][0]  # row["text"], row["emotion"], row["score"], ...\n'
+            'audio, rate = soundfile.read(io.BytesIO(row["audio"]["bytes"]))'
         )

@@ -10,6 +10,8 @@ from pathlib import Path
 FORMATS = ("hf", "webdataset", "lhotse", "nemo")
 WHICH = ("selected", "passing", "all")
 MARKER = "bestofn_export.json"  # in every export: settings, counts, unit fingerprints
+# Shares written as decimals (0.9 + 0.05 + 0.05) miss 1 by float rounding only.
+SHARE_TOLERANCE = 1e-6
 
 
 class ExportError(ValueError):
@@ -66,13 +68,20 @@ class ExportSettings:
             raise ExportError(f"--which {self.which!r}: one of {', '.join(WHICH)}")
         if self.split_by not in ("prompt", "group"):
             raise ExportError(f"split by {self.split_by!r}: 'prompt' or 'group'")
-        if not self.fractions or sum(self.fractions.values()) <= 0:
-            raise ExportError(f"split fractions {self.fractions}: give at least one share > 0")
+        if not self.fractions:
+            raise ExportError("no split given: NAME=SHARE,... e.g. train=0.9,test=0.1")
         for name, share in self.fractions.items():
             if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) or share < 0:
                 raise ExportError(
                     f"split {name}={share}: names are letters, digits and _, shares >= 0"
                 )
+        total = sum(self.fractions.values())
+        if abs(total - 1.0) > SHARE_TOLERANCE:  # never renormalised: a typo would move takes
+            shares = ",".join(f"{k}={v:g}" for k, v in self.fractions.items())
+            raise ExportError(
+                f"split shares {shares} sum to {total:g}, not 1: give shares that add up to 1 "
+                "(e.g. train=0.9,validation=0.05,test=0.05; one name alone: train)"
+            )
         if self.shard_size < 1:
             raise ExportError(f"--shard-size {self.shard_size}: at least 1")
         if self.channels not in (None, 1, 2):
