@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from bestofn import schemas
+from bestofn import schemas, voice_acting
 from bestofn.backends.registry import (
     UnknownBackend,
     backend_class,
@@ -284,8 +284,14 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         if row.get("reference_audio"):
             _check_reference(row["reference_audio"], where, base, checked)
 
+    try:
+        takes_instruction, instruction = voice_acting.generator_instruction(config["models"])
+    except ValueError as e:
+        raise PlanError(str(e)) from None
     groups: dict[tuple[str, str], GroupSpec] = {}
     for e in emotions:
+        # the emotion's Instruction text and Empathic-Insight head: part of its groups' identity
+        emotion_extra = voice_acting.emotion_extra(e, takes_instruction, instruction)
         allowed = set(_split_ids(e.get("prompts", ""))) or prompt_ids
         for p in prompts:
             only = set(_split_ids(p.get("emotions", "")))
@@ -305,10 +311,16 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
                 # file reruns exactly the groups that use it (it is no Snakemake input).
                 extra={"reference_audio_blake2b": checked[ref]} if ref else {},
             )
+            groups[(e["emotion"], p["prompt_id"])].extra.update(emotion_extra)
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
+    errors, notes = voice_acting.check_targets(config, groups, epath, base)
+    if errors:
+        raise PlanError(errors[0])
+    if takes_instruction:
+        notes += voice_acting.same_for_every_emotion(groups, epath)
     memo_dir = weights_lock.memo_dir_for(config, base)
-    return Plan(config, groups, tuple(slow_settings(config)), memo_dir)
+    return Plan(config, groups, tuple(slow_settings(config) + notes), memo_dir)
 
 
 PAIRING_QUEUE_DEPTH = 4  # a pair generating while the pair before is restored (config/README)

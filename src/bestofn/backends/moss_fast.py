@@ -34,7 +34,13 @@ from bestofn.moss.codec_layers import kernel_path
 from bestofn.moss.delay import DELAY_TEXT_TEMPERATURE
 from bestofn.moss.local_loop import local_attention_path
 from bestofn.moss.model import decode_attention_path
-from bestofn.moss.options import COMMON_DEFAULTS, check_engine_options, engine_defaults
+from bestofn.moss.options import (
+    COMMON_DEFAULTS,
+    check_engine_options,
+    check_instruction_option,
+    engine_defaults,
+    group_instruction,
+)
 from bestofn.moss.sampling import SamplingParams
 from bestofn.spec import GroupSpec
 
@@ -150,8 +156,7 @@ class MossFastGenerator(Generator):
         self.options = o = {**DEFAULTS, **options}
         self.decode_s = 0.0
         self._given = set(options)
-        if o["instruction"] not in ("none", "emotion", "emotion_description"):
-            raise ValueError(f"moss-fast: bad instruction mode {o['instruction']!r}")
+        check_instruction_option(o["instruction"], "moss-fast")
         from bestofn.moss.int8 import WEIGHTS
 
         if o["weights"] not in WEIGHTS:
@@ -270,13 +275,11 @@ class MossFastGenerator(Generator):
     def prompt(self, spec: GroupSpec) -> torch.Tensor:
         from bestofn.moss.prompt import language_tag
 
-        mode = self.options["instruction"]
-        instruction = {"emotion": spec.emotion, "emotion_description": spec.emotion_description}
         refs = [self.reference_codes(spec.reference_audio)] if spec.reference_audio else None
         return self.prompt_builder.rows(
             spec.text,
             language=self.options["language"] or language_tag(spec.language),
-            instruction=instruction.get(mode) or None,
+            instruction=group_instruction(self.options["instruction"], spec),
             references=refs,
         )
 

@@ -22,7 +22,7 @@ import numpy as np
 from bestofn.backends.base import Generator, Take
 from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
-from bestofn.moss.options import COMMON_DEFAULTS
+from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option, group_instruction
 from bestofn.moss.prompt import LANGUAGE_TAGS  # the same tags as moss-fast
 from bestofn.spec import GroupSpec
 
@@ -179,9 +179,7 @@ class MossHFBase(Generator):
         if text_temperature is not None and "text_temperature" not in options:
             self.options["text_temperature"] = text_temperature
         o = self.options
-        if o["instruction"] not in ("none", "emotion", "emotion_description"):
-            raise ValueError(f"moss-hf: instruction must be none|emotion|emotion_description, "
-                             f"got {o['instruction']!r}")  # fmt: skip
+        check_instruction_option(o["instruction"], "moss-hf")
         self.budget = FrameBudget.from_options(o)
         self.device = device
         # Check every file before importing transformers: a typo fails in milliseconds.
@@ -266,12 +264,7 @@ class MossHFBase(Generator):
         raise NotImplementedError
 
     def _instruction(self, spec: GroupSpec):
-        mode = self.options["instruction"]
-        if mode == "emotion":
-            return spec.emotion or None
-        if mode == "emotion_description":
-            return spec.emotion_description or None
-        return None
+        return group_instruction(self.options["instruction"], spec)
 
     def prompt(self, spec: GroupSpec):
         """(input_ids [1, L, 1+n_vq], attention_mask [1, L]) for one group, via the processor."""

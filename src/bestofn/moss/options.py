@@ -31,7 +31,9 @@ COMMON_DEFAULTS = {
     "text_top_p": 1.0,
     "text_top_k": 50,
     "language": None,  # override the tag; default from GroupSpec.language
-    "instruction": "none",  # "none" | "emotion" | "emotion_description" -> template Instruction
+    # what goes into the prompt's Instruction field (instruction_text): "none", "emotion",
+    # "emotion_description", or a template such as "extremely {emotion_words}. {description}"
+    "instruction": "none",
     "max_reference_s": 30.0,  # longer reference audio is cut (prompt length = cost)
     "mono": False,  # True: average the two channels
     "hash_weights": True,  # content hashes in provenance (memoised on disk)
@@ -61,3 +63,62 @@ def check_engine_options(options: dict, who: str = "moss-fast") -> None:
             raise ValueError(f"{who}: runtime.{key} is {value!r}; known: {known}")
         if sub.get("type") == "boolean" and not isinstance(value, bool):
             raise ValueError(f"{who}: runtime.{key} must be true or false, got {value!r}")
+
+
+# The Instruction field of the v1.5 prompt (moss.prompt.user_inst_fields) is where the model cards
+# put the performance direction, and LAION's voice-acting recipe puts the emotion ("extremely
+# {emotion synonyms}...", LAION-AI/moss-8b-voice-acting SYNTHETIC_DATA_RECIPE.md section 1b); the
+# recipe leaves it empty when a reference voice is cloned (every wording lowered speaker
+# similarity). Sources and the fine-tunes' styles: docs/notes/moss-facts.md, "Voice acting".
+INSTRUCTION_MODES = ("none", "emotion", "emotion_description")
+TEMPLATE_FIELDS = ("emotion", "emotion_words", "description", "negative_description")
+NO_INSTRUCTION = "none"  # an emotion sheet's ``instruction`` cell: this emotion gets none
+
+
+def check_instruction_option(value, who: str = "moss") -> None:
+    """Refuse an ``instruction`` option that is neither a mode nor a template of known fields."""
+    import string
+
+    if value in INSTRUCTION_MODES:
+        return
+    if not isinstance(value, str) or "{" not in value:
+        raise ValueError(
+            f"{who}: option instruction is {value!r}; use one of {', '.join(INSTRUCTION_MODES)} "
+            f"or a template with {{fields}} from: {', '.join(TEMPLATE_FIELDS)}"
+        )
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(value) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"{who}: option instruction {value!r} is not a template: {e}") from None
+    unknown = [f for f in fields if f not in TEMPLATE_FIELDS]
+    if unknown:
+        raise ValueError(
+            f"{who}: option instruction {value!r} names {{{unknown[0]}}}; a template's fields: "
+            f"{', '.join(TEMPLATE_FIELDS)}"
+        )
+
+
+def instruction_text(option, emotion: str, description: str = "", negative: str = ""):
+    """The Instruction text of the option (a mode or a template) for one emotion; None: none."""
+    if option == "emotion":
+        return emotion or None
+    if option == "emotion_description":
+        return description or None
+    if option in (None, "none"):
+        return None
+    words = " ".join(emotion.replace("_", " ").replace("-", " ").split()).lower()
+    text = option.format(
+        emotion=emotion, emotion_words=words, description=description,
+        negative_description=negative,
+    )  # fmt: skip
+    return " ".join(text.split()) or None
+
+
+def group_instruction(option, spec) -> str | None:
+    """The Instruction a group's prompt carries: the plan's (``spec.extra["instruction"]``, from
+    the emotion sheet or the option; "" = none) where it gave one, else the option's."""
+    if "instruction" in spec.extra:
+        return spec.extra["instruction"] or None
+    return instruction_text(
+        option, spec.emotion, spec.emotion_description, spec.negative_description
+    )
