@@ -1,12 +1,12 @@
-"""VoiceCLAP scorer loaded the way a real checkpoint is: a local directory whose own remote code
-(configuration_voiceclap.py / modeling_voiceclap.py) defines the towers, plus two head files.
-
-The remote code below is a tiny stand-in written for this test (the real modelling file is not
-public in any source we could read); it exposes the API the backend relies on."""
+"""VoiceCLAP scorer loaded the way a real checkpoint is: a local folder in the published file set
+whose own remote code (configuration_voiceclap.py / modeling_voiceclap.py) defines the towers,
+plus two head files. The remote code is ours (``bestofn.fakes.voiceclap``: the published one is
+not public), tiny and random."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,83 +17,11 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers")
 
 from bestofn.backends import registry  # noqa: E402
-from bestofn.backends.voiceclap import VoiceCLAPScorer, WeightsError  # noqa: E402
+from bestofn.backends.voiceclap import MODEL_FILES, VoiceCLAPScorer, WeightsError  # noqa: E402
+from bestofn.fakes import voiceclap as fake  # noqa: E402
 from bestofn.spec import GroupSpec  # noqa: E402
 
-DIM, FRAME = 8, 400
-
-CONFIG_PY = """
-from transformers import PretrainedConfig
-
-
-class VoiceClapConfig(PretrainedConfig):
-    model_type = "voiceclap_test"
-
-    def __init__(self, dim=8, frame=400, **kw):
-        self.dim, self.frame = dim, frame
-        super().__init__(**kw)
-"""
-
-MODELING_PY = """
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from transformers import PreTrainedModel
-
-from .configuration_voiceclap import VoiceClapConfig
-
-
-class VoiceClapModel(PreTrainedModel):
-    config_class = VoiceClapConfig
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.audio = nn.Linear(config.frame, config.dim)
-        self.text = nn.EmbeddingBag(256, config.dim)
-        self.post_init()
-
-    def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, std=0.05)
-            nn.init.normal_(module.bias, std=0.05)
-        elif isinstance(module, nn.EmbeddingBag):
-            nn.init.normal_(module.weight)
-
-    def encode_waveform(self, wav, sample_rate=16000):
-        frames = wav.unfold(-1, self.config.frame, self.config.frame)
-        return F.normalize(torch.tanh(self.audio(frames)).mean(1), dim=-1)
-
-    def encode_text(self, texts):
-        ids = [torch.tensor(list(t.encode()) or [0]) for t in texts]
-        offsets = torch.tensor([0] + [len(i) for i in ids[:-1]]).cumsum(0)
-        bag = self.text(torch.cat(ids).to(self.device), offsets.to(self.device))
-        return F.normalize(bag, dim=-1)
-"""
-
-
-def write_remote_model(root: Path, modeling: str = MODELING_PY) -> Path:
-    d = root
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "configuration_voiceclap.py").write_text(CONFIG_PY)
-    (d / "modeling_voiceclap.py").write_text(modeling)
-    (d / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "voiceclap_test",
-                "dim": DIM,
-                "frame": FRAME,
-                "architectures": ["VoiceClapModel"],
-                "auto_map": {
-                    "AutoConfig": "configuration_voiceclap.VoiceClapConfig",
-                    "AutoModel": "modeling_voiceclap.VoiceClapModel",
-                },
-            }
-        )
-    )
-    cfg = transformers.AutoConfig.from_pretrained(d, trust_remote_code=True)
-    torch.manual_seed(0)
-    transformers.AutoModel.from_config(cfg, trust_remote_code=True).save_pretrained(d)
-    return d
+DIM, WINDOW = 16, 3 * 16000  # the tiny model: 16-d joint space, 3-s chunks
 
 
 def write_head(path: Path, bias: float, seed: int, numpy_stats: bool) -> Path:
@@ -120,7 +48,7 @@ def weights(tmp_path_factory) -> dict[str, Path]:
     genu_dir = root / "genuineness"
     genu_dir.mkdir()
     return {
-        "model_path": write_remote_model(root / "voiceclap_commercial"),
+        "model_path": Path(fake.write(root, "tiny")["model_path"]),
         # the published heads keep mu/sd as numpy arrays (needs the full unpickler)
         "genuineness_path": write_head(
             genu_dir / "genu_commercial_best.pt", 3.0, 1, numpy_stats=True
@@ -130,7 +58,7 @@ def weights(tmp_path_factory) -> dict[str, Path]:
 
 
 def build(weights, **kw):
-    opts = {k: str(v) for k, v in weights.items()} | kw
+    opts = {k: str(v) for k, v in weights.items()} | {"window_s": 3.0} | kw
     return registry.build("scorer", "voiceclap", opts)
 
 
@@ -167,12 +95,13 @@ def test_scores_match_an_independent_computation(weights):
     import soxr
 
     resampled = [soxr.resample(a, 24000, 16000) for a in audio]
-    wav = np.stack([np.pad(r, (0, 480000 - len(r))) for r in resampled])
+    wav = np.stack([np.pad(r, (0, WINDOW - len(r))) for r in resampled])
+    tok = transformers.AutoTokenizer.from_pretrained(weights["model_path"], trust_remote_code=True)
+    enc = tok([SPEC.emotion_description, SPEC.negative_description], padding=True,
+              return_tensors="pt")  # fmt: skip
     with torch.no_grad():
         a = F.normalize(model.encode_waveform(torch.from_numpy(wav).float()), dim=-1)
-        t = F.normalize(
-            model.encode_text([SPEC.emotion_description, SPEC.negative_description]), dim=-1
-        )
+        t = F.normalize(model.encode_text(enc["input_ids"], enc["attention_mask"]), dim=-1)
     np.testing.assert_allclose(
         out["vc_prompt_sim"], (a @ t[0] - a @ t[1]).numpy(), rtol=1e-4, atol=1e-5
     )
@@ -200,9 +129,9 @@ def test_one_audio_encode_per_take_and_texts_cached(weights):
         calls["rows"] += wav.shape[0]
         return enc_w(wav, **kw)
 
-    def count_t(texts):
-        calls["text"] += len(texts)
-        return enc_t(texts)
+    def count_t(ids, mask):
+        calls["text"] += ids.shape[0]
+        return enc_t(ids, mask)
 
     s.model.encode_waveform, s.model.encode_text = count_w, count_t
     s.score(takes(5), 24000, SPEC)
@@ -247,9 +176,60 @@ def test_clear_errors(weights, tmp_path):
     with pytest.raises(WeightsError, match="2 head files"):
         build(weights, genuineness_path=str(tmp_path))  # bad.pt + other.pt
     # a remote-code model without the text tower API is refused at load, not scored wrongly
-    no_text = MODELING_PY.replace("def encode_text", "def embed_text")
+    no_text = tmp_path / "no_text"
+    shutil.copytree(weights["model_path"], no_text)
+    code = (no_text / "modeling_voiceclap.py").read_text()
+    (no_text / "modeling_voiceclap.py").write_text(code.replace("def encode_text", "def embed"))
     with pytest.raises(WeightsError, match="encode_text"):
-        build(weights, model_path=str(write_remote_model(tmp_path / "no_text", no_text)))
+        build(weights, model_path=str(no_text))
+
+
+@pytest.mark.parametrize("name", MODEL_FILES)
+def test_a_partial_folder_names_the_missing_file(weights, tmp_path, name):
+    partial = tmp_path / "partial"
+    shutil.copytree(weights["model_path"], partial)
+    (partial / name).unlink()
+    with pytest.raises(WeightsError, match=name.replace(".", r"\.")):
+        build(weights, model_path=str(partial))
+
+
+def test_a_wrong_folder_names_the_file(weights, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    wrong = tmp_path / "wrong"
+    shutil.copytree(weights["model_path"], wrong)
+    cfg = json.loads((wrong / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps(cfg | {"model_type": "whisper"}))
+    with pytest.raises(WeightsError, match="config.json.*model_type"):
+        build(weights, model_path=str(wrong))
+    (wrong / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(wrong / "model.safetensors")  # weights of the text tower left out
+    save_file({k: v for k, v in sd.items() if not k.startswith("text_")},
+              wrong / "model.safetensors", metadata={"format": "pt"})  # fmt: skip
+    with pytest.raises(WeightsError, match="model.safetensors.*lacks"):
+        build(weights, model_path=str(wrong))
+    (wrong / "model.safetensors").write_bytes(b"truncated")
+    with pytest.raises(WeightsError, match="model.safetensors"):
+        build(weights, model_path=str(wrong))
+
+
+def test_the_published_layout(weights):
+    folder = weights["model_path"]
+    assert set(MODEL_FILES) <= {p.name for p in folder.iterdir()}
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["model_type"] == "voiceclap-small" and cfg["embed_dim"] == DIM
+    assert {"n_state", "n_layer", "text_hidden_size"} <= set(cfg)
+    fe = transformers.WhisperFeatureExtractor.from_pretrained(folder)
+    assert fe.feature_size == 80 and fe.sampling_rate == 16000
+    s = build(weights)  # the loaded weights are the file's, not a fresh init
+    from safetensors.torch import load_file
+
+    saved = load_file(folder / "model.safetensors")
+    for name, param in s.model.named_parameters():
+        torch.testing.assert_close(param.detach(), saved[name])
+    real = fake.build_model(tiny=False).config  # the published sizes at real size
+    assert (real.n_state, real.n_layer, real.n_mels, real.embed_dim) == (768, 12, 80, 768)
+    assert (real.text_hidden_size, real.text_proj_hidden, real.text_num_layers) == (384, 576, 6)
 
 
 def test_provenance_and_random_tiny_build(weights):

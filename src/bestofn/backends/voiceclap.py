@@ -1,21 +1,28 @@
 """VoiceCLAP (laion/voiceclap-commercial): genuineness, vocal-burst blend and prompt similarity
 from ONE audio embedding per take.
 
-What is established from public sources (see .ref/notes/scorers-facts.md for the sources):
+Established from public sources (docs/notes/scorers-facts.md names them):
 
-- the embedder is a dual-tower CLAP (BUD-E-Whisper-Small audio tower, MiniLM-L6 text tower,
-  768-d L2-normalised joint space). It is loaded ONLY through the checkpoint's own remote code:
-  ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` with ``configuration_voiceclap.py`` /
-  ``modeling_voiceclap.py`` in the directory. Audio goes in as 16 kHz mono, padded/cut to a 30 s
-  window, via ``model.encode_waveform(wav[B, 480000], sample_rate=16000) -> [B, 768]``.
-- genuineness (0-6) and blend (0-10) heads are ``torch.save`` dicts: ``state_dict`` with
-  ``f1.{weight,bias}`` / ``f2.{weight,bias}`` (Linear(768,H) -> GELU -> Dropout -> Linear(H,1)),
-  plus ``mu`` / ``sd`` to standardise the embedding, optionally ``arch`` = {D, H, p, out}.
-  Published files: ``genu_commercial_best.pt``, ``blend_head_commercial.pt``.
+- the embedder is a dual-tower CLAP of about 113 M parameters: a BUD-E-Whisper (Whisper-small
+  style) audio tower, 12 layers of width 768 on 80 mels at 16 kHz, in 30-s chunks, mean-pooled,
+  MLP-projected to 768 and L2-normalised (chunks averaged); a MiniLM-L6 text tower (384 wide),
+  mean-pooled, projected 384 -> 576 -> 768. It loads through the checkpoint's own remote code,
+  ``AutoModel.from_pretrained(dir, trust_remote_code=True)``, from the published file set:
+  config.json (``model_type: voiceclap-small``), configuration_voiceclap.py,
+  modeling_voiceclap.py, model.safetensors, preprocessor_config.json (WhisperFeatureExtractor),
+  tokenizer.json, tokenizer_config.json (a BERT tokenizer). The model computes its own log-mel
+  (``compute_log_mel``, from its ``mel_filters`` buffer).
+- its API, as LAION's code calls it: ``encode_waveform(wav[B, S] at 16 kHz)`` and
+  ``encode_text(input_ids, attention_mask)`` with the folder's tokenizer.
+- genuineness (0-6) and blend (0-10) heads are ``torch.save`` dicts: ``arch``, ``state_dict``
+  with ``f1`` / ``f2`` (Linear(768, H) -> GELU -> Linear(H, 1)), ``mu`` / ``sd`` to standardise
+  the embedding; the output is clamped to the label range. Published files:
+  ``genu_commercial_best.pt``, ``blend_head_commercial.pt``.
 
-ASSUMED (not visible in any public source we could read): the text tower is reached as
-``model.encode_text(list[str]) -> [B, 768]``. The loader checks for both methods and refuses a
-checkpoint that lacks them, so a different API fails at load, not with wrong numbers.
+UNKNOWN (the published ``modeling_voiceclap.py`` is not in any public source we could read):
+the key names inside the towers and the audio projection's hidden width. This loader does not
+depend on them: the checkpoint's own code reads its own keys. It refuses a folder whose weights
+leave any of the model's parameters unset (from_pretrained's missing keys).
 """
 
 from __future__ import annotations
@@ -39,6 +46,19 @@ GENUINENESS_RANGE = (0.0, 6.0)
 BLEND_RANGE = (0.0, 10.0)
 # What runs under autocast: a Whisper-style audio tower and a BERT-style text tower.
 AUTOCAST_OPS = ("conv1d", "linear", "layer_norm", "attention", "embedding")
+
+
+# The published folder's files (LAION's scorer setup fetches exactly these for the encoder).
+MODEL_FILES = (
+    "config.json",
+    "configuration_voiceclap.py",
+    "modeling_voiceclap.py",
+    "model.safetensors",
+    "preprocessor_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+)
+MODEL_TYPE = "voiceclap-small"
 
 
 class WeightsError(ValueError):
@@ -123,27 +143,55 @@ def load_regression_head(path: str | None, field: str, value_range) -> tuple[Reg
 
 
 def load_embedder(path: str | None, field: str = "model_path"):
+    """(model, tokenizer, folder): the checkpoint's remote code on its weights, every file of
+    the published set checked first and named when missing."""
     if not path:
         raise WeightsError(f"voiceclap: config option {field!r} is not set")
     p = Path(path).expanduser()
-    if not (p / "config.json").is_file():
-        raise WeightsError(
-            f"voiceclap: {field} {str(p)!r} is not a model directory with config.json"
-        )
-    from transformers import AutoModel
+    if not p.is_dir():
+        raise WeightsError(f"voiceclap: {field} {str(p)!r} is not a directory")
+    for name in MODEL_FILES:
+        if not (p / name).is_file():
+            raise WeightsError(f"voiceclap: {str(p / name)!r} is missing ({field})")
+    import json
 
+    try:
+        model_type = json.loads((p / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise WeightsError(f"voiceclap: cannot read {str(p / 'config.json')!r}: {e}") from e
+    if model_type != MODEL_TYPE:
+        raise WeightsError(
+            f"voiceclap: {str(p / 'config.json')!r} has model_type {model_type!r}, "
+            f"expected {MODEL_TYPE!r}"
+        )
+    from transformers import AutoModel, AutoTokenizer
+
+    weights = p / "model.safetensors"
     try:
         # float32 weights: reduced precision is applied with autocast at run time, so the remote
         # code's own preprocessing (waveform -> mel) keeps full precision whatever it does inside
-        model = AutoModel.from_pretrained(p, trust_remote_code=True, dtype=torch.float32)
+        model, info = AutoModel.from_pretrained(
+            p, trust_remote_code=True, dtype=torch.float32, output_loading_info=True
+        )
     except Exception as e:
         raise WeightsError(
             f"voiceclap: cannot load the VoiceCLAP remote-code model from {str(p)!r} "
-            f"(config option {field!r}; needs configuration_voiceclap.py/modeling_voiceclap.py): "
-            f"{e}"
+            f"(config option {field!r}; model.safetensors, modeling_voiceclap.py): {e}"
+        ) from e
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # from_pretrained would leave these at random values
+        raise WeightsError(
+            f"voiceclap: {str(weights)!r} lacks {len(missing)} of the model's weights, "
+            f"e.g. {missing[:4]}"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(p, trust_remote_code=True)  # no prompt
+    except Exception as e:
+        raise WeightsError(
+            f"voiceclap: cannot load the tokenizer from {str(p / 'tokenizer.json')!r}: {e}"
         ) from e
     check_embedder_api(model, str(p))
-    return model, p
+    return model, tokenizer, p
 
 
 def check_embedder_api(model, where: str) -> None:
@@ -153,8 +201,8 @@ def check_embedder_api(model, where: str) -> None:
     if missing:
         raise WeightsError(
             f"voiceclap: the model at {where} has no {missing}; this loader understands a "
-            "VoiceCLAP "
-            f"checkpoint exposing encode_waveform(wav, sample_rate) and encode_text(list[str])"
+            "VoiceCLAP checkpoint exposing encode_waveform(wav) and "
+            "encode_text(input_ids, attention_mask)"
         )
 
 
@@ -177,7 +225,8 @@ def _to_window(audio: np.ndarray, sample_rate: int, window: int) -> np.ndarray:
 
 
 class VoiceCLAPScorer(Scorer):
-    """Config options: ``model_path`` (local voiceclap-commercial directory, remote code),
+    """Config options: ``model_path`` (local voiceclap-commercial folder: remote code, weights,
+    tokenizer),
     ``genuineness_path`` / ``blend_path`` (head ``.pt`` file, or a directory holding exactly one),
     ``batch_size`` (default 32), ``dtype`` of the embedder (default bfloat16 on CUDA, float32 on
     CPU; applied with autocast on the device; float32, logged, where the device cannot run
@@ -210,8 +259,8 @@ class VoiceCLAPScorer(Scorer):
             genuineness_path, "genuineness_path", GENUINENESS_RANGE
         )
         blend, blend_file = load_regression_head(blend_path, "blend_path", BLEND_RANGE)
-        model, model_dir = load_embedder(model_path)
-        self._setup(model, genu, blend, device, dtype, batch_size, window_s)
+        model, tokenizer, model_dir = load_embedder(model_path)
+        self._setup(model, tokenizer, genu, blend, device, dtype, batch_size, window_s)
         self._weight_files = [genu_file, blend_file] + sorted(
             q for q in model_dir.iterdir() if q.is_file()
         )
@@ -226,6 +275,7 @@ class VoiceCLAPScorer(Scorer):
     def from_modules(
         cls,
         model,
+        tokenizer,
         genuineness: RegressionHead,
         blend: RegressionHead,
         device: str = "cpu",
@@ -236,16 +286,17 @@ class VoiceCLAPScorer(Scorer):
         """Build from objects in memory (``bestofn.fakes.voiceclap``, tests)."""
         check_embedder_api(model, type(model).__name__)
         self = cls.__new__(cls)
-        self._setup(model, genuineness, blend, device, dtype, batch_size, window_s)
+        self._setup(model, tokenizer, genuineness, blend, device, dtype, batch_size, window_s)
         self._weight_files, self._paths, self._hash_memo = [], {}, None
         return self
 
-    def _setup(self, model, genu, blend, device, dtype, batch_size, window_s):
+    def _setup(self, model, tokenizer, genu, blend, device, dtype, batch_size, window_s):
         self.device, self.batch_size = str(device), int(batch_size)
         # reduced precision only where this device runs every op under autocast; else float32
         self.dtype = resolve_dtype("voiceclap", self.device, dtype, AUTOCAST_OPS)
         self.window = int(round(window_s * SAMPLE_RATE))
         self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
         self.genuineness = genu.to(self.device).eval()
         self.blend = blend.to(self.device).eval()
         self._text_cache: dict[str, torch.Tensor] = {}
@@ -255,7 +306,7 @@ class VoiceCLAPScorer(Scorer):
         """One encode for a batch of windowed 16 kHz clips -> [B, D] unit vectors."""
         wav = torch.from_numpy(np.stack(clips16k)).to(self.device)
         with self._autocast():
-            return _as_embedding(self.model.encode_waveform(wav, sample_rate=SAMPLE_RATE))
+            return _as_embedding(self.model.encode_waveform(wav))
 
     def _autocast(self):
         if self.dtype == "float32":
@@ -267,8 +318,10 @@ class VoiceCLAPScorer(Scorer):
     def embed_text(self, text: str) -> torch.Tensor:
         """[D] unit vector; a group's direction texts are encoded once per worker, not per take."""
         if text not in self._text_cache:
+            enc = self.tokenizer([text], padding=True, truncation=True, return_tensors="pt")
+            ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
             with self._autocast():
-                self._text_cache[text] = _as_embedding(self.model.encode_text([text]))[0]
+                self._text_cache[text] = _as_embedding(self.model.encode_text(ids, mask))[0]
         return self._text_cache[text]
 
     @torch.inference_mode()

@@ -16,7 +16,7 @@ moss_codec.py   MOSS-Audio-Tokenizer-v2 (48 kHz stereo codec), published layout
 sidon.py        w2v-BERT 2.0 + Sidon LoRA adapter + DAC decoder
 parakeet.py     a FastConformer-TDT NeMo model (.nemo) with a freshly trained tokenizer
 whisper.py      Whisper-Small shapes shared by the two Whisper-based scorers
-voiceclap.py    a STAND-IN VoiceCLAP embedder (remote code in remote/voiceclap) + the two heads
+voiceclap.py    VoiceCLAP: our remote code (remote/voiceclap) in the published layout + heads
 empathic.py     BUD-E-Whisper encoder dir + Empathic-Insight head files
 speaker.py      a WavLMForXVector folder (microsoft/wavlm-base-plus-sv layout)
 weights.py      `bestofn fake-weights DIR`: all of the above + a complete production config

@@ -5,7 +5,7 @@ complete production config that points at them.
     DIR/config.yaml                             moss-fast -> sidon -> duration, parakeet,
                                                 voiceclap, empathic-insight (absolute paths)
     DIR/emotions.tsv, prompts.tsv, joe_reference.flac
-    DIR/FAKE_WEIGHTS.md                         what is here (VoiceCLAP's embedder: a stand-in)
+    DIR/FAKE_WEIGHTS.md                         what is here (VoiceCLAP's modelling code: ours)
     DIR/MOSS-TTS-Local-Transformer-v1.5/        config.json, tokenizer.json, processor_config.json,
                                                 model.safetensors (tiny) or shards + index (real)
     DIR/MOSS-Audio-Tokenizer-v2/                the 48 kHz codec of MOSS-TTS-Local, published layout
@@ -16,7 +16,7 @@ complete production config that points at them.
     DIR/parakeet-tdt-0.6b-v3/*.nemo             Parakeet-TDT (NeMo archive)
     DIR/parakeet-tdt-0.6b-v3-CALIBRATED/        the same, its joint calibrated to speech's token
                                                 rate (a CALIBRATION; --parakeet calibrated)
-    DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: STAND-IN embedder (remote code), heads
+    DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: published file set (our remote code)
     DIR/BUD-E-Whisper/, Empathic-Insight-Voice-Plus/
     DIR/wavlm-base-plus-sv/                     speaker similarity (WavLMForXVector)
 
@@ -39,10 +39,11 @@ NEED_BYTES = {"tiny": 200 * 2**20, "real": 50 * 2**30}  # what a write needs fre
 DELAY_BYTES = {"tiny": 60 * 2**20, "real": 18 * 2**30}  # MOSS-TTS-Delay-v1.5/ on top
 REFERENCE_VOICE = Path(__file__).resolve().parents[3] / "config" / "voices" / "joe_reference.flac"
 
+# ei_head: the tiny fake heads (bestofn.fakes.empathic NAMED_EMOTION_HEADS[:2]) score the two
 EMOTIONS = [
-    ["emotion", "description", "reference_audio"],
-    ["calm", "A calm, warm voice, speaking slowly.", "{reference}"],
-    ["angry", "An angry voice, loud and sharp.", ""],
+    ["emotion", "description", "reference_audio", "ei_head"],
+    ["calm", "A calm, warm voice, speaking slowly.", "{reference}", "Jealousy_&_Envy"],
+    ["angry", "An angry voice, loud and sharp.", "", "Anger"],
 ]
 PROMPTS = [
     ["prompt_id", "text"],
@@ -82,8 +83,8 @@ CONFIG = """\
 # Written by `bestofn fake-weights {out} --size {size} --seed {seed}`.
 # The production pipeline (as config/production.yaml: moss-fast -> sidon -> duration, parakeet,
 # voiceclap, empathic-insight) on RANDOM weights in the published on-disk layouts. The audio is
-# noise and every score is meaningless; the VoiceCLAP embedder is a random stand-in (see
-# FAKE_WEIGHTS.md). It exists to run the production path end to end:
+# noise and every score is meaningless; VoiceCLAP's modelling code is ours, written from its
+# published description (see FAKE_WEIGHTS.md). It exists to run the production path end to end:
 #   snakemake --profile profiles/{profile} --configfile {out}/config.yaml --replace-workflow-config
 # (--replace-workflow-config: without it, run from a directory holding config/config.yaml,
 # Snakemake would merge that config's generator options into this one's.)
@@ -103,6 +104,7 @@ models:
       model_dir: {model_dir}
       codec_dir: {codec_dir}
       frames_per_word: 6.0
+      instruction: "extremely {{emotion_words}}. {{description}}"  # as config/production.yaml
 {generator_options}    runtime: {generator_runtime}
   restorer:
     backend: sidon
@@ -137,10 +139,12 @@ runtime:
 selection:
   # Random weights never transcribe a prompt right (WER near 1), so production's
   # "wer <= 0.1" would reject every take, and their stop head often runs a take to the frame
-  # budget. This filter asks only for audio (no empty take), which random weights satisfy;
-  # the score is production's, over the same scorer columns.
-  filter: "n_frames > 0"
-  score: "vc_genuineness / 6 + vc_prompt_sim - cer"
+  # budget, and their speaker similarity is noise. This filter asks only for audio (no empty
+  # take) and a speaker score, which random weights satisfy; the score and held-out scorer are
+  # production's, over the same scorer columns.
+  filter: "n_frames > 0 AND spk_sim >= -1.0"
+  score: "1.5 * norm(ei_target) + norm(vc_blend) + norm(vc_genuineness)"
+  held_out: [vc_prompt_sim]
 """
 
 README = """\
@@ -166,8 +170,11 @@ weights: the real loading code runs on them, and the audio and scores they make 
 - `parakeet-tdt-0.6b-v3-CALIBRATED/`: a **CALIBRATION**, not a model: the same weights with the
   joint's output biases set so that greedy decoding emits speech's token rate (its
   CALIBRATION.md). `config.yaml` points at the {parakeet} one.
-- `voiceclap-commercial/`, `voiceclap-heads/` (voiceclap): a **STAND-IN** embedder (our remote
-  code with VoiceCLAP's shapes and API), and the two heads in the published format.
+- `voiceclap-commercial/`, `voiceclap-heads/` (voiceclap): the published file set (config.json
+  `voiceclap-small`, remote code, model.safetensors, Whisper feature extractor, BERT tokenizer
+  with a made-up vocabulary); the remote code is OURS, written from the published description
+  (the towers' key names and the audio projection's width are unknown), and the two heads in
+  the published format.
 - `BUD-E-Whisper/`, `Empathic-Insight-Voice-Plus/` (empathic-insight): a Whisper checkpoint and
   {n_heads} head files `model_<Name>_best.pth`.
 - `wavlm-base-plus-sv/` (wavlm-speaker): a WavLMForXVector checkpoint (config.json,

@@ -1,1 +1,2 @@
-"""STAND-IN remote code for VoiceCLAP (random weights, written by bestofn.fakes)."""
+"""Our VoiceCLAP remote code, written from the published description (random weights, written
+by bestofn.fakes.voiceclap)."""
