@@ -69,6 +69,19 @@ MANIFEST: tuple[WeightEntry, ...] = (
         ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"), "MOSS-TTS-Delay-v1.5", None,
         "moss-fast", "the 8B Delay generator (Qwen3-8B backbone, 32 codebooks)",
     ),
+    # LAION's voice-acting fine-tunes: alternative generators in their base's published layout
+    # (docs/notes/moss-facts.md, "Voice acting"); config/production.yaml names them in a comment
+    WeightEntry(
+        "moss-tts-local-voice-acting", "laion/moss-tts-local-transformer-4.55b-voice-acting",
+        UNKNOWN, ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "moss-tts-local-transformer-4.55b-voice-acting", None, "moss-fast",
+        "alternative generator: moss_tts_local, a merged rank-256 LoRA; codec: the v2 one",
+    ),
+    WeightEntry(
+        "moss-tts-delay-voice-acting", "laion/moss-tts-v1.5-8b-voice-acting", UNKNOWN,
+        ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"), "moss-tts-v1.5-8b-voice-acting",
+        None, "moss-fast", "alternative generator: moss_tts_delay, 32 codebooks; 24 kHz codec",
+    ),
     WeightEntry(
         "moss-audio-tokenizer", "OpenMOSS-Team/MOSS-Audio-Tokenizer", UNKNOWN,
         ("*.json", "*.safetensors", "*.py"), "MOSS-Audio-Tokenizer", None, "moss-fast",
