@@ -205,3 +205,30 @@ def test_bestofn_check_refuses_norm_of_a_missing_column_by_name(project, capsys)
     config["selection"]["score"] = "norm(ei_target) + norm(ei_anger)"
     path.write_text(yaml.safe_dump(config))
     assert bestofn(["check", "--config", str(path), "--base", str(project)]) == 0
+
+
+class RecordingBuilder:
+    """A prompt builder that keeps what it was asked to build."""
+
+    def rows(self, text, **fields):
+        self.fields = fields
+        return fields
+
+
+@pytest.mark.parametrize("backend", ["moss_fast", "moss_hf_common"])
+def test_both_moss_generators_put_the_groups_instruction_in_the_prompt(backend):
+    import importlib
+
+    module = importlib.import_module(f"bestofn.backends.{backend}")
+    cls = module.MossFastGenerator if backend == "moss_fast" else module.MossHFBase
+    gen = cls.__new__(cls)
+    gen.options = {**module.DEFAULTS, "instruction": "extremely {emotion_words}."}
+    spec = GroupSpec("Fatigue_Exhaustion", "p1", "Hi.", 1, emotion_description="Drained.")
+    told = GroupSpec("Anger", "p1", "Hi.", 1, extra={"instruction": "Shout it."})
+    if backend == "moss_fast":
+        gen.prompt_builder = RecordingBuilder()
+        assert gen.prompt(spec)["instruction"] == "extremely fatigue exhaustion."
+        assert gen.prompt(told)["instruction"] == "Shout it."
+    else:  # the published processor's build_user_message gets what _instruction gives
+        assert gen._instruction(spec) == "extremely fatigue exhaustion."
+        assert gen._instruction(told) == "Shout it."

@@ -1,0 +1,225 @@
+"""`bestofn weights fetch | lock` and the lock check, offline.
+
+Fetch runs the real huggingface_hub code (snapshot_download: repo info, tree listing, HEAD and
+GET of each file, local_dir metadata) against a small hub stand-in on 127.0.0.1 (HF_ENDPOINT),
+serving tiny files in the manifest's layout. A stand-in server rather than a pre-populated
+cache with HF_HUB_OFFLINE=1: offline, snapshot_download never lists the repo nor filters by
+allow_patterns nor downloads, so the cache would test none of what `fetch` asks of the hub."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from bestofn.cli import main as bestofn
+from bestofn.weights import lock
+from bestofn.weights.manifest import BY_NAME, MANIFEST, entries_for_config
+
+
+def sha(repo: str) -> str:
+    """A repo's commit: one of its own (snapshot_download keeps a tree listing per commit in a
+    local_dir that two repos share here)."""
+    return hashlib.sha1(repo.encode()).hexdigest()
+
+
+def hub_files() -> dict[str, dict[str, bytes]]:
+    """repo -> {path: bytes}: the VoiceCLAP heads repos (two repos, one folder) with a file
+    that the allow patterns leave out, and Sidon's adapter repo."""
+    return {
+        "laion/voiceclap-commercial-genuineness": {
+            "genu_commercial_best.pt": b"genuineness head" * 64,
+            "genuineness_scorer.py": b"# not fetched: not in allow_patterns\n",
+        },
+        "laion/voiceclap-commercial-vocalburst-blend": {
+            "blend_head_commercial.pt": b"blend head" * 100,
+            "README.md": b"not fetched\n",
+        },
+        "sarulab-speech/sidon_raw_weight": {
+            "adapter_config.json": b"{}",
+            "adapter_model.safetensors": b"\0" * 5000,
+            "decoder_state_dict.pt": b"decoder" * 300,
+        },
+    }
+
+
+class Hub(BaseHTTPRequestHandler):
+    files: dict = {}
+    requests: list = []
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, body: bytes, ctype="application/json", head=False, extra=None):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _route(self, head=False):
+        path = self.path.split("?")[0]
+        self.requests.append((self.command, path))
+        for repo, files in self.files.items():
+            if path.startswith(f"/api/models/{repo}/revision/"):
+                return self._send(json.dumps({"id": repo, "sha": sha(repo)}).encode(), head=head)
+            if path.startswith(f"/api/models/{repo}/tree/"):
+                listing = [
+                    {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                    for p, b in files.items()
+                ]
+                return self._send(json.dumps(listing).encode(), head=head)
+            prefix = f"/{repo}/resolve/"
+            if path.startswith(prefix):
+                name = path[len(prefix) :].split("/", 1)[1]
+                body = files[name]
+                headers = {
+                    "X-Repo-Commit": sha(repo),
+                    "ETag": f'"{hashlib.sha1(body).hexdigest()}"',
+                }
+                return self._send(body, "application/octet-stream", head, headers)
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.end_headers()
+
+    def do_GET(self):
+        self._route()
+
+    def do_HEAD(self):
+        self._route(head=True)
+
+
+@pytest.fixture
+def hub():
+    Hub.files, Hub.requests = hub_files(), []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def run_cli(args, env_extra, tmp_path):
+    """`bestofn` in a fresh process: huggingface_hub reads HF_ENDPOINT when imported."""
+    env = {**os.environ, **env_extra, "HF_HOME": str(tmp_path / "hf-home")}
+    env.pop("HF_HUB_OFFLINE", None)
+    cmd = [sys.executable, "-m", "bestofn.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_fetch_from_a_hub_stand_in_then_lock_and_check(hub, tmp_path):
+    root = tmp_path / "models"
+    proc = run_cli(["weights", "fetch", "--root", str(root), "--only", "voiceclap-genuineness",
+                    "voiceclap-blend", "sidon"], {"HF_ENDPOINT": hub}, tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "default branch" in proc.stdout  # the manifest pins no revision: said, not hidden
+    heads = root / "voiceclap-heads"  # two repos, one folder
+    assert sorted(p.name for p in heads.iterdir() if not p.name.startswith(".")) == [
+        "blend_head_commercial.pt", "genu_commercial_best.pt"]  # fmt: skip
+    for repo, files in hub_files().items():
+        folder = root / next(e.folder for e in MANIFEST if e.repo_id == repo)
+        for name, body in files.items():
+            fetched = folder / name
+            if name.endswith((".pt", ".json", ".safetensors")):
+                assert fetched.read_bytes() == body
+            else:  # left out by the allow patterns
+                assert not fetched.exists()
+    # lock: every file, sizes and sha256, hidden hub metadata left out
+    assert bestofn(["weights", "lock", "--root", str(root)]) == 0
+    files = lock.read_lock(root / lock.LOCK_NAME)
+    assert set(files) == {"voiceclap-heads/genu_commercial_best.pt",
+                          "voiceclap-heads/blend_head_commercial.pt",
+                          "sidon_raw_weight/adapter_config.json",
+                          "sidon_raw_weight/adapter_model.safetensors",
+                          "sidon_raw_weight/decoder_state_dict.pt"}  # fmt: skip
+    body = hub_files()["sarulab-speech/sidon_raw_weight"]["decoder_state_dict.pt"]
+    assert files["sidon_raw_weight/decoder_state_dict.pt"] == {
+        "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}  # fmt: skip
+    assert lock.verify(root) == []
+
+
+def test_fetch_unknown_name_lists_the_known_ones_and_writes_nothing(tmp_path, capsys):
+    root = tmp_path / "models"
+    assert bestofn(["weights", "fetch", "--root", str(root), "--only", "sidon", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "'nope'" in err and all(e.name in err for e in MANIFEST)
+    assert not root.exists()
+
+
+def config_for(root: Path) -> dict:
+    return {
+        "weights_root": str(root),
+        "models": {
+            "generator": {"backend": "piper"},
+            "restorer": {"backend": "sidon", "options": {
+                "adapter_dir": "sidon_raw_weight",
+                "decoder_path": "sidon_raw_weight/decoder_state_dict.pt"}},
+            "scorers": [{"backend": "voiceclap", "options": {
+                "genuineness_path": "voiceclap-heads/genu_commercial_best.pt"}}],
+        },
+    }  # fmt: skip
+
+
+def shards(root: Path) -> Path:
+    folder = root / "sidon_raw_weight"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"model-0000{i}-of-00003.safetensors").write_bytes(bytes([i]) * 10000)
+    (folder / "decoder_state_dict.pt").write_bytes(b"d" * 100)
+    (root / "voiceclap-heads").mkdir()
+    (root / "voiceclap-heads/genu_commercial_best.pt").write_bytes(b"g" * 100)
+    (root / "elsewhere").mkdir()
+    (root / "elsewhere/unused.bin").write_bytes(b"u")
+    lock.write_lock(root)
+    return folder
+
+
+def test_lock_check_names_a_truncated_a_missing_and_an_extra_shard(tmp_path):
+    root = tmp_path / "models"
+    folder = shards(root)
+    config = config_for(root)
+    memo = tmp_path / "results/cache/sha256-memo"
+    assert lock.check_config(config, tmp_path) == []
+    assert list(memo.iterdir())  # hashes memoised where the workers keep theirs
+    shard = folder / "model-00001-of-00003.safetensors"
+    good = shard.read_bytes()
+    shard.write_bytes(good[:-4096])
+    assert lock.check_config(config, tmp_path) == [
+        f"{shard}: 5904 bytes, the lock {root / lock.LOCK_NAME} says 10000"]  # fmt: skip
+    shard.unlink()
+    (problem,) = lock.check_config(config, tmp_path)
+    assert problem.startswith(f"{shard}: missing")
+    shard.write_bytes(b"x" * len(good))  # same size, other bytes: the hash tells
+    (problem,) = lock.check_config(config, tmp_path)
+    assert problem.startswith(f"{shard}: sha256 differs")
+    shard.write_bytes(good)
+    (folder / "model-00003-of-00003.safetensors").write_bytes(b"new")
+    (problem,) = lock.check_config(config, tmp_path)
+    assert "model-00003-of-00003.safetensors: not in the lock" in problem
+    (folder / "model-00003-of-00003.safetensors").unlink()
+    (root / "elsewhere/unused.bin").write_bytes(b"changed")  # a folder the config does not use
+    assert lock.check_config(config, tmp_path) == []
+
+
+def test_a_lock_that_does_not_parse_is_named(tmp_path):
+    root = tmp_path / "models"
+    shards(root)
+    (root / lock.LOCK_NAME).write_text('{"format": 1, "files": {"a": {"size": "big"}}')
+    (problem,) = lock.check_config(config_for(root), tmp_path)
+    assert str(root / lock.LOCK_NAME) in problem and "does not parse" in problem
+    assert "weights_root" in lock.check_config(config_for(tmp_path / "nowhere"), tmp_path)[0]
+
+
+def test_entries_for_config_are_the_folders_it_names():
+    config = config_for(Path("/models"))
+    config["models"]["scorers"][0]["options"]["blend_path"] = "/models/voiceclap-heads/b.pt"
+    names = [e.name for e in entries_for_config(config)]
+    assert names == ["sidon", "voiceclap-genuineness", "voiceclap-blend"]
+    assert BY_NAME["parakeet"].allow_patterns == ("parakeet-tdt-0.6b-v3.nemo",)
