@@ -185,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default=".", help="directory that sheet paths are relative to")
     p.set_defaults(func=_check)
 
+    from bestofn.weights.command import add_parser as add_weights_parser
+
+    add_weights_parser(sub)
+
     p = sub.add_parser(
         "plan", help="groups remaining per emotion and the GPU-hours left at the measured rate"
     )
