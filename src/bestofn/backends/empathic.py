@@ -1,6 +1,6 @@
 """Empathic-Insight-Voice-Plus: every emotion and quality head on one BUD-E-Whisper encoder pass.
 
-Published layout (laion/Empathic-Insight-Voice-Plus; sources in .ref/notes/scorers-facts.md):
+Published layout (laion/Empathic-Insight-Voice-Plus; sources in docs/notes/scorers-facts.md):
 
 - encoder: laion/BUD-E-Whisper, a Whisper-Small fine-tune. 16 kHz mono, padded/cut to a 30 s
   window, encoder states [B, 1500, 768].

@@ -306,7 +306,7 @@ class VoiceCLAPScorer(Scorer):
         """One encode for a batch of windowed 16 kHz clips -> [B, D] unit vectors."""
         wav = torch.from_numpy(np.stack(clips16k)).to(self.device)
         with self._autocast():
-            return _as_embedding(self.model.encode_waveform(wav))
+            return _as_embedding(self.model.encode_waveform(wav, sample_rate=SAMPLE_RATE))
 
     def _autocast(self):
         if self.dtype == "float32":
