@@ -1,11 +1,14 @@
 """Bad input gets a clear error naming the file, line and field, before any model loads."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 from conftest import tiny_config, write_tsv
 
 from bestofn.plan import PlanError, build_plan
 from bestofn.selection import SelectionError
+from bestofn.weights.paths import weight_options
 from bestofn.workflow_glue import check_selection_for
 
 
@@ -141,13 +144,20 @@ def test_missing_weights_paths_are_all_listed_before_any_load(project):
     config = load_config(REPO / "config/production.yaml")
     config["emotions"] = "config/emotions.tsv"
     config["prompts"] = "config/prompts.tsv"
+    assert config["weights_root"] == "/models" and not Path("/models").exists()
+    with pytest.raises(PlanError, match="config field weights_root: '/models'"):
+        build_plan(config, project)
+    (project / "models").mkdir()  # an empty weights root: every path under it is missing
+    config["weights_root"] = "models"
     with pytest.raises(PlanError) as err:
         build_plan(config, project)
     text = str(err.value)
-    assert "generator moss-fast: options.model_dir = /models/MOSS-TTS-Local-Tr" in text
+    weights = project / "models"
+    assert f"generator moss-fast: options.model_dir = {weights}/MOSS-TTS-Local-Tr" in text
     assert "scorer parakeet: options.model_path" in text
     assert "scorer empathic-insight: options.heads_path" in text
-    assert text.count("\n") == 11  # every missing path, not just the first
+    n_paths = sum(1 for *_, key, _ in weight_options(config["models"]))
+    assert text.count("\n") == n_paths == 12  # every missing path, not just the first
 
 
 def test_runtime_knobs_are_not_group_identity(project):

@@ -3,7 +3,8 @@ checkpoints for every production backend, in the on-disk layouts of the publishe
 complete production config that points at them.
 
     DIR/config.yaml                             moss-fast -> sidon -> duration, parakeet,
-                                                voiceclap, empathic-insight (absolute paths)
+                                                voiceclap, empathic-insight (model paths
+                                                relative to weights_root: DIR)
     DIR/emotions.tsv, prompts.tsv, joe_reference.flac
     DIR/FAKE_WEIGHTS.md                         what is here (VoiceCLAP's modelling code: ours)
     DIR/MOSS-TTS-Local-Transformer-v1.5/        config.json, tokenizer.json, processor_config.json,
@@ -96,6 +97,7 @@ seed: 1234
 max_words: 80
 device: {device}
 flac_subtype: PCM_24
+weights_root: {weights_root}  # the model paths below are relative to it
 
 models:
   generator:
@@ -152,7 +154,8 @@ README = """\
 
 Every production backend's checkpoint, in the on-disk layout of the published one, with RANDOM
 weights: the real loading code runs on them, and the audio and scores they make are noise.
-`config.yaml` is a complete production config pointing here (absolute paths).
+`config.yaml` is a complete production config pointing here (weights_root: this folder; the
+model paths relative to it, in the layout of `bestofn weights fetch`).
 
 - `MOSS-TTS-Local-Transformer-v1.5/` (moss-fast; moss-hf{moss_hf}): the published layout:
   config.json, a byte-level tokenizer (MOSS specials at ids 256..262), processor_config.json,
@@ -189,8 +192,10 @@ DELAY_README = """\
 """
 
 
-def _yaml(value) -> str:
-    """A YAML scalar: a JSON string or number is one."""
+def _yaml(value, root: Path | None = None) -> str:
+    """A YAML scalar: a JSON string or number is one. A path under ``root``: relative to it."""
+    if root is not None and isinstance(value, (str, Path)) and Path(value).is_relative_to(root):
+        value = Path(value).relative_to(root)
     return json.dumps(str(value) if isinstance(value, Path) else value)
 
 
@@ -336,7 +341,7 @@ def write_all(
         path.write_text("\n".join(lines) + "\n")
 
     vc = opts["voiceclap"]
-    voiceclap_options = "".join(f"        {k}: {_yaml(v)}\n" for k, v in vc.items())
+    voiceclap_options = "".join(f"        {k}: {_yaml(v, out)}\n" for k, v in vc.items())
     (out / "config.yaml").write_text(
         CONFIG.format(
             out=out,
@@ -345,15 +350,16 @@ def write_all(
             profile="local" if size == "tiny" else "a100x8",
             emotions=_yaml(out / "emotions.tsv"),
             prompts=_yaml(out / "prompts.tsv"),
-            model_dir=_yaml(opts["moss-tts-local + codec"]["model_dir"]),
-            codec_dir=_yaml(opts["moss-tts-local + codec"]["codec_dir"]),
-            **{k: _yaml(v) for k, v in opts["sidon"].items()},
+            weights_root=_yaml(out),
+            model_dir=_yaml(opts["moss-tts-local + codec"]["model_dir"], out),
+            codec_dir=_yaml(opts["moss-tts-local + codec"]["codec_dir"], out),
+            **{k: _yaml(v, out) for k, v in opts["sidon"].items()},
             parakeet_path=_yaml(
-                opts["parakeet"]["calibrated_model_path" if calibrated else "model_path"]
+                opts["parakeet"]["calibrated_model_path" if calibrated else "model_path"], out
             ),
             voiceclap_options=voiceclap_options,
-            **{k: _yaml(v) for k, v in opts["empathic-insight"].items()},
-            speaker_path=_yaml(opts["wavlm-speaker"]["model_path"]),
+            **{k: _yaml(v, out) for k, v in opts["empathic-insight"].items()},
+            speaker_path=_yaml(opts["wavlm-speaker"]["model_path"], out),
             **RUN[size],
         )
     )

@@ -18,7 +18,8 @@ docs/notes/*.md):
   land in one folder, ``voiceclap-heads`` (docs/notes/scorers-facts.md).
 - Empathic-Insight: laion/BUD-E-Whisper (encoder) + laion/Empathic-Insight-Voice-Plus (59
   ``model_<Name>_best.pth`` heads, 55 of them 295 MB), docs/notes/scorers-facts.md.
-- Speaker similarity: speechbrain/spkrec-ecapa-voxceleb (its hyperparams.yaml and checkpoints).
+- Speaker similarity: microsoft/wavlm-base-plus-sv (config.json, preprocessor_config.json,
+  weights; bestofn.backends.speaker says why WavLM and not speechbrain's ECAPA).
 
 Revisions: no public source seen gives a full commit sha of any of these repos (the one short
 sha seen, Empathic-Insight-Voice-Plus 441d220 in its README history, is not a revision the hub
@@ -125,9 +126,10 @@ MANIFEST: tuple[WeightEntry, ...] = (
         "quality heads are small (size not stated: the total is a lower bound)",
     ),
     WeightEntry(
-        "speaker", "speechbrain/spkrec-ecapa-voxceleb", UNKNOWN,
-        ("hyperparams.yaml", "*.ckpt", "label_encoder.txt"), "spkrec-ecapa-voxceleb", None,
-        "speaker-similarity",
+        "wavlm-speaker", "microsoft/wavlm-base-plus-sv", UNKNOWN,
+        ("config.json", "preprocessor_config.json", "*.safetensors", "pytorch_model.bin"),
+        "wavlm-base-plus-sv", None, "wavlm-speaker",
+        "WavLMForXVector; the published folder may hold pytorch_model.bin (the loader reads it)",
     ),
 )  # fmt: skip
 
