@@ -223,3 +223,30 @@ def test_entries_for_config_are_the_folders_it_names():
     names = [e.name for e in entries_for_config(config)]
     assert names == ["sidon", "voiceclap-genuineness", "voiceclap-blend"]
     assert BY_NAME["parakeet"].allow_patterns == ("parakeet-tdt-0.6b-v3.nemo",)
+
+
+def test_worker_key_follows_the_weights_bytes_not_only_their_path(tmp_path):
+    from bestofn.worker.client import Runtime, SlotPool, _weights_digest, slot_spec
+    from bestofn.worker.contract import worker_key
+
+    root = tmp_path / "models"
+    shards(root)
+    models = config_for(root)["models"]
+    models["restorer"]["options"] = {
+        k: str(root / v) for k, v in models["restorer"]["options"].items()
+    }
+    pool = SlotPool(tmp_path / "state", 1, 1, "cpu")
+    rt = Runtime.from_config(None)
+
+    def key():
+        _weights_digest.cache_clear()  # a new group job's process
+        return worker_key(slot_spec(pool, 0, models, tmp_path / "results", "PCM_16", rt))
+
+    before = key()
+    assert key() == before
+    (root / "sidon_raw_weight/decoder_state_dict.pt").write_bytes(b"e" * 100)
+    lock.write_lock(root)  # with a lock the identity is the lock's (the plan checks the files)
+    after = key()
+    assert after != before
+    (root / lock.LOCK_NAME).unlink()  # without: the files' own hashes, the same value
+    assert key() == after

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import http.client
 import json
@@ -256,13 +257,29 @@ def stop_worker(pool: SlotPool, slot: int, timeout: float = 120.0) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=8)
+def _weights_digest(models_json: str, memo_dir: Path | None) -> str:
+    """The models' content identity, hashed once a process (the plan filled the memo)."""
+    from bestofn.pipeline import models_identity
+
+    return stable_hash(models_identity(json.loads(models_json), memo_dir))
+
+
 def slot_spec(
     pool: SlotPool, slot: int, models: dict, results_dir: Path, flac_subtype: str, rt: Runtime
 ) -> dict:
-    """The spec of the worker a group on ``slot`` needs (see bestofn.worker.contract)."""
+    """The spec of the worker a group on ``slot`` needs (see bestofn.worker.contract): the
+    weights' content identity in it, so that a warm worker is not reused once a weight file's
+    bytes changed at the same path."""
+    memo = (
+        Path(results_dir) / Path(rt.cache_dir).expanduser() / "sha256-memo"
+        if rt.cache_dir
+        else None
+    )
+    weights = _weights_digest(json.dumps(models, sort_keys=True), memo)
     visible = pool.cuda_visible(slot) if pool.device.startswith("cuda") else None
     options = serving(**{name: getattr(rt, name) for name in SERVING})
-    return worker_spec(models, pool.device, flac_subtype, results_dir, visible, options)
+    return worker_spec(models, pool.device, flac_subtype, results_dir, visible, options, weights)
 
 
 def _serves(h: dict | None, key: str) -> bool:

@@ -73,8 +73,12 @@ def worker_spec(
     results_dir: str | Path,
     visible_device: str | None = None,
     serving_options: dict | None = None,
+    weights: str | None = None,
 ) -> dict:
+    """``weights``: a digest of the models' content identity, where the caller has it (a group
+    job: its params), else None (the worker's own spec, `bestofn serve`)."""
     return {
+        "weights": weights,
         "models": models,
         "device": device,
         "visible_device": visible_device,
@@ -98,10 +102,12 @@ def spec_difference(health: dict, want: dict) -> str:
     for field, value in want.items():
         if field == "models" or have.get(field) == value:
             continue
+        if field == "weights":  # the worker's own spec has none (its key has it): below
+            continue
         if isinstance(value, dict) and isinstance(have.get(field), dict):  # serving: by option
             old = have[field]
             diffs += [f"runtime.{k} {old.get(k)!r} -> {v!r}" for k, v in value.items()
                       if old.get(k) != v]  # fmt: skip
         else:
             diffs.append(f"{field} {have.get(field)!r} -> {value!r}")
-    return ", ".join(diffs) or "worker key differs"
+    return ", ".join(diffs) or "worker key differs (the weights' content, where nothing else does)"
