@@ -17,7 +17,9 @@ rule group:
         # Performance knobs live in config['runtime'] and are deliberately not params
         # (changing them reruns nothing).
         spec=group_params,
-        models=MODELS_PARAMS,
+        # a function: Snakemake would read the braces of an option's value (an instruction
+        # template, "{description}") as wildcards in a plain string
+        models=lambda wildcards: MODELS_PARAMS,
         device=config["device"],
         flac_subtype=config["flac_subtype"],
     run:
