@@ -20,6 +20,7 @@ from conftest import REPO
 from test_workflow_e2e import snakemake, verify
 
 from bestofn.cli import main as bestofn
+from bestofn.held_out import referenced_columns
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
@@ -91,8 +92,10 @@ def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
     snakemake(project, "--configfile", str(config))
     assert "4 groups checked, 0 problem(s)" in verify(project)
     # the worker kept Parakeet's archive extracted in its cache, named by the archive's sha256
-    scorers = yaml.safe_load(config.read_text())["models"]["scorers"]
+    written = yaml.safe_load(config.read_text())
+    scorers = written["models"]["scorers"]
     nemo = next(s["options"]["model_path"] for s in scorers if s["backend"] == "parakeet")
+    nemo = Path(written["weights_root"]) / nemo  # the model paths are relative to it
     digest = hashlib.sha256(Path(nemo).read_bytes()).hexdigest()
     extracted = project / "results/cache/backends/nemo-extracted"
     assert [p.name for p in extracted.iterdir() if p.is_dir()] == [digest]  # no leftovers
@@ -128,3 +131,15 @@ def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
     con.close()
     assert [(g, n) for g, n, _ in selection] == [(g, 1) for g in GROUPS]  # one take per group
     assert all(n_frames > 0 for _, _, n_frames in selection)  # the config's filter held
+    # the selection is production's: the group's own emotion, the voice, VoiceCLAP's heads
+    sel = yaml.safe_load(config.read_text())["selection"]
+    used = referenced_columns(sel["filter"]) | referenced_columns(sel["score"])
+    assert {"ei_target", "spk_sim", "vc_blend", "vc_genuineness"} <= used
+    con = duckdb.connect(str(project / "results/bestofn.duckdb"), read_only=True)
+    # ei_target is each group's own head (the sheet's ei_head), never NaN
+    own = con.execute(
+        "SELECT DISTINCT split_part(group_id, '/', 1), ei_target = CASE WHEN emotion = 'angry' "
+        "THEN ei_anger ELSE ei_jealousy_envy END FROM takes ORDER BY 1"
+    ).fetchall()
+    con.close()
+    assert own == [("angry", True), ("calm", True)]
