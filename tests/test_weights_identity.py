@@ -86,6 +86,8 @@ def test_move_reruns_nothing_and_changed_bytes_rerun_every_group(tmp_path, capsy
     # a lock: verified, then one byte of the voice's model changed
     assert bestofn(["weights", "lock", "--root", str(moved)]) == 0
     assert (moved / LOCK_NAME).is_file()
+    rc, out = check(project, capsys)
+    assert rc == 0 and f"match the lock {moved / LOCK_NAME}" in out
     assert planned_jobs(project).get("group", 0) == 0  # the lock changes no identity
     model = moved / "piper/en_US-joe-medium.onnx"
     data = bytearray(model.read_bytes())

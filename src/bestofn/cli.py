@@ -43,6 +43,9 @@ def _check(args) -> int:
         return 2
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+    from bestofn.weights.lock import lock_state
+
+    print(f"weights: {lock_state(plan.config, args.base)}")  # verified by build_plan when one
     print(f"ok: {len(plan.groups)} groups x {plan.config['takes']} takes")
     return 0
 

@@ -154,4 +154,4 @@ def lock_state(config: dict, base: str | Path = ".") -> str:
         return "no weights_root in the config: no lock to verify"
     if not lock_path(root).is_file():
         return f"no lock at {lock_path(root)} (write one: bestofn weights lock --root {root})"
-    return f"lock {lock_path(root)}"
+    return f"the files the config uses match the lock {lock_path(root)}"
