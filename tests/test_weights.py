@@ -250,3 +250,28 @@ def test_worker_key_follows_the_weights_bytes_not_only_their_path(tmp_path):
     assert after != before
     (root / lock.LOCK_NAME).unlink()  # without: the files' own hashes, the same value
     assert key() == after
+
+
+def test_a_cut_safetensors_shard_is_named_without_a_lock(tmp_path):
+    """What the worker's load error says only as "incomplete metadata, file not fully covered"
+    (safetensors), the diagnosis after a failed start names by file."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from bestofn.weights.diagnose import broken_weights
+
+    folder = tmp_path / "MOSS-TTS-Local-Transformer-v1.5"
+    folder.mkdir()
+    shard = folder / "model-00002-of-00002.safetensors"
+    save_file({"a": np.ones((64, 64), np.float32)}, folder / "model-00001-of-00002.safetensors")
+    save_file({"b": np.zeros((32, 8), np.float16)}, shard)
+    models = {"generator": {"backend": "moss-fast", "options": {"model_dir": str(folder)}}}
+    assert broken_weights(models) == []
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(Exception, match="incomplete metadata"):  # the loader's own words
+        load_file(shard)
+    (problem,) = broken_weights(models)
+    assert problem.startswith(f"{shard}: ") and "cut short" in problem
+    shard.unlink()
+    models["generator"]["options"]["model_dir"] = str(shard)
+    assert broken_weights(models) == [f"{shard}: missing"]

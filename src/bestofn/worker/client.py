@@ -328,8 +328,13 @@ def ensure_worker(
             return _start(pool, slot, models, key, results_dir, rt, log_dir, flac_subtype,
                           warm_up_spec)  # fmt: skip
         except WorkerLoadError as e:
+            from bestofn.weights.diagnose import broken_weights
+
+            broken = broken_weights(models)  # the file, where the loader's error names none
+            if broken:
+                e = WorkerLoadError(f"{e}\nweight files that cannot load:\n" + "\n".join(broken))
             _record_load_failure(pool, key, str(e))
-            raise
+            raise e from None
 
 
 def _start(
