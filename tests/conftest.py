@@ -10,6 +10,14 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The lab (benchmarks, probes, fault injection) sits at the repository root, outside the wheel.
+# Tests import it, and so do the workers and Snakemake processes they start (fault-injecting
+# backends are named as `lab.faults:Class` plug-ins).
+if str(REPO) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
+    )
+
 # Without a GPU, Triton kernels can only run in Triton's interpreter (the tests of our kernels do).
 # Set before anything imports triton: its own library functions (tl.max, tl.sum, ...) are built
 # for the interpreter or not when triton is first imported, whatever a test sets later.

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from bestofn import ab
 from bestofn.cli import main
+from bestofn.ops import ab
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
@@ -46,7 +46,7 @@ def no_model_load(monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("a model loaded before the input was checked")
 
-    monkeypatch.setattr("bestofn.pipeline.load_backends", refuse)
+    monkeypatch.setattr("bestofn.core.pipeline.load_backends", refuse)
 
 
 def run_cli(tmp_path, a, b, thresholds, out, *extra):
@@ -95,7 +95,7 @@ def test_slow_piper_fails_a_tight_duration_threshold(tmp_path, capsys):
         {
             "duration_s": {"max_increase": 0.1},
             "wer": {"max_increase": 1.0},
-            "pcm_mean_abs_diff": {"max_increase": 1.0},  # audio vs audio (bestofn.pcm_diff)
+            "pcm_mean_abs_diff": {"max_increase": 1.0},  # audio vs audio (bestofn.ops.pcm_diff)
         },
     )
     out = tmp_path / "ab.parquet"
@@ -189,7 +189,7 @@ def test_threshold_rules():
 
 
 def test_decode_row_only_when_both_sides_time_their_decode():
-    from bestofn.ab import speed_rows
+    from bestofn.ops.ab import speed_rows
 
     side = {
         "generate_s_per_clip": 0.5, "restore_s_per_clip": 0.1, "score_s_per_clip": 0.2,

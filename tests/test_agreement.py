@@ -11,9 +11,9 @@ import types
 import pytest
 import yaml
 
-from bestofn.agreement import AgreementError, check_files, check_loaded
-from bestofn.pipeline import load_backends
-from bestofn.plan import PlanError, build_plan
+from bestofn.core.compat import AgreementError, check_files, check_loaded
+from bestofn.core.pipeline import load_backends
+from bestofn.core.plan import PlanError, build_plan
 
 
 def write_json(path, data):
@@ -141,7 +141,7 @@ def test_rates_between_loaded_stages(tmp_path):
     # and through load_backends, with a plugin generator at 8 kHz and a 16 kHz scorer
     models = {
         "generator": {
-            "backend": "bestofn.lab.faults:ScriptedGenerator",
+            "backend": "lab.faults:ScriptedGenerator",
             "options": {"sample_rate": 8000},
         },
         "scorers": [{"backend": "resemblyzer"}],

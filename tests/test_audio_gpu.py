@@ -1,4 +1,5 @@
-"""The scorers' GPU resampler (``bestofn.audio_gpu``) against soxr, on the CPU (the same torch
+"""The scorers' GPU resampler (``bestofn.backends.scorer_input``) against soxr, on the CPU (the
+same torch
 code as on CUDA), and the ``runtime.resampler`` option from config to the pipeline."""
 
 from __future__ import annotations
@@ -6,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bestofn.audio_gpu import resample_batch
-from bestofn.audio_gpu import scorer_input as mono_at
 from bestofn.backends.base import resolve_resampler
+from bestofn.backends.scorer_input import resample_batch
+from bestofn.backends.scorer_input import scorer_input as mono_at
 
 pytest.importorskip("torch")
 
@@ -87,8 +88,8 @@ def test_score_stage_resamples_once_per_rate_and_resampler():
     from datetime import UTC, datetime
 
     from bestofn.backends.base import Scorer
-    from bestofn.pipeline import GroupWork, StageTimer, score_stage
-    from bestofn.spec import GroupSpec
+    from bestofn.core.pipeline import GroupWork, StageTimer, score_stage
+    from bestofn.util.spec import GroupSpec
 
     class Recorder(Scorer):
         input_sample_rate = 16000
@@ -101,7 +102,7 @@ def test_score_stage_resamples_once_per_rate_and_resampler():
             self.seen = audios
             return {}
 
-    class B:  # the fields score_stage reads of bestofn.pipeline.Backends
+    class B:  # the fields score_stage reads of bestofn.core.pipeline.Backends
         cpu_threads = 1
 
     b = B()

@@ -11,7 +11,7 @@ pytest.importorskip("nemo.collections.asr", reason="parakeet needs nemo_toolkit"
 
 
 def test_tiny_pipeline_bench_writes_a_group_and_reports_every_stage(tmp_path, capsys):
-    from bestofn.lab.bench.__main__ import main
+    from lab.bench.__main__ import main
 
     out = tmp_path / "bench.json"
     argv = ["pipeline", "--size", "tiny", "--device", "cpu", "--takes", "3", "--frames", "10"]
@@ -55,7 +55,7 @@ def test_a_variant_without_sidon_knobs_runs_the_default_path():
     """Variants run one after another in one process: one that names no Sidon layout gets the
     production default, not the layout an earlier variant set."""
     from bestofn.fakes import sidon
-    from bestofn.lab.bench.pipeline import apply_variant, parse_variant
+    from lab.bench.pipeline import apply_variant, parse_variant
 
     restorer = sidon.build("cpu", "tiny")
     backends = SimpleNamespace(scorers=[], restorer=restorer)
@@ -66,7 +66,7 @@ def test_a_variant_without_sidon_knobs_runs_the_default_path():
 
 
 def test_a_variant_sets_the_scorers_resampler_and_the_next_gets_the_built_one_back():
-    from bestofn.lab.bench.pipeline import apply_variant, parse_variant
+    from lab.bench.pipeline import apply_variant, parse_variant
 
     asr, clap = SimpleNamespace(name="asr", resampler="torch"), SimpleNamespace(name="clap")
     backends = SimpleNamespace(scorers=[asr, clap], restorer=SimpleNamespace(name="identity"))
@@ -80,10 +80,10 @@ def test_a_variant_sets_the_scorers_resampler_and_the_next_gets_the_built_one_ba
 
 
 def test_variants_stream_groups_through_the_workers_runner(tmp_path, monkeypatch):
-    """--variant streams groups through bestofn.runner.Runner (the worker's scheduler, not a
+    """--variant streams groups through bestofn.core.runner.Runner (the worker's scheduler, not a
     copy): every group of every variant is published, in each overlap mode."""
-    from bestofn import runner
-    from bestofn.bench.__main__ import main
+    from bestofn.core import runner
+    from lab.bench.__main__ import main
 
     seen = []
     real_run = runner.Runner.run

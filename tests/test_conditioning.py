@@ -11,9 +11,9 @@ from conftest import REPO, write_tsv
 
 from bestofn.backends.base import Generator
 from bestofn.cli import main as bestofn
+from bestofn.core.plan import PlanError, build_plan, read_sheet
 from bestofn.moss.options import check_instruction_option, group_instruction, instruction_text
-from bestofn.plan import PlanError, build_plan, read_sheet
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 PLUGIN = "test_conditioning:InstructedGenerator"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 SPEC = GroupSpec("calm", "p1", "Good morning, how are you?", 4, base_seed=5)
 
@@ -33,8 +33,8 @@ def test_piper_takes_in_parallel_are_the_serial_takes(takes):
 def test_resemblyzer_one_thread_is_the_default_threads(takes):
     import torch
 
-    from bestofn.audio import resample
     from bestofn.backends.resemblyzer_sim import ResemblyzerScorer
+    from bestofn.util.audio import resample
 
     audios = [resample(t.audio, 22050, 16000) for t in takes[0]]
     before = torch.get_num_threads()
@@ -45,8 +45,8 @@ def test_resemblyzer_one_thread_is_the_default_threads(takes):
 
 
 def test_whisper_takes_side_by_side_are_the_serial_transcripts(takes):
-    from bestofn.audio import resample
     from bestofn.backends.whisper_asr import WhisperASRScorer
+    from bestofn.util.audio import resample
 
     audios = [resample(t.audio, 22050, 16000) for t in takes[0]]
     serial = WhisperASRScorer(workers=1, cpu_threads=2)
@@ -57,8 +57,8 @@ def test_whisper_takes_side_by_side_are_the_serial_transcripts(takes):
 
 
 def test_dnsmos_takes_side_by_side_are_the_serial_scores(takes):
-    from bestofn.audio import resample
     from bestofn.backends.dnsmos import DNSMOSScorer
+    from bestofn.util.audio import resample
 
     audios = [resample(t.audio, 22050, 16000) for t in takes[0]]
     serial, parallel = DNSMOSScorer(threads=1), DNSMOSScorer(threads=2)

@@ -15,8 +15,8 @@ import soundfile as sf
 import yaml
 from conftest import REPO, write_tsv
 
-from bestofn.plan import build_plan
-from bestofn.remaining import format_report, remaining
+from bestofn.core.plan import build_plan
+from bestofn.ops.cost import format_report, remaining
 
 BIN = Path(sys.executable).parent
 

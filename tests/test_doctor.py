@@ -11,8 +11,8 @@ import yaml
 from conftest import REPO, tiny_config
 from test_workflow_e2e import BIN
 
-from bestofn import doctor
-from bestofn.plan import build_plan, load_config
+from bestofn.core.plan import build_plan, load_config
+from bestofn.ops import doctor
 
 
 def run(project, *args):

@@ -1,4 +1,4 @@
-"""bestofn.dtypes: reduced precision is decided by running the op, and backends fall back to
+"""bestofn.util.dtypes: reduced precision is decided by running the op, and backends fall back to
 float32 with a log line where the device cannot run it.
 
 Every test here passes whatever the CPU: the fallback tests force the probe to say
@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from bestofn import dtypes
+from bestofn.util import dtypes
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def test_lstm_probe_agrees_with_running_an_lstm(dtype, mode):
 
 
 def test_resolve_falls_back_and_says_why(no_reduced_precision, caplog):
-    with caplog.at_level(logging.WARNING, logger="bestofn.dtypes"):
+    with caplog.at_level(logging.WARNING, logger="bestofn.util.dtypes"):
         got = dtypes.resolve_dtype("parakeet", "cpu", "bf16", ["linear", "lstm"])
     assert got == "float32"
     assert no_reduced_precision == [("cpu", "bfloat16", "linear", "autocast")]  # first failure
@@ -86,7 +86,7 @@ def test_resolve_keeps_a_supported_dtype(monkeypatch):
 
 def _warned(caplog, backend: str, dtype: str) -> bool:
     return any(
-        r.name == "bestofn.dtypes" and f"{backend}: {dtype} is not supported" in r.getMessage()
+        r.name == "bestofn.util.dtypes" and f"{backend}: {dtype} is not supported" in r.getMessage()
         for r in caplog.records
     )
 

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 from bestofn.backends import registry  # noqa: E402
 from bestofn.backends.empathic import EmpathicInsightScorer, WeightsError  # noqa: E402
-from bestofn.spec import GroupSpec  # noqa: E402
+from bestofn.util.spec import GroupSpec  # noqa: E402
 
 SEQ, D = 150, 16  # tiny encoder: 3 s window -> 150 positions of width 16
 SPEC = GroupSpec(emotion="anger", prompt_id="p1", text="hello", n_takes=3)

@@ -19,7 +19,7 @@ from conftest import REPO, tiny_config, write_tsv
 from readme_snippets import code_blocks
 
 from bestofn.cli import main as cli
-from bestofn.selection import build_database
+from bestofn.select.selection import build_database
 
 BIN = Path(sys.executable).parent
 # seed 1 puts p1 in test and p2 in train (checked below): both splits are non-empty

@@ -62,7 +62,7 @@ def test_stop_head_stops_with_the_asked_probability(tmp_path):
     """Per frame, "stop" comes out with probability p_stop (estimated over every frame at risk:
     stops / (stops + frames that continued))."""
     from bestofn.backends.moss_fast import MossFastGenerator
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     p_stop = 0.25
     model_dir = moss.write_model(tmp_path / "model", "tiny", seed=1, p_stop=p_stop)

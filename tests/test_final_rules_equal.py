@@ -4,7 +4,7 @@ The expected tables in tests/expected/final_rules/ were written by the code of c
 (the last tree that materialised every take) over two sets of groups:
 
 - ``demo``: the 12 scores.parquet of `make demo` (the embedded default), in tests/data/;
-- ``synthetic``: 40 groups x 16 takes from ``python -m bestofn.bench database``'s generator
+- ``synthetic``: 40 groups x 16 takes from ``python -m lab.bench database``'s generator
   (every production scorer's columns, Empathic-Insight at 4 heads) with edge cases added here:
   a file of an older schema, NULL scores, a group where nothing passes, a tie, a column with no
   value at all.
@@ -64,8 +64,8 @@ CASES = {
 
 
 def _bench_module():
-    """The synthetic groups of `python -m bestofn.bench database` (this tree's lab)."""
-    from bestofn.lab.bench import database
+    """The synthetic groups of `python -m lab.bench database` (this tree's lab)."""
+    from lab.bench import database
 
     return database
 
@@ -133,7 +133,7 @@ def dump(db: Path) -> dict:
 
 
 def build(case: str, tmp: Path, **kwargs) -> Path:
-    from bestofn.selection import build_database
+    from bestofn.select.selection import build_database
 
     results = tmp / "results"
     paths = demo_groups(results) if case == "demo" else synthetic_groups(results)
@@ -163,7 +163,7 @@ def assert_same(got: dict, want: dict) -> None:
 @pytest.mark.parametrize("chunk_takes", [None, 40])
 def test_tables_equal_the_old_implementation(case, chunk_takes, tmp_path, monkeypatch):
     """One chunk, and chunks of a few groups (the synthetic set: 16 chunks or more)."""
-    from bestofn import selection
+    from bestofn.select import selection
 
     if chunk_takes:
         monkeypatch.setattr(selection, "CHUNK_TAKES", chunk_takes)
@@ -183,7 +183,7 @@ def test_duckdb_settings_do_not_change_the_tables(tmp_path):
 def test_a_group_split_over_chunks_is_read_in_one_pass(tmp_path, monkeypatch):
     """Takes of one group in two files of different chunks (not the results layout, but the
     library accepts any files): the same tables as one pass."""
-    from bestofn import selection
+    from bestofn.select import selection
 
     results = tmp_path / "results"
     paths = synthetic_groups(results)[:6]
@@ -205,7 +205,7 @@ def test_a_group_split_over_chunks_is_read_in_one_pass(tmp_path, monkeypatch):
 
 def test_shipped_scorers_declare_the_old_directions():
     from bestofn.backends.registry import REGISTRY
-    from bestofn.trust import scorer_directions
+    from bestofn.select.trust import scorer_directions
 
     declared = scorer_directions({"scorers": [{"backend": b} for b in REGISTRY["scorer"]]})
     assert declared == OLD_DIRECTIONS | {"ei_score_*": "higher"}
@@ -217,7 +217,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:
     import inspect
     import tempfile
 
-    from bestofn.selection import build_database
+    from bestofn.select.selection import build_database
 
     assert "directions" not in inspect.signature(build_database).parameters, "not the old tree"
     EXPECTED.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
 
-from bestofn.groupio import SCORES, partial_dirs, write_group
-from bestofn.verify import verify_results
+from bestofn.core.groupio import SCORES, partial_dirs, write_group
+from bestofn.ops.verify import verify_results
 
 SR = 16000
 

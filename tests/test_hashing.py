@@ -2,7 +2,7 @@
 
 import hashlib
 
-from bestofn.hashing import dir_digest, hash_files
+from bestofn.util.hashing import dir_digest, hash_files
 
 
 def test_hash_files_match_hashlib_in_order_and_use_the_memo(tmp_path):

@@ -1,11 +1,11 @@
-"""bestofn.lab.kernel_profile: kernels attributed to the stage that launched them, in a window."""
+"""lab.kernel_profile: kernels attributed to the stage that launched them, in a window."""
 
 import gzip
 import json
 
 import pytest
 
-from bestofn.lab import kernel_profile
+from lab import kernel_profile
 
 
 def _x(name, ts, dur, tid=1, cat="user_annotation", **args):
@@ -90,7 +90,7 @@ def test_bench_pipeline_profile_labels_every_stage_on_cpu(tmp_path):
     groups' own threads), and the results carry the summary."""
     pytest.importorskip("transformers")
     pytest.importorskip("nemo.collections.asr", reason="parakeet needs nemo_toolkit")
-    from bestofn.bench.__main__ import main
+    from lab.bench.__main__ import main
 
     out, prof = tmp_path / "bench.json", tmp_path / "prof"
     argv = "pipeline --size tiny --device cpu --takes 2 --frames 6 --warmup 0 --stream-groups 3"

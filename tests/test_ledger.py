@@ -60,7 +60,7 @@ def test_every_line_has_the_required_fields_and_an_existing_script(ledger):
 def test_the_checker_names_a_bad_line(ledger, tmp_path):
     good = json.loads((REPO / "docs" / "bench" / "ledger.jsonl").read_text().splitlines()[0])
     missing = {k: v for k, v in good.items() if k != "hardware"}
-    no_script = {**good, "command": "python -m bestofn.bench pipeline"}
+    no_script = {**good, "command": "python -m lab.bench pipeline"}
     gone = {**good, "command": "bash docs/bench/no_such_script.sh OUT"}
     bad_area = {**good, "figure": "nowhere.s_per_clip"}
     path = tmp_path / "ledger.jsonl"

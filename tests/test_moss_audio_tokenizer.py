@@ -1,4 +1,4 @@
-"""MOSS-Audio-Tokenizer (bestofn.moss.audio_tokenizer) on a tiny random checkpoint in the
+"""MOSS-Audio-Tokenizer (bestofn.moss.codec.tokenizer) on a tiny random checkpoint in the
 published layout (bestofn.fakes.moss_audio_tokenizer): parity with the published code when its
 copy is in .ref/moss_audio_tokenizer, and batching / precision / bad-checkpoint behaviour."""
 
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bestofn.fakes import moss_audio_tokenizer as fake
-from bestofn.moss.audio_tokenizer import AudioTokenizerError, MossAudioTokenizer
+from bestofn.moss.codec.tokenizer import AudioTokenizerError, MossAudioTokenizer
 
 REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_audio_tokenizer"
 REF_FILES = (
@@ -162,7 +162,7 @@ def test_padding_does_not_leak(codec):
 def test_bf16_is_close_to_fp32(ckpt, codec):
     bf16 = MossAudioTokenizer(ckpt, compute_dtype="bf16")
     if bf16.dtype != torch.bfloat16:
-        pytest.skip("bf16 ops do not run on this CPU (bestofn.dtypes fell back to float32)")
+        pytest.skip("bf16 ops do not run on this CPU (bestofn.util.dtypes fell back to float32)")
     clips = _clips([40, 12], seed=7)
     for ref, x in zip(codec.decode(clips), bf16.decode(clips), strict=True):
         assert 30 < _snr_db(ref, x) < 80  # close, and really computed in another precision
@@ -249,7 +249,7 @@ def test_encode_a_stereo_48k_voice(codec):
 
 def test_load_codec_picks_the_implementation_from_config_json(ckpt, tmp_path):
     from bestofn.fakes import moss_codec
-    from bestofn.moss.codec import load_codec
+    from bestofn.moss.codec.load import load_codec
 
     c = load_codec(ckpt, compute_dtype="fp32", n_vq=32, decode_batch_size=4)
     assert isinstance(c, MossAudioTokenizer) and c.sample_rate == 24000 and c.n_vq == 32
@@ -269,7 +269,7 @@ def test_load_codec_picks_the_implementation_from_config_json(ckpt, tmp_path):
 def test_fp8_matmul_path_where_scaled_mm_runs(ckpt, codec, monkeypatch):
     # The path an H100/H200 runs (fp8 weights and activations through torch._scaled_mm),
     # run here on the CPU where this torch build has the kernel, by lifting the GPU check.
-    from bestofn.moss import audio_tokenizer as mat
+    from bestofn.moss.codec.load import tokenizer as mat
 
     try:
         mat.Linear(torch.randn(16, 32), "fp8", torch.bfloat16)(torch.randn(3, 32))
@@ -291,7 +291,7 @@ def test_fp8_matmul_path_where_scaled_mm_runs(ckpt, codec, monkeypatch):
 
 
 def test_codec_bench_runs_every_row_on_a_cpu(tmp_path):
-    from bestofn.lab.bench.codec import main
+    from lab.bench.codec import main
 
     out = tmp_path / "codec.json"
     args = ["--size", "tiny", "--device", "cpu", "--batch", "3", "--seconds", "0.01"]

@@ -1,5 +1,5 @@
 """MOSS-Audio-Tokenizer-v2 (the 48 kHz stereo codec of MOSS-TTS-Local) through our own code
-(bestofn.moss.audio_tokenizer) on tiny random checkpoints in the published v2 layout
+(bestofn.moss.codec.tokenizer) on tiny random checkpoints in the published v2 layout
 (bestofn.fakes.moss_codec): parity with vLLM-Omni's vendored v2 code when its copy is in
 .ref/moss_audio_tokenizer_v2, the sliding window, batching, stereo, and bad checkpoints."""
 
@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bestofn.fakes import moss_codec
-from bestofn.moss.audio_tokenizer import AudioTokenizerError, MossAudioTokenizer
-from bestofn.moss.codec_config import AudioTokenizerConfig
-from bestofn.moss.codec_layers import sliding_window_attention, window_pad
+from bestofn.moss.codec.config import AudioTokenizerConfig
+from bestofn.moss.codec.layers import sliding_window_attention, window_pad
+from bestofn.moss.codec.tokenizer import AudioTokenizerError, MossAudioTokenizer
 
 REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_audio_tokenizer_v2"
 CODEBOOK = moss_codec.CODEBOOK["tiny"]
@@ -90,7 +90,7 @@ def test_decode_and_encode_match_the_vendored_v2_code(ckpt):
             "vllm_omni/model_executor/models/moss_tts/ there to run the parity test)"
         )
     pytest.importorskip("transformers")
-    from bestofn.lab.codec_parity import run_codec_parity
+    from bestofn.parity.codec import run_codec_parity
 
     ok, lines = run_codec_parity(ckpt, REF)
     assert ok, "\n".join(lines)
@@ -99,12 +99,12 @@ def test_decode_and_encode_match_the_vendored_v2_code(ckpt):
 
 
 def test_parity_command_recognises_the_v2_code(capsys, tmp_path):
-    from bestofn.lab.codec_parity import is_v2_codec_code
+    from bestofn.parity.codec import is_v2_codec_code
 
     assert not is_v2_codec_code(tmp_path)
     if not is_v2_codec_code(REF):
         pytest.skip(f"vLLM-Omni's v2 codec code not in {REF}")
-    from bestofn.lab.parity import parity_main
+    from bestofn.parity.local import parity_main
 
     assert parity_main(["--reference-code", str(REF)]) == 0
     out = capsys.readouterr().out
@@ -135,7 +135,7 @@ def test_sliding_window_attention_equals_the_dense_window_mask(T, window):
 
 
 def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
-    from bestofn.moss.codec_layers import heads_with_rope, residual_norm
+    from bestofn.moss.codec.layers import heads_with_rope, residual_norm
 
     g = torch.Generator().manual_seed(5)
     B, T, H, dh = 2, 6, 3, 8
@@ -162,17 +162,18 @@ def test_the_fused_layer_pieces_compute_rope_and_the_residual_norm():
 
 @pytest.fixture
 def interpreted_kernels(triton_interpreter, monkeypatch):
-    """``bestofn.moss.codec_triton`` imported anew under Triton's interpreter, and the compiled
+    """``bestofn.moss.codec.kernels`` imported anew under Triton's interpreter, and the compiled
     path's (heads, attend, add_norm) built from it: (module, heads, attend, add_norm). The
     module leaves ``sys.modules`` again, so a later import builds its kernels as before."""
     import sys
 
-    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton", raising=False)
-    from bestofn.moss import codec_layers, codec_triton
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec.kernels", raising=False)
+    from bestofn.moss.codec.load import kernels as codec_triton
+    from bestofn.moss.codec.load import layers as codec_layers
 
     monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
     heads, attend, add_norm = codec_layers.layer_pieces("compiled")
-    monkeypatch.delitem(sys.modules, "bestofn.moss.codec_triton")
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec.kernels")
     return codec_triton, heads, attend, add_norm
 
 
@@ -181,7 +182,7 @@ def test_the_triton_heads_kernel_computes_what_the_eager_piece_does(interpreted_
     """The hand-written kernel of the compiled path, through Triton's CPU interpreter: the same
     q, k, v as the eager piece (RoPE'd, padded with zeros to whole window blocks), also for a
     stage without RoPE and a head width whose half is not a power of two."""
-    from bestofn.moss.codec_layers import heads_with_rope, window_pad
+    from bestofn.moss.codec.layers import heads_with_rope, window_pad
 
     kernels, heads, _, _ = interpreted_kernels
     BLOCK_T, heads_rope = kernels.BLOCK_T, kernels.heads_rope
@@ -259,7 +260,7 @@ def test_a_whole_decode_on_the_compiled_pieces_is_the_eager_decode(
     three kernels, through Triton's interpreter: how the layers wire them, heads unpadded into
     the window attention) against its eager decode, for clips whose stages span several windows
     and one clip shorter than a window."""
-    from bestofn.moss.codec_layers import Transformer
+    from bestofn.moss.codec.layers import Transformer
 
     eager = MossAudioTokenizer(ckpt, compute_dtype=compute, n_vq=12)
     compiled = MossAudioTokenizer(ckpt, compute_dtype=compute, n_vq=12)
@@ -292,7 +293,7 @@ def test_the_triton_residual_norm_kernel_computes_what_the_eager_piece_does(
     """The compiled path's residual + LayerNorm kernel, through Triton's CPU interpreter, against
     the eager piece: with and without a layer scale, widths that are not powers of two, rows
     that fill several programs and part of the last one, and what ``layer_pieces`` calls."""
-    from bestofn.moss.codec_layers import residual_norm
+    from bestofn.moss.codec.layers import residual_norm
 
     kernels, _, _, add_norm = interpreted_kernels
     TILE, residual_layer_norm = kernels.TILE, kernels.residual_layer_norm
@@ -343,7 +344,7 @@ def test_the_triton_residual_norm_kernel_computes_what_the_eager_piece_does(
 
 
 def test_compiled_codec_kernels_resolve_per_device_and_are_refused_off_cuda(ckpt):
-    from bestofn.moss.codec_layers import resolve_kernels
+    from bestofn.moss.codec.layers import resolve_kernels
 
     assert resolve_kernels("auto", "cpu") == "eager"
     assert resolve_kernels("eager", "cpu") == "eager"
@@ -397,7 +398,7 @@ def test_encode_round_trip_shapes_and_mono_reference(codec):
 def test_bf16_decode_stays_close_to_fp32(ckpt, codec):
     bf16 = MossAudioTokenizer(ckpt, compute_dtype="bf16", n_vq=12)
     if bf16.dtype != torch.bfloat16:
-        pytest.skip("bf16 ops do not run on this CPU (bestofn.dtypes fell back to float32)")
+        pytest.skip("bf16 ops do not run on this CPU (bestofn.util.dtypes fell back to float32)")
     clips = _clips([25, 12], seed=9)
     for ref, x in zip(codec.decode(clips), bf16.decode(clips), strict=True):
         snr = 10 * np.log10((ref**2).sum() / ((ref - x) ** 2).sum())
@@ -432,7 +433,7 @@ def test_missing_tensor_and_bad_config_are_named(ckpt, tmp_path):
 
 
 def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
-    from bestofn.lab.bench.codec import main
+    from lab.bench.codec import main
 
     out = tmp_path / "codec.json"
     args = ["--version", "v2", "--size", "tiny", "--device", "cpu", "--batch", "2"]
@@ -495,9 +496,9 @@ def test_stream_decoder_joins_to_the_one_shot_decode(codec):
 def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
     import torch
 
-    from bestofn import speech
+    from bestofn.core import speech
     from bestofn.fakes.moss import always_continue_, build
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     gen = build("cpu", size="tiny", min_frames=6, max_frames=24, codec_dir=str(ckpt),
                 codec_compute_dtype="fp32")  # fmt: skip

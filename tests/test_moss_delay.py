@@ -164,7 +164,7 @@ def test_bad_request_is_named(model):
 @pytest.mark.skipif(not (REF / "modeling_moss_tts.py").exists(), reason=f"no reference at {REF}")
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers")
 def test_parity_with_published_delay_code(capsys):
-    from bestofn.lab.parity import parity_main
+    from bestofn.parity.local import parity_main
 
     code = parity_main(["--reference-code", str(REF), "--frames", "14"])
     out = capsys.readouterr().out
@@ -184,8 +184,8 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
     from transformers import PreTrainedTokenizerFast
 
     from bestofn.fakes.moss_delay import write_tokenizer
-    from bestofn.lab.delay_parity import load_reference_module
     from bestofn.moss.delay_prompt import DelayPromptBuilder
+    from bestofn.parity.delay import load_reference_module
 
     cfg = tiny_config()
     write_tokenizer(tmp_path, cfg)
@@ -219,7 +219,7 @@ def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
     from bestofn.backends.moss_fast import MossFastGenerator
     from bestofn.fakes import moss_audio_tokenizer, moss_delay
     from bestofn.moss.delay_engine import MossDelayEngine
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     codec = moss_audio_tokenizer.write(tmp_path / "MOSS-Audio-Tokenizer", "tiny")
     opts = moss_delay.write(tmp_path, "tiny", codec_dir=tmp_path / "MOSS-Audio-Tokenizer")
@@ -237,7 +237,7 @@ def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
     again, _, _ = gen.generate_codes(GroupSpec("calm", "p1", "Hello world again.", n_takes=2))
     first, _, _ = gen.generate_codes(spec)
     assert all(torch.equal(a, b) for a, b in zip(again, first[:2], strict=True))
-    from bestofn.speech import stream_batch
+    from bestofn.core.speech import stream_batch
 
     one = GroupSpec(emotion="calm", prompt_id="p1", text="Hello world again.", n_takes=1)
     chunks = list(stream_batch(gen, [one]))  # the speech service: the take, whole
@@ -255,7 +255,7 @@ def test_moss_hf_runs_the_published_delay_code_and_agrees_with_moss_fast(tmp_pat
     from bestofn.backends.moss_hf import MossHFGenerator
     from bestofn.backends.moss_hf_delay import MossHFDelayGenerator
     from bestofn.fakes import moss_audio_tokenizer, moss_delay
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     moss_audio_tokenizer.write(tmp_path / "MOSS-Audio-Tokenizer", "tiny")
     opts = moss_delay.write(tmp_path, "tiny", code_dir=REF)

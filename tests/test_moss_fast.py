@@ -221,7 +221,7 @@ def test_backend_generates_reproducible_takes(tmp_path, model_dir):
     pytest.importorskip("transformers")
     from bestofn.backends.moss_fast import MossFastGenerator
     from bestofn.fakes import moss_codec
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     codec_dir = moss_codec.write(tmp_path / "codec", "tiny")
     gen = MossFastGenerator(
@@ -254,7 +254,7 @@ def test_backend_generates_reproducible_takes(tmp_path, model_dir):
 
 def test_random_tiny_build_runs():
     from bestofn.fakes.moss import build
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     gen = build("cpu", size="tiny", max_frames=6, min_frames=2)
     codes, stopped, budget = gen.generate_codes(GroupSpec("e", "p", "a b", n_takes=2))

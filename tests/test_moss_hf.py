@@ -13,7 +13,7 @@ import pytest
 from bestofn.backends import moss_hf, moss_hf_common
 from bestofn.moss.budget import FrameBudget, count_words, frame_budget
 from bestofn.moss.published_draws import LocalDraws
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 REF_CODE = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_local_v1.5"
 

@@ -15,7 +15,7 @@ from bestofn.moss.int8 import (
     quantize_backbone_,
     quantize_per_channel,
 )
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 CFG = tiny_config(vocab_size=264)
 

@@ -270,7 +270,7 @@ def test_fused_backbone_projections_equal_separate_ones():
 def test_opcount_sees_fewer_kernels_per_frame_when_fused():
     """The CPU proxy of the bench (moss/opcount.py): the fused paths run fewer kernel-like ops
     per frame and per local loop (counts, not timings)."""
-    from bestofn.lab.opcount import build, frame_counts
+    from lab.opcount import build, frame_counts
 
     model, ids = build(CFG, 2, 8, 8)
     params = SamplingParams()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bestofn.lab.parity import parity_main
+from bestofn.parity.local import parity_main
 
 REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_local_v1.5"
 
@@ -42,8 +42,8 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
     from transformers import PreTrainedTokenizerFast
 
     from bestofn.fakes.moss import tiny_config
-    from bestofn.lab.reference_code import load_reference_class
     from bestofn.moss.prompt import PromptBuilder
+    from bestofn.parity.reference_code import load_reference_class
 
     cfg = tiny_config(vocab_size=264)
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
@@ -86,7 +86,7 @@ def test_moss_fast_and_moss_hf_make_the_same_takes(tmp_path):
     moss_hf = pytest.importorskip("bestofn.backends.moss_hf")
     from bestofn.backends.moss_fast import MossFastGenerator
     from bestofn.fakes.moss import write_random_checkpoint
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     model_dir, codec_dir = write_random_checkpoint(tmp_path, REF, size="tiny")
     opts = dict(model_dir=str(model_dir), codec_dir=str(codec_dir), max_frames=16, min_frames=3)

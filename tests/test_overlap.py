@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from bestofn.pipeline import Backends
-from bestofn.runner import resolve_overlap, run_group
-from bestofn.spec import GroupSpec
+from bestofn.core.pipeline import Backends
+from bestofn.core.runner import resolve_overlap, run_group
+from bestofn.util.spec import GroupSpec
 
 pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not installed")
 
@@ -154,8 +154,8 @@ def test_a_group_is_the_same_whatever_torch_threads_the_calling_thread_has(backe
 
 
 def test_a_failing_stage_names_the_group_and_the_worker_keeps_serving(backends, tmp_path):
-    from bestofn.lab.faults import FatalOnceScorer
     from bestofn.worker.requests import BadRequest
+    from lab.faults import FatalOnceScorer
 
     flaky = FatalOnceScorer(marker=str(tmp_path / "m"), group="calm/p1", error="oom")
     b = Backends(backends.generator, backends.restorer, [*backends.scorers, flaky],
@@ -187,14 +187,14 @@ def test_a_failing_stage_names_the_group_and_the_worker_keeps_serving(backends, 
 
 def test_fatal_device_error_with_overlap_exits_70(tmp_path):
     """The real worker process, overlap 'full': 500 naming the group, then exit status 70."""
-    from bestofn.pipeline import stable_hash
+    from bestofn.core.pipeline import stable_hash
     from bestofn.worker.lifecycle import EXIT_FATAL
     from bestofn.worker.uds_http import request
 
     models = {
-        "generator": {"backend": "bestofn.lab.faults:ScriptedGenerator",
+        "generator": {"backend": "lab.faults:ScriptedGenerator",
                       "options": {"seconds": 0.3}},
-        "scorers": [{"backend": "duration"}, {"backend": "bestofn.lab.faults:FatalOnceScorer",
+        "scorers": [{"backend": "duration"}, {"backend": "lab.faults:FatalOnceScorer",
                      "options": {"marker": str(tmp_path / "m"), "group": "calm/p0"}}],
     }  # fmt: skip
     (tmp_path / "models.json").write_text(json.dumps(models))
@@ -240,7 +240,7 @@ def test_throughput_table_has_gpu_columns(backends, tmp_path):
     import duckdb
     import pyarrow as pa
 
-    from bestofn.selection import build_database
+    from bestofn.select.selection import build_database
 
     timings = run_group(_spec(0), backends, tmp_path / "g/calm/p0")
     # plain numbers (the group job logs them rounded); no GPU keys off CUDA
@@ -266,7 +266,7 @@ def test_throughput_table_has_gpu_columns(backends, tmp_path):
         "SELECT gpu_busy_s_per_clip, overlap FROM throughput WHERE group_id = 'calm/p9'"
     ).fetchone()
     assert per_clip == pytest.approx(3.5 / 3) and overlap == "off"
-    from bestofn.report import gpu_busy_rows, gpu_busy_table
+    from bestofn.report.throughput import gpu_busy_rows, gpu_busy_table
 
     (worker,) = gpu_busy_rows(con)  # one worker (this process) wrote both groups
     assert worker[4:7] == (2.0, 1.0, 0.5)
@@ -288,7 +288,7 @@ def test_parakeet_deferred_text_work_gives_the_same_columns(backends):
     spec = GroupSpec("calm", "p", "the quick brown fox", 5)
     finish = asr.score_deferred(takes, 16000, spec)
     assert finish() == asr.score(takes, 16000, spec)
-    from bestofn.textnorm import asr_columns
+    from bestofn.util.textnorm import asr_columns
 
     assert asr.score(takes, 16000, spec) == asr_columns(spec.text, asr.transcribe(takes, 16000))
     assert asr.compile is False  # compile is for CUDA only
@@ -301,8 +301,8 @@ def test_parakeet_deferred_text_work_gives_the_same_columns(backends):
 def test_device_resample_is_close_to_soxr():
     import torch
 
-    from bestofn.audio import resample
     from bestofn.backends.resample import resample_torch
+    from bestofn.util.audio import resample
 
     t = np.arange(48000) / 48000
     x = np.stack([0.5 * np.sin(2 * np.pi * f * t) for f in (200, 1000, 5000)]).astype(np.float32)
@@ -336,7 +336,7 @@ def test_sidon_device_resample_and_buckets_keep_the_takes():
     assert sr == sr2 == 48000
     # the device path's 16 kHz input is soxr's away from the edges (each filter starts and
     # ends a take its own way)
-    from bestofn.audio import mono_at
+    from bestofn.util.audio import mono_at
 
     wav, n16 = dev._to_16k_on_device(takes, 48000)
     for k, host in enumerate(mono_at(takes, 48000, 16000)):
@@ -359,7 +359,7 @@ def test_sidon_device_resample_and_buckets_keep_the_takes():
 
 
 def test_bench_variants_parse():
-    from bestofn.lab.bench.pipeline import VARIANTS, parse_variant
+    from lab.bench.pipeline import VARIANTS, parse_variant
 
     name, knobs = parse_variant("before")
     assert name == "before" and knobs["overlap"] == "off" and knobs["parakeet_batch"] == 64
@@ -377,7 +377,7 @@ def test_full_overlap_scores_a_group_while_the_next_is_restored(monkeypatch, tmp
     group 1 is restored, and every phase keeps the groups' arrival order."""
     from types import SimpleNamespace
 
-    from bestofn import runner as runner_mod
+    from bestofn.core import runner as runner_mod
 
     spans: dict[tuple[str, str], tuple[float, float]] = {}
 

@@ -151,7 +151,7 @@ def _generator(codec_dir, pair: bool):
 
 
 def _spec(emotion, prompt_id, text, n=4):
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
 
     return GroupSpec(emotion, prompt_id, text, n_takes=n)
 
@@ -178,7 +178,7 @@ def test_generator_pairs_groups_and_its_own_chunks(codec_dir):
 
 def _backends(gen):
     from bestofn.backends import registry
-    from bestofn.pipeline import Backends
+    from bestofn.core.pipeline import Backends
 
     models = {"generator": {"backend": "moss-fast"}}
     restorer = registry.build("restorer", "identity", {}, "cpu")
@@ -200,7 +200,7 @@ def _run_together(runner, jobs) -> None:
 
 
 def test_runner_gives_a_group_the_same_takes_alone_and_paired(codec_dir, tmp_path):
-    from bestofn.runner import GroupJob, Runner
+    from bestofn.core.runner import GroupJob, Runner
 
     a = _spec("calm", "p1", "Hello there.")
     b = _spec("sad", "p2", "Good night, all.")
@@ -263,7 +263,7 @@ def test_delay_generator_pairs_with_the_same_takes(tmp_path):
 def test_a_group_waits_for_a_partner_while_the_gpu_restores_and_scores(codec_dir, tmp_path):
     """Groups reach a worker one at a time: with a group ahead still being restored and
     scored (here: the test holds that phase), the next waits in generate for a partner."""
-    from bestofn.runner import GroupJob, Runner
+    from bestofn.core.runner import GroupJob, Runner
 
     runner = Runner(_backends(_generator(codec_dir, pair=True)), "cpu", "full")
     a, b = _spec("calm", "p1", "Hello there."), _spec("sad", "p2", "Good night, all.")
@@ -287,7 +287,7 @@ def test_a_group_that_finds_the_gpu_idle_waits_briefly_for_a_partner(codec_dir, 
     """A worker's first groups arrive a few ms apart: with nothing ahead, the first waits up to
     PAIR_IDLE_WAIT_S for a partner (and pairs with one that comes 50 ms later); with none
     coming, it starts after that wait, not after PAIR_WAIT_S."""
-    from bestofn.runner import PAIR_IDLE_WAIT_S, PAIR_WAIT_S, GroupJob, Runner
+    from bestofn.core.runner import PAIR_IDLE_WAIT_S, PAIR_WAIT_S, GroupJob, Runner
 
     runner = Runner(_backends(_generator(codec_dir, pair=True)), "cpu", "full")
     a, b = _spec("calm", "p1", "Hello there."), _spec("sad", "p2", "Good night, all.")

@@ -11,11 +11,11 @@ import pytest
 
 pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not installed")
 
-from bestofn import dtypes  # noqa: E402
 from bestofn.backends import parakeet  # noqa: E402
 from bestofn.backends.registry import build  # noqa: E402
-from bestofn.spec import GroupSpec  # noqa: E402
-from bestofn.textnorm import wer_cer  # noqa: E402
+from bestofn.util import dtypes  # noqa: E402
+from bestofn.util.spec import GroupSpec  # noqa: E402
+from bestofn.util.textnorm import wer_cer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_batched_transcripts_match_nemo_transcribe(scorer):
 
 def test_resamples_and_downmixes(scorer):
     """A 48 kHz stereo take scores like its 16 kHz mono version."""
-    from bestofn.audio import resample
+    from bestofn.util.audio import resample
 
     mono16 = _takes(seconds=(1.5,))[0]
     stereo48 = np.stack([resample(mono16, 16000, 48000)] * 2, axis=1)
@@ -158,7 +158,7 @@ def test_bf16_falls_back_to_fp32_where_unsupported(tiny_nemo, monkeypatch, caplo
         model_path=str(tiny_nemo), dtype="float32", batch_size=2, hash_weights=False
     )
     monkeypatch.setattr(dtypes, "probe", lambda *a: "RuntimeError: forced by the test")
-    with caplog.at_level(logging.WARNING, logger="bestofn.dtypes"):
+    with caplog.at_level(logging.WARNING, logger="bestofn.util.dtypes"):
         s = parakeet.ParakeetScorer(
             model_path=str(tiny_nemo), dtype="bfloat16", batch_size=2, hash_weights=False
         )
@@ -307,7 +307,7 @@ def _same_model(a, b) -> bool:
 
 @pytest.fixture
 def worker_cache(tmp_path, monkeypatch):
-    from bestofn import caches
+    from bestofn.util import caches
 
     monkeypatch.setattr(caches, "_root", tmp_path / "cache")
     return tmp_path / "cache/nemo-extracted"
@@ -459,7 +459,7 @@ def test_a_failing_cache_falls_back_to_nemos_unpack(tiny_nemo, plain_model, tmp_
                                                     monkeypatch, caplog):  # fmt: skip
     """The cache's own failure (here its root is a file, so nothing can be made under it) is
     a warning naming runtime.cache_dir, and the model loads as without a cache."""
-    from bestofn import caches
+    from bestofn.util import caches
 
     (tmp_path / "not-a-dir").write_text("")
     monkeypatch.setattr(caches, "_root", tmp_path / "not-a-dir")

@@ -1,4 +1,4 @@
-"""bestofn.lab.probes.parakeet_profile and parakeet_encoder_probe on the tiny random-weight
+"""lab.probes.parakeet_profile and parakeet_encoder_probe on the tiny random-weight
 Parakeet-TDT, on the CPU: the blank-bias knob, the bisection to a declared emission rate, the
 encoder/decoder split of the scorer's path, the encoder knobs undone, and the CLIs' smoke modes.
 (The figures themselves come from the H200, not from here.)"""
@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 @pytest.fixture(scope="module")
 def pp():
-    from bestofn.lab.probes import parakeet_profile
+    from lab.probes import parakeet_profile
 
     return parakeet_profile
 
@@ -114,7 +114,7 @@ def test_cli_smoke_writes_rows(pp, tmp_path):
 
 @pytest.fixture(scope="module")
 def pep():
-    from bestofn.lab.probes import parakeet_encoder_probe
+    from lab.probes import parakeet_encoder_probe
 
     return parakeet_encoder_probe
 

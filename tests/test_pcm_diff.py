@@ -1,4 +1,4 @@
-"""bestofn.pcm_diff: B's takes against A's, as audio (the decode dials' `bestofn ab` rows)."""
+"""bestofn.ops.pcm_diff: B's takes against A's, as audio (the decode dials' `bestofn ab` rows)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from bestofn.ab import Threshold
-from bestofn.pcm_diff import pcm_rows, take_diffs
+from bestofn.ops.ab import Threshold
+from bestofn.ops.pcm_diff import pcm_rows, take_diffs
 
 
 def test_take_diffs_measure_noise_and_clicks():

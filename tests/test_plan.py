@@ -6,8 +6,8 @@ import pytest
 import yaml
 from conftest import tiny_config, write_tsv
 
-from bestofn.plan import PlanError, build_plan
-from bestofn.selection import SelectionError
+from bestofn.core.plan import PlanError, build_plan
+from bestofn.select.selection import SelectionError
 from bestofn.weights.paths import weight_options
 from bestofn.workflow_glue import check_selection_for
 
@@ -139,7 +139,7 @@ def test_good_selection_sql_passes():
 def test_missing_weights_paths_are_all_listed_before_any_load(project):
     from conftest import REPO
 
-    from bestofn.plan import load_config
+    from bestofn.core.plan import load_config
 
     config = load_config(REPO / "config/production.yaml")
     config["emotions"] = "config/emotions.tsv"
@@ -277,7 +277,7 @@ def test_shipped_configs_use_only_known_options(config_name):
     from conftest import REPO
 
     from bestofn.backends.registry import backend_class
-    from bestofn.plan import load_config
+    from bestofn.core.plan import load_config
 
     models = load_config(REPO / "config" / config_name)["models"]
     for role, entry in _entries(models):
@@ -311,7 +311,7 @@ def test_a_kwargs_constructor_must_declare_its_options(monkeypatch):
     with pytest.raises(TypeError, match="override known_options"):
         Loose.known_options()
     # ... and a config naming such a backend is refused with that, not a traceback
-    import bestofn.plan as plan_module
+    import bestofn.core.plan as plan_module
 
     monkeypatch.setattr(plan_module, "backend_class", lambda role, name: Loose)
     with pytest.raises(PlanError, match=r"backend 'loose' does not declare its options: .*Loose"):
@@ -337,7 +337,7 @@ def test_runtime_defaults_are_written_once_in_the_schema():
     import dataclasses
 
     from bestofn.schemas import runtime_defaults
-    from bestofn.worker.client import Runtime
+    from bestofn.worker.client.group_job import Runtime
 
     defaults = runtime_defaults()
     fields = {f.name: f.default for f in dataclasses.fields(Runtime)}
@@ -359,7 +359,7 @@ def test_runtime_defaults_are_written_once_in_the_schema():
 )
 def test_pairing_without_room_for_partners_is_a_warning(pair_groups, runtime, warns):
     from bestofn import schemas
-    from bestofn.plan import slow_settings
+    from bestofn.core.plan import slow_settings
 
     config = tiny_config(runtime=runtime)
     config["models"]["generator"] = {
@@ -370,11 +370,11 @@ def test_pairing_without_room_for_partners_is_a_warning(pair_groups, runtime, wa
     assert (got == []) if warns is None else (len(got) == 1 and warns in got[0])
 
 
-# --- wall-clock before and during a run (bestofn.remaining) -------------------------------------
+# --- wall-clock before and during a run (bestofn.ops.cost) -------------------------------------
 
 
 def test_wall_clock_before_any_group_uses_the_documented_gpu_figure(project, monkeypatch):
-    import bestofn.remaining as rem
+    import bestofn.ops.cost as rem
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setattr(rem, "gpu_model_names", lambda: ["NVIDIA H200", "NVIDIA H200"])
@@ -396,7 +396,7 @@ def test_wall_clock_during_a_run_reads_the_published_groups(project):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import bestofn.remaining as rem
+    import bestofn.ops.cost as rem
 
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
 

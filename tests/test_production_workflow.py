@@ -20,7 +20,7 @@ from conftest import REPO
 from test_workflow_e2e import snakemake, verify
 
 from bestofn.cli import main as bestofn
-from bestofn.held_out import referenced_columns
+from bestofn.select.held_out import referenced_columns
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),

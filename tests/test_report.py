@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from test_selection import group_parquet  # hand-made scores.parquet of one group
 
-from bestofn.report import gain_histogram, score_gain_table, write_report
-from bestofn.selection import build_database
-from bestofn.trust import scorer_directions
+from bestofn.report.throughput import gain_histogram, score_gain_table, write_report
+from bestofn.select.selection import build_database
+from bestofn.select.trust import scorer_directions
 
 ASR = scorer_directions({"scorers": [{"backend": "whisper-asr"}]})
 
@@ -69,7 +69,7 @@ def test_report_connections_carry_the_database_settings(tmp_path):
     it reads up to its memory limit: 80 % of RAM unset), and its connections agree."""
     import duckdb
 
-    from bestofn.selection import database_defaults, open_read_only
+    from bestofn.select.selection import database_defaults, open_read_only
 
     db = tmp_path / "x.duckdb"
     duckdb.connect(str(db)).execute("CREATE TABLE t AS SELECT 1 AS a").close()
@@ -100,7 +100,7 @@ def test_the_forked_selection_half_writes_its_files_and_raises_its_errors(
 ):
     """The selection report is written by a forked process (report._forked): its files are
     there, its lines are in throughput.md, and its error is the report's."""
-    from bestofn import trust_report
+    from bestofn.report.throughput import trust as trust_report
 
     out = report.parent
     for name in trust_report.FILES.values():

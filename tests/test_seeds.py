@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bestofn.spec import GroupSpec, take_seed
+from bestofn.util.spec import GroupSpec, take_seed
 
 
 def test_take_seed_depends_on_group_take_and_base_only():

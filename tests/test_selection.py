@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bestofn.selection import SelectionError, build_database
+from bestofn.select.selection import SelectionError, build_database
 
 
 def group_parquet(tmp_path, group_id, wers, quality):
@@ -85,7 +85,7 @@ def test_sql_that_fails_on_data_is_reported(tmp_path):
 
 
 def test_memory_share_of_a_duckdb_limit():
-    from bestofn.selection import memory_share
+    from bestofn.select.selection import memory_share
 
     assert memory_share("1GB", 0.25) == "250000000 bytes"  # DuckDB: GB = 10^9 bytes
     assert memory_share("1.5 GiB", 0.5) == f"{int(1.5 * 2**30 * 0.5)} bytes"
@@ -101,7 +101,7 @@ def test_an_error_in_a_chunk_stops_the_next_read_and_leaves_no_database(tmp_path
     it before the work database closes, and the half-built file is removed."""
     import threading
 
-    from bestofn import selection, trust
+    from bestofn.select import selection, trust
 
     files = [group_parquet(tmp_path, f"calm/p{i}", [0.0, 0.1], [1.0, 2.0]) for i in range(8)]
     monkeypatch.setattr(selection, "CHUNK_TAKES", 4)
@@ -129,7 +129,7 @@ def test_an_error_in_a_chunk_stops_the_next_read_and_leaves_no_database(tmp_path
 def test_a_chunk_with_an_older_file_is_read_by_name(tmp_path, monkeypatch):
     """A chunk whose files differ in schema is read again by name (missing columns NULL),
     chunk by chunk; the others keep the plain read."""
-    from bestofn import selection
+    from bestofn.select import selection
 
     files = [group_parquet(tmp_path, f"calm/p{i}", [0.0, 0.1], [1.0, 2.0]) for i in range(6)]
     older = pq.read_table(files[3]).drop_columns(["quality"])

@@ -1,4 +1,4 @@
-"""bestofn.group_stats gives, per group and column, what DuckDB's aggregates give (the trust
+"""bestofn.select.group_stats gives, per group and column, what DuckDB's aggregates give (the trust
 tables were DuckDB SQL before): NULLs, NaNs, ties, infinities and groups of several sizes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from bestofn.group_stats import group_stats
+from bestofn.select.group_stats import group_stats
 
 
 def _same(a, b) -> bool:

@@ -26,8 +26,8 @@ import soundfile as sf
 import yaml
 from conftest import REPO, tiny_config, write_tsv
 
-from bestofn.serve import bind_refusal
-from bestofn.worker.client import _pid_alive, _read_pid, default_state_dir
+from bestofn.serve.http import bind_refusal
+from bestofn.worker.client.group_job import _pid_alive, _read_pid, default_state_dir
 
 KEY = "test-key"
 LONG = " ".join(f"Sentence number {i} is here." for i in range(1, 9))  # 40 words, 8 sentences
@@ -174,7 +174,7 @@ def test_speech_batching_is_the_configs_runtime_unless_the_command_line_says(ser
     """runtime.speech_max_batch / speech_batch_window_ms (schema defaults 64 and 5 ms) reach
     the worker on its command line; `bestofn serve --max-batch/--batch-window-ms` override
     the config for the worker it starts."""
-    from bestofn.serve import Service
+    from bestofn.serve.http import Service
 
     speak(server.client(), "Warm up.")
     h = server.health()["worker"]["speech_batching"]
@@ -385,7 +385,7 @@ def test_fatal_device_error_answers_500_and_the_next_request_gets_a_fresh_worker
     config = yaml.safe_load((root / "config/config.yaml").read_text())
     marker = root / "fault.marker"
     config["models"]["generator"] = {
-        "backend": "bestofn.lab.faults:FatalOnceGenerator", "options": {"marker": str(marker)}
+        "backend": "lab.faults:FatalOnceGenerator", "options": {"marker": str(marker)}
     }  # fmt: skip
     (root / "config/config.yaml").write_text(yaml.safe_dump(config))
     srv = Server(root)
@@ -512,12 +512,12 @@ def test_moss_fast_requests_all_complete_empty_takes_included(moss_server):
 
 @pytest.mark.parametrize("mode", ["stall", "trickle"])
 def test_bench_request_timeout_is_a_deadline(mode):
-    """`python -m bestofn.bench serve --timeout`: a stream that stalls after its first chunk,
+    """`python -m lab.bench serve --timeout`: a stream that stalls after its first chunk,
     or trickles two bytes every 50 ms for ever (no single read ever times out), fails once
     the request's deadline passes."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from bestofn.lab.bench.serve import one_request
+    from lab.bench.serve import one_request
 
     stop = threading.Event()
 
@@ -560,7 +560,7 @@ def test_speech_job_end_is_sticky():
     delivers one end per job, so waiting for another would wait for ever."""
     import numpy as np
 
-    from bestofn.spec import GroupSpec
+    from bestofn.util.spec import GroupSpec
     from bestofn.worker.speech_batcher import END, SpeechJob
 
     worker = type("W", (), {"fatal": None})()
@@ -583,7 +583,7 @@ def test_speech_job_end_is_sticky():
 
 
 def test_listen_backlog_admits_every_allowed_concurrent_connection():
-    from bestofn.serve import SpeechServer
+    from bestofn.serve.http import SpeechServer
 
     srv = SpeechServer("127.0.0.1", 0, service=None, api_key=None, max_concurrency=512)
     try:  # socketserver's default backlog of 5 reset connections at concurrency 64 and 128

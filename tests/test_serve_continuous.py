@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from bestofn import speech
-from bestofn.spec import GroupSpec
+from bestofn.core import speech
+from bestofn.util.spec import GroupSpec
 
 
 def spec(text: str, seed: int) -> GroupSpec:

@@ -1,4 +1,4 @@
-"""runtime.gpu_memory_gb: the worker's GPU memory cap (bestofn.gpu_memory). The CUDA calls
+"""runtime.gpu_memory_gb: the worker's GPU memory cap (bestofn.util.gpu_memory). The CUDA calls
 are replaced by a stand-in device here (no GPU on the test machine); the CPU path is run for
 real, through `bestofn serve` and its worker."""
 
@@ -11,8 +11,8 @@ import torch
 import yaml
 from conftest import tiny_config, write_tsv
 
-from bestofn import gpu_memory
-from bestofn.plan import PlanError, build_plan
+from bestofn.core.plan import PlanError, build_plan
+from bestofn.util import gpu_memory
 
 GIB = 2**30
 
@@ -57,7 +57,7 @@ def test_a_cap_that_is_not_a_positive_number_is_refused(bad):
 def test_on_a_cpu_the_cap_is_ignored_with_a_log_line(monkeypatch, caplog):
     calls = []
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda *a: calls.append(a))
-    with caplog.at_level(logging.INFO, logger="bestofn.gpu_memory"):
+    with caplog.at_level(logging.INFO, logger="bestofn.util.gpu_memory"):
         assert gpu_memory.apply_cap(8, "cpu") is None
     assert calls == [] and "gpu_memory_gb = 8 ignored" in caplog.text
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import REPO, tiny_config, write_tsv
 
-from bestofn.worker.client import default_state_dir, health
+from bestofn.worker.client.group_job import default_state_dir, health
 
 BIN = Path(sys.executable).parent
 SLURM_UP = REPO / ".ci/slurm-up.sh"
@@ -342,7 +342,7 @@ def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypat
 
 
 def test_worker_state_is_per_slurm_job_and_slots_follow_the_allocation(tmp_path, monkeypatch):
-    from bestofn.worker.client import detect_slots
+    from bestofn.worker.client.group_job import detect_slots
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     plain = default_state_dir(tmp_path)
@@ -359,7 +359,7 @@ def test_worker_state_is_per_slurm_job_and_slots_follow_the_allocation(tmp_path,
 
 
 def test_bundle_targets_from_the_jobs_snakemake_command_line():
-    from bestofn.worker.bundle import parse_target_jobs
+    from bestofn.worker.client.slurm_feeder import parse_target_jobs
 
     argv = ["python", "-m", "snakemake", "--target-jobs", "group:emotion=calm,prompt_id=p1",
             "group:emotion=happy,prompt_id=p2.b", "database:", "--executor", "x"]  # fmt: skip
@@ -371,7 +371,7 @@ def test_claim_publishes_a_staged_group_with_its_final_paths(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bestofn.worker.bundle import claim, stage_key, staged_path
+    from bestofn.worker.client.slurm_feeder import claim, stage_key, staged_path
 
     out = tmp_path / "results/groups/calm/p1"
     key = stage_key('{"emotion": "calm", "prompt_id": "p1"}', '{"generator": {}}', "cpu", "PCM_16")

@@ -79,7 +79,7 @@ def test_the_feeder_reads_the_bundle_the_executor_writes():
         format_cli_arg,
     )
 
-    from bestofn.worker.bundle import parse_target_jobs
+    from bestofn.worker.client.slurm_feeder import parse_target_jobs
 
     groups = [("calm", "p1"), ("happy", "p2.b"), ("sad", "a-b_c")]
     specs = [TargetSpec("group", {"emotion": e, "prompt_id": p}) for e, p in groups]

@@ -1,5 +1,5 @@
 """A small soak on the CPU: many groups through one warm worker, as group jobs send them
-(bestofn.worker.client.run_group_via_worker), and the worker's resident memory stays flat.
+(bestofn.worker.client.group_job.run_group_via_worker), and the worker's resident memory stays flat.
 
 The GPU version, >= 150 groups x 64 takes with the production set at real size on one H200, is
 docs/bench/soak_gpu.sh (checked on the CPU with SIZE=tiny PROFILE=local TAKES=2 FRAMES=8
@@ -38,8 +38,8 @@ def test_worker_rss_is_flat_over_many_groups(project):
     there). What is left is glibc keeping freed buffers for reuse: RSS wanders by tens of MiB
     between groups without a trend, so the bound is on the highest RSS after the warm-up
     groups against the highest during them."""
-    from bestofn.plan import build_plan
-    from bestofn.worker.client import run_group_via_worker, stop_all
+    from bestofn.core.plan import build_plan
+    from bestofn.worker.client.group_job import run_group_via_worker, stop_all
 
     write_tsv(project / "config/emotions.tsv", ["emotion", "description"], [["calm", "Calm."]])
     write_tsv(

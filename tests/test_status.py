@@ -8,8 +8,8 @@ import time
 import yaml
 from test_workflow_e2e import BIN
 
-from bestofn.plan import build_plan
-from bestofn.status import format_status, read_status
+from bestofn.core.plan import build_plan
+from bestofn.ops.status import format_status, read_status
 
 
 def publish(project, group, finished_ago_s):

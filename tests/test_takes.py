@@ -14,14 +14,14 @@ import yaml
 from conftest import REPO
 
 from bestofn.backends.base import Take
-from bestofn.groupio import UnpublishableTake, partial_dirs, write_group
-from bestofn.pipeline import EMPTY_TAKE_S, load_backends, take_ending
-from bestofn.runner import run_group
-from bestofn.selection import BASE_COLUMNS, check_selection
-from bestofn.spec import GroupSpec
-from bestofn.verify import verify_group
+from bestofn.core.groupio import UnpublishableTake, partial_dirs, write_group
+from bestofn.core.pipeline import EMPTY_TAKE_S, load_backends, take_ending
+from bestofn.core.runner import run_group
+from bestofn.ops.verify import verify_group
+from bestofn.select.selection import BASE_COLUMNS, check_selection
+from bestofn.util.spec import GroupSpec
 
-SCRIPTED = "bestofn.lab.faults:ScriptedGenerator"
+SCRIPTED = "lab.faults:ScriptedGenerator"
 
 
 def scripted(**options) -> dict:

@@ -1,4 +1,4 @@
-"""bestofn.torch_threads: a group's stages run on the same torch intra-op thread count in any
+"""bestofn.util.torch_threads: a group's stages run on the same torch intra-op thread count in any
 thread, whatever that thread's history (torch keeps the count per thread, copied from a
 process-wide value at a thread's first parallel op)."""
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from bestofn.torch_threads import default_cpu_threads, torch_threads
+from bestofn.util.torch_threads import default_cpu_threads, torch_threads
 
 torch = pytest.importorskip("torch")
 
@@ -95,7 +95,7 @@ def test_default_cpu_threads_follows_the_environment(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert default_cpu_threads() == len(os.sched_getaffinity(0))
 
-    from bestofn.pipeline import Backends
+    from bestofn.core.pipeline import Backends
 
     assert Backends(None, None, [], {}).cpu_threads == default_cpu_threads()
     assert Backends(None, None, [], {}, cpu_threads=5).cpu_threads == 5

@@ -17,9 +17,9 @@ import pytest
 import soundfile as sf
 from conftest import REPO, tiny_config
 
-from bestofn.report import write_report
-from bestofn.selection import SelectionError, build_database
-from bestofn.trust import (
+from bestofn.report.throughput import write_report
+from bestofn.select.selection import SelectionError, build_database
+from bestofn.select.trust import (
     check_held_out,
     filter_clauses,
     held_out_columns,
@@ -303,7 +303,7 @@ def test_bestofn_check_refuses_a_config_selecting_on_a_held_out_column(project):
 
 
 def test_held_out_entries_are_validated_by_field(project):
-    from bestofn.plan import PlanError, build_plan
+    from bestofn.core.plan import PlanError, build_plan
 
     config = tiny_config()
     config["selection"]["held_out"] = [{"column": "n_words", "better": "up"}]
@@ -339,7 +339,7 @@ def test_presentation_order_is_a_seeded_permutation():
 
 
 def test_listening_page_records_a_seeded_order_and_samples_big_runs(trade_off, monkeypatch):
-    import bestofn.listen
+    import bestofn.report.listen
 
     con = duckdb.connect(str(trade_off / "bestofn.duckdb"), read_only=True)
     rows = con.execute(
@@ -362,8 +362,8 @@ def test_listening_page_records_a_seeded_order_and_samples_big_runs(trade_off, m
         block = page.split(f">{group_id}</h3>")[1].split("</article>")[0]
         assert [int(t) for t in re.findall(r"data-take='(\d+)'", block)] == takes
 
-    monkeypatch.setattr(bestofn.listen, "MAX_GROUPS", 11)
-    bestofn.listen.write_listening_page(con, trade_off, trade_off / "report/small.html")
+    monkeypatch.setattr(bestofn.report.listen, "MAX_GROUPS", 11)
+    bestofn.report.listen.write_listening_page(con, trade_off, trade_off / "report/small.html")
     con.close()
     small = (trade_off / "report/small.html").read_text()
     assert small.count("<article") == 11 and "Showing 11 of them" in small
@@ -451,7 +451,7 @@ def test_listening_page_in_headless_chromium(tmp_path, trade_off):
 def test_arrow_array_equals_pa_array():
     """trust.arrow_array (Arrow from buffers, so no pandas import) builds what pa.array does:
     NULL where None or masked, NaN kept, strings of any width."""
-    from bestofn.trust import arrow_array
+    from bestofn.select.trust import arrow_array
 
     cases = [
         (["calm/p1", None, "ünï/códé", ""], pa.string(), None),
@@ -481,7 +481,7 @@ def test_the_database_rule_does_not_import_pandas(tmp_path):
     demo = Path(__file__).parent / "data" / "demo_groups"
     files = sorted(str(p) for p in demo.rglob("scores.parquet"))
     code = (
-        "import json, sys; from bestofn.selection import build_database; "
+        "import json, sys; from bestofn.select.selection import build_database; "
         f"build_database(json.loads(sys.argv[1]), {str(tmp_path / 'db.duckdb')!r}, "
         "'wer <= 0.1', 'dnsmos_ovrl - cer', "
         "held_out=[{'column': 'dnsmos_p808', 'better': 'higher'}]); "

@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from bestofn.selection import SelectionError, build_database, check_selection, resolve_norm
-from bestofn.takes_schema import BASE_COLUMNS
+from bestofn.select.selection import SelectionError, build_database, check_selection, resolve_norm
+from bestofn.select.takes_schema import BASE_COLUMNS
 
 # the production selection's shape (config/production.yaml)
 FILTER = "wer <= 0.1 AND NOT truncated AND stop_reason = 'eos' AND spk_sim >= 0.40"

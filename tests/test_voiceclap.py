@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from bestofn.backends import registry  # noqa: E402
 from bestofn.backends.voiceclap import MODEL_FILES, VoiceCLAPScorer, WeightsError  # noqa: E402
 from bestofn.fakes import voiceclap as fake  # noqa: E402
-from bestofn.spec import GroupSpec  # noqa: E402
+from bestofn.util.spec import GroupSpec  # noqa: E402
 
 DIM, WINDOW = 16, 3 * 16000  # the tiny model: 16-d joint space, 3-s chunks
 

@@ -10,8 +10,7 @@ import pytest
 from test_trust import HELD_OUT, trade_off_results
 
 from bestofn.cli import main
-from bestofn.selection import build_database
-from bestofn.votes import (
+from bestofn.report.votes import (
     FORMAT,
     Context,
     VotesError,
@@ -23,6 +22,7 @@ from bestofn.votes import (
     share_interval,
     wilson,
 )
+from bestofn.select.selection import build_database
 
 
 @pytest.fixture(scope="module")

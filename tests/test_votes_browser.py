@@ -17,7 +17,7 @@ from conftest import REPO, tiny_config, write_tsv
 from test_trust import _chromium
 from test_workflow_e2e import snakemake
 
-from bestofn.votes import left_first, order_seed
+from bestofn.report.votes import left_first, order_seed
 
 BIN = Path(sys.executable).parent
 ARTIFACTS = REPO / ".test-results"
@@ -146,7 +146,7 @@ def test_keyboard_votes_export_import_and_agreement(tmp_path, project):
     exported, shown = _vote_in_browser(tmp_path, project, "ann", decide, shot)
     assert shot.stat().st_size > 20_000
 
-    # The page's per-listener order is the one bestofn.votes computes (the import checks it).
+    # The page's per-listener order is the one bestofn.report.votes computes (the import checks it).
     seed_ann = order_seed(seed, "ann")
     for group, pair in shown:
         assert pair == left_first(seed_ann, group, listening[group])

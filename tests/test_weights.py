@@ -226,8 +226,8 @@ def test_entries_for_config_are_the_folders_it_names():
 
 
 def test_worker_key_follows_the_weights_bytes_not_only_their_path(tmp_path):
-    from bestofn.worker.client import Runtime, SlotPool, _weights_digest, slot_spec
-    from bestofn.worker.contract import worker_key
+    from bestofn.worker.client.group_job import Runtime, SlotPool, _weights_digest, slot_spec
+    from bestofn.worker.key import worker_key
 
     root = tmp_path / "models"
     shards(root)

@@ -16,8 +16,8 @@ import yaml
 from conftest import write_tsv
 from test_workflow_e2e import BIN, snakemake, verify
 
-from bestofn.pipeline import stable_hash
-from bestofn.worker.client import (
+from bestofn.core.pipeline import stable_hash
+from bestofn.worker.client.group_job import (
     Runtime,
     SlotPool,
     _pid_alive,
@@ -201,7 +201,7 @@ def test_worker_sigkill_mid_group_is_retried_and_completes(project):
         str(Path(__file__).parents[1] / "profiles/local"), "--retries", "2",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    from bestofn.worker.client import default_state_dir
+    from bestofn.worker.client.group_job import default_state_dir
 
     pool = SlotPool(default_state_dir(project), 1, 2, "cpu")
     killed = None
@@ -225,7 +225,7 @@ def test_worker_sigkill_mid_group_is_retried_and_completes(project):
 
 
 def test_gpu_slots_follow_cuda_visible_devices(tmp_path, monkeypatch):
-    from bestofn.worker.client import detect_slots
+    from bestofn.worker.client.group_job import detect_slots
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # e.g. what a SLURM allocation exposes
     assert detect_slots("cuda") == 2

@@ -17,8 +17,8 @@ import yaml
 from test_worker import gone
 from test_workflow_e2e import BIN, snakemake, verify
 
-from bestofn.worker import contract
-from bestofn.worker.client import (
+from bestofn.worker import key as contract
+from bestofn.worker.client.group_job import (
     Runtime,
     SlotPool,
     _read_pid,
@@ -28,8 +28,8 @@ from bestofn.worker.client import (
 from bestofn.worker.lifecycle import fatal_device_error
 from bestofn.worker.uds_http import request
 
-SCRIPTED = {"backend": "bestofn.lab.faults:ScriptedGenerator", "options": {"seconds": 0.4}}
-FAULT = "bestofn.lab.faults:FatalOnceScorer"
+SCRIPTED = {"backend": "lab.faults:ScriptedGenerator", "options": {"seconds": 0.4}}
+FAULT = "lab.faults:FatalOnceScorer"
 SPEC = {"emotion": "calm", "prompt_id": "p1", "text": "Good morning to you.", "n_takes": 2}
 
 

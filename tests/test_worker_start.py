@@ -48,11 +48,11 @@ def group_files(out):
 
 
 def test_threads_and_warm_up_change_no_take(project, weights):
-    from bestofn.pipeline import load_backends
-    from bestofn.plan import build_plan
-    from bestofn.runner import run_group
-    from bestofn.spec import GroupSpec
-    from bestofn.worker.client import health, run_group_via_worker, stop_all
+    from bestofn.core.pipeline import load_backends
+    from bestofn.core.plan import build_plan
+    from bestofn.core.runner import run_group
+    from bestofn.util.spec import GroupSpec
+    from bestofn.worker.client.group_job import health, run_group_via_worker, stop_all
 
     write_tsv(project / "config/emotions.tsv", ["emotion", "description"], [["calm", "Calm."]])
     write_tsv(project / "config/prompts.tsv", ["prompt_id", "text"], [["p1", "Good day."]])
@@ -105,7 +105,7 @@ def test_threads_and_warm_up_change_no_take(project, weights):
 
 
 def test_a_failing_backend_fails_the_parallel_load_with_its_own_error(weights):
-    from bestofn.pipeline import load_backends
+    from bestofn.core.pipeline import load_backends
 
     models = json.loads(json.dumps(weights))
     models["scorers"][2]["options"]["heads_path"] = "/nowhere"
@@ -164,7 +164,7 @@ def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_d
     import torch
 
     from bestofn.backends import registry
-    from bestofn.pipeline import backend_kwargs
+    from bestofn.core.pipeline import backend_kwargs
 
     gen = weights["generator"]
     if arch == "delay":

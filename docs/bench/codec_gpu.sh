@@ -31,7 +31,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}src
 } >"$out/env.txt" 2>&1
 refarg=()
 if [ -d "$ref" ]; then refarg=(--reference-code "$ref"); else echo "no $ref: no reference row"; fi
-$py -m bestofn.bench codec --size "$size" --device "$device" --batch "$batch" \
+$py -m lab.bench codec --size "$size" --device "$device" --batch "$batch" \
     --seconds "$seconds" --work "$work" "${refarg[@]}" --out "$out/codec.json" \
     2>&1 | tee "$out/codec.log"
 exit "${PIPESTATUS[0]}"

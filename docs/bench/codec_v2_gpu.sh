@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # MOSS-Audio-Tokenizer-v2 (the 48 kHz stereo codec of MOSS-TTS-Local) decode on one GPU, in one
-# run, through `python -m bestofn.bench codec --version v2`: batch 64 of 15-s clips (188 frames,
+# run, through `python -m lab.bench codec --version v2`: batch 64 of 15-s clips (188 frames,
 # 12 codebooks) through our code in fp32 and bf16 (DTYPES), our fp32 one clip at a time, the
 # chunks `bestofn serve` decodes (SNR / max |diff| against one-shot), and, when the vendored
 # published code is in REF, its one-shot batched decode and the processor's one-clip path
@@ -37,7 +37,7 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}src
 } >"$out/env.txt" 2>&1
 refarg=()
 if [ -d "$ref" ]; then refarg=(--reference-code "$ref"); else echo "no $ref: no reference rows"; fi
-$py -m bestofn.bench codec --version v2 --size "$size" --device "$device" --batch "$batch" \
+$py -m lab.bench codec --version v2 --size "$size" --device "$device" --batch "$batch" \
     --seconds "$seconds" --n-vq 12 --dtypes "$dtypes" --work "$work" "${refarg[@]}" \
     --out "$out/codec_v2.json" 2>&1 | tee "$out/codec_v2.log"
 exit "${PIPESTATUS[0]}"

@@ -2,7 +2,7 @@
 # MOSS-TTS Delay 8B on one GPU: `bestofn parity` against the published code (tiny random
 # checkpoint; eager and CUDA graph), then our engine against the published `generate` on the
 # real-size random checkpoint (Qwen3-8B shape, 32 codebooks), batch 64, 15-s clips (188
-# frames: min_frames = max_frames), same run, same weights (bestofn.lab.probes.delay_bench).
+# frames: min_frames = max_frames), same run, same weights (lab.probes.delay_bench).
 # Needs the git-ignored copy .ref/moss_tts_delay (carry it to the device).
 #
 #   bash docs/bench/delay_gpu.sh OUT                       # H200: real size, cuda
@@ -11,7 +11,7 @@
 # Env: SIZE (real|tiny), DEVICE (cuda|cpu), BATCH (64), SECONDS_PER_CLIP (15), REPEATS (2),
 # WORK (checkpoint dir, default /tmp/bestofn-delay; reused when present), PYTHON (python3),
 # PARITY_FRAMES (24), PARITY_REAL=1 also runs parity on the real-size checkpoint (fp32, ~70 GB),
-# PROFILE (1 on cuda, 0 on cpu): bestofn.lab.probes.delay_profile after the bench (per-step ms of
+# PROFILE (1 on cuda, 0 on cpu): lab.probes.delay_profile after the bench (per-step ms of
 # the captured step, the backbone, heads+sampling; prefill; top 15 kernels) -> OUT/delay_profile.txt.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: delay_gpu.sh OUT}")
@@ -42,7 +42,7 @@ parity=${PIPESTATUS[0]}
 set -e
 echo "parity exit: $parity" | tee -a "$out/parity.txt"
 
-$py -m bestofn.lab.probes.delay_bench --out "$out" --work "$work" --size "$size" --device "$device" \
+$py -m lab.probes.delay_bench --out "$out" --work "$work" --size "$size" --device "$device" \
     --batch "${BATCH:-64}" --seconds "${SECONDS_PER_CLIP:-15}" --repeats "${REPEATS:-2}" \
     --reference-code "$ref" 2>&1 | tee "$out/bench.log"
 
@@ -50,7 +50,7 @@ default_profile=0
 [ "$device" = cpu ] || default_profile=1
 if [ "${PROFILE:-$default_profile}" = 1 ]; then
     set +e
-    $py -m bestofn.lab.probes.delay_profile --out "$out" --work "$work" --size "$size" \
+    $py -m lab.probes.delay_profile --out "$out" --work "$work" --size "$size" \
         --device "$device" --batch "${BATCH:-64}" --seconds "${SECONDS_PER_CLIP:-15}" \
         --reference-code "$ref" 2>&1 | tee "$out/profile.log"
     echo "profile exit: ${PIPESTATUS[0]}" | tee -a "$out/profile.log"

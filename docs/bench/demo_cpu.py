@@ -68,7 +68,7 @@ def main() -> None:
 
     base = Path(args.src).resolve() if args.src else REPO
     sys.path.insert(0, str(base / "src"))
-    from bestofn.worker.client import default_state_dir
+    from bestofn.worker.client.group_job import default_state_dir
 
     run_dir = Path(tempfile.mkdtemp(prefix="bestofn-demo-"))
     shutil.copytree(base / "config", run_dir / "config")

@@ -45,7 +45,7 @@ takes() {  # $1: src dir, $2: output .pt
     PYTHONPATH="$1" $py - "$2" "$dev" "$size" "$frames" <<'PY'
 import sys, torch
 from bestofn.fakes.moss import build
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 path, dev, size, frames = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 # no stop (real size): every take runs to the budget; min = max frames = the budget
 gen = build(dev, size=size, seed=0, batch_size=16, min_frames=frames, max_frames=frames)
@@ -76,7 +76,7 @@ for round in 1 2; do
         src=src
         [ "$side" = before ] && src="$before"
         [ -d "$src" ] || continue
-        PYTHONPATH="$src" $py -m bestofn.bench generate "${gen_args[@]}" \
+        PYTHONPATH="$src" $py -m lab.bench generate "${gen_args[@]}" \
             --json "$out/gen_${side}_$round.json" >"$out/gen_${side}_$round.log" 2>&1
         echo "bench generate $side round $round rc $?" >>"$out/summary.txt"
         grep -E "moss-fast\[" "$out/gen_${side}_$round.log" | sed "s/^/  $side $round: /" \

@@ -50,7 +50,7 @@ if [ ! -f "$work/weights/config.yaml" ]; then
 fi
 if [ "${BENCH:-1}" = 1 ]; then
     first_gpu=${CUDA_VISIBLE_DEVICES:-0}
-    CUDA_VISIBLE_DEVICES=${first_gpu%%,*} $py -m bestofn.bench pipeline --size "$size" --takes "$takes" \
+    CUDA_VISIBLE_DEVICES=${first_gpu%%,*} $py -m lab.bench pipeline --size "$size" --takes "$takes" \
         --frames "$frames" --workdir "$work/bench" --out "$out/bench_pipeline.json" \
         >"$out/bench_pipeline.log" 2>&1 || { tail -n 40 "$out/bench_pipeline.log"; exit 1; }
     echo "bench pipeline: $(($(date +%s) - t0)) s"

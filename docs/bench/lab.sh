@@ -13,7 +13,7 @@ kind=${1:?usage: lab.sh bench|probe NAME [ARGS]}
 name=${2:?usage: lab.sh bench|probe NAME [ARGS]}
 shift 2
 case "$kind" in
-bench) exec "$py" -m bestofn.bench "$name" "$@" ;;
-probe) exec "$py" -m "bestofn.lab.probes.$name" "$@" ;;
+bench) exec "$py" -m lab.bench "$name" "$@" ;;
+probe) exec "$py" -m "lab.probes.$name" "$@" ;;
 *) echo "lab.sh: the first argument is bench or probe, not $kind" >&2; exit 2 ;;
 esac

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from bestofn.core.plan import load_config
 from bestofn.fakes import moss_codec  # the older tree's
-from bestofn.plan import load_config
 
 new, old = Path(sys.argv[1]), Path(sys.argv[2])
 size = sys.argv[3] if len(sys.argv) > 3 else "real"

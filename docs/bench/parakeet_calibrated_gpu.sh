@@ -16,4 +16,4 @@ args=(--out "$out" --size "${SIZE:-real}" --clips "${CLIPS:-64}" --batch "${BATC
       --seconds "${SECONDS_PER_CLIP:-15}" --repeats "${REPEATS:-3}")
 [[ -n "${DEVICE:-}" ]] && args+=(--device "$DEVICE")
 [[ "${DEVICE:-cuda}" == cuda* ]] && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
-python3 -m bestofn.lab.probes.parakeet_calibrated "${args[@]}" 2>"$out/stderr.log" | tee "$out/rows.jsonl"
+python3 -m lab.probes.parakeet_calibrated "${args[@]}" 2>"$out/stderr.log" | tee "$out/rows.jsonl"

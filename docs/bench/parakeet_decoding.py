@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from bestofn.backends.registry import build
-from bestofn.lab.bench.scorers import clips
+from lab.bench.scorers import clips
 
 cfg, decoding, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
 scorers = yaml.safe_load(open(cfg))["models"]["scorers"]

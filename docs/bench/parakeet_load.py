@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from bestofn import caches, hashing
 from bestofn.backends import parakeet
 from bestofn.backends.parakeet import ParakeetScorer
+from bestofn.util import caches, hashing
 
 nemo, cache = sys.argv[1], Path(sys.argv[2])
 repeats = int(sys.argv[3]) if len(sys.argv) > 3 else 3

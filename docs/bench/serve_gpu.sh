@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `bestofn serve` with moss-fast (MOSS-TTS-Local v1.5 shape, random weights) and the load
-# generator `python -m bestofn.bench serve` against it. One run gives:
+# generator `python -m lab.bench serve` against it. One run gives:
 #   1. bf16, no memory cap: time to first audio and audio-seconds per second at each level
 #      (default 1,16,64,128)                                          -> OUT/serve.json
 #   2. moss-fast `weights: int8` with the worker's GPU memory held to CAP_GB (default 8,
@@ -102,7 +102,7 @@ run() {
     done
     t1=$(date +%s)
     # shellcheck disable=SC2086
-    $py -m bestofn.bench serve --url "http://127.0.0.1:$port" --concurrency "$lv" $requests \
+    $py -m lab.bench serve --url "http://127.0.0.1:$port" --concurrency "$lv" $requests \
         --json "$out/$name.json" 2>&1 | tee "$out/$name.bench.log" || true
     echo "bench $name: $(($(date +%s) - t1)) s"
     curl -sf "http://127.0.0.1:$port/health" >"$out/$name.health.json" || true

@@ -47,7 +47,7 @@ trap '[ -z "$smi" ] || kill "$smi" 2>/dev/null || true' EXIT
 # 1. scorers before/after (Parakeet and Sidon, the two this issue changes)
 if [[ ,$parts, == *,scorers,* ]]; then
 t0=$(date +%s)
-$py -m bestofn.bench scorers --device "$device" --size "$size" --only parakeet,sidon \
+$py -m lab.bench scorers --device "$device" --size "$size" --only parakeet,sidon \
     --batches "$takes" --seconds "$seconds" --no-split --repeats "$repeats" \
     --parakeet-batch-sizes 64,128 --parakeet-compile off,on --parakeet-clips $((2 * takes)) \
     --sidon-resample soxr,torch --sidon-compile off,on --sidon-bucket-s 0,1 --sidon-dtype float16,bfloat16 \
@@ -60,7 +60,7 @@ fi
 if [[ ,$parts, == *,pipeline,* ]]; then
 t0=$(date +%s)
 echo "pipeline start $(date -u +%T)" >>"$out/env.txt"
-$py -m bestofn.bench pipeline --size "$size" --device "$device" --takes "$takes" \
+$py -m lab.bench pipeline --size "$size" --device "$device" --takes "$takes" \
     --frames "$frames" --stream-groups "$groups" --depth 2 --workdir "$work/pipeline" \
     --variant before --variant after \
     --variant "after-full:overlap=full,parakeet_batch=128,parakeet_compile=0,sidon_resample=torch,sidon_compile=0,sidon_bucket_s=0" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Where a worker's start goes (the goal: a worker ready in 30 s): the production worker is
-# started as a group job starts it (bestofn.worker.client), then two groups go through it;
+# started as a group job starts it (bestofn.worker.client.group_job), then two groups go through it;
 # printed per run: process start -> imports -> each backend's load -> warm-up -> ready -> the
 # first group's takes, and the first group's extra over the second. Runs, each a fresh worker:
 #   serial  runtime.parallel_load false, warm_up false, cache_dir null (the tree before, as far
@@ -28,7 +28,7 @@ if [ ! -f "$work/weights/config.yaml" ]; then
         >"$out/fake_weights.log" 2>&1 || { tail -n 20 "$out/fake_weights.log"; exit 1; }
     echo "fake-weights: $(($(date +%s) - t0)) s"
 fi
-$py -m bestofn.lab.probes.worker_start --weights "$work/weights" --out "$out" \
+$py -m lab.probes.worker_start --weights "$work/weights" --out "$out" \
     --work "$work/worker-start" --runs "${RUNS:-serial,cold,warm}" --takes "${TAKES:-64}" \
     --frames "${FRAMES:-188}" --warm-up "${WARM_UP:-auto}" 2>&1 | tee "$out/worker_start.log"
 echo "worker_start_gpu.sh: $(($(date +%s) - t0)) s"

@@ -3,7 +3,7 @@
 The package in its layers, top to bottom; a module imports only from layers below its own
 (import-linter contracts in pyproject.toml, checked by ``make lint``):
 
-entry points    cli (the ``bestofn`` command), bench/ (``python -m bestofn.bench``, forwards to
+entry points    cli (the ``bestofn`` command), bench/ (``python -m lab.bench``, forwards to
                 the lab)
 the lab         lab/: benchmarks, parity, operation counts, fault injection, probes; nothing
                 below imports it

@@ -8,7 +8,7 @@ import sys
 
 
 def _verify(args) -> int:
-    from bestofn.verify import quarantine_group, verify_groups
+    from bestofn.ops.verify import quarantine_group, verify_groups
 
     per_group, warnings = verify_groups(args.results)
     problems = [p for group_problems in per_group.values() for p in group_problems]
@@ -31,8 +31,8 @@ def _verify(args) -> int:
 
 
 def _check(args) -> int:
-    from bestofn.plan import PlanError, build_plan, load_config
-    from bestofn.selection import SelectionError
+    from bestofn.core.plan import PlanError, build_plan, load_config
+    from bestofn.select.selection import SelectionError
     from bestofn.workflow_glue import check_selection_for
 
     try:
@@ -51,8 +51,8 @@ def _check(args) -> int:
 
 
 def _plan(args) -> int:
-    from bestofn.plan import PlanError, build_plan, load_config
-    from bestofn.remaining import format_report, remaining
+    from bestofn.core.plan import PlanError, build_plan, load_config
+    from bestofn.ops.cost import format_report, remaining
 
     try:
         plan = build_plan(load_config(args.config), args.base)
@@ -65,13 +65,13 @@ def _plan(args) -> int:
 
 
 def _doctor(args) -> int:
-    from bestofn.doctor import main as doctor_main
+    from bestofn.ops.doctor import main as doctor_main
 
     return doctor_main(args)
 
 
 def _status(args) -> int:
-    from bestofn.status import main as status_main
+    from bestofn.ops.status import main as status_main
 
     return status_main(args)
 
@@ -115,7 +115,7 @@ def _workers(args) -> int:
     import json
     from pathlib import Path
 
-    from bestofn.worker.client import default_state_dir, list_workers, stop_all
+    from bestofn.worker.client.group_job import default_state_dir, list_workers, stop_all
 
     state = Path(args.state_dir) if args.state_dir else default_state_dir()
     if args.action == "status":
@@ -129,7 +129,7 @@ def _workers(args) -> int:
 
 
 def _serve(args) -> int:
-    from bestofn.serve import main as serve_main
+    from bestofn.serve.http import main as serve_main
 
     return serve_main(args)
 
@@ -141,13 +141,13 @@ def _fake_weights(args) -> int:
 
 
 def _ab(args) -> int:
-    from bestofn.ab import ab_main
+    from bestofn.ops.ab import ab_main
 
     return ab_main(args)
 
 
 def _listen_import(args) -> int:
-    from bestofn.votes_report import import_main
+    from bestofn.report.listeners import import_main
 
     return import_main(args.files, args.results, args.database)
 
@@ -159,7 +159,7 @@ def _export(args) -> int:
 
 
 def _parity(args_rest: list[str]) -> int:
-    from bestofn.lab.parity import parity_main
+    from bestofn.parity.local import parity_main
 
     return parity_main(args_rest)
 

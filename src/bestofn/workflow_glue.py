@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from bestofn.backends.registry import backend_class
-from bestofn.selection import BASE_COLUMNS, check_selection
+from bestofn.select.selection import BASE_COLUMNS, check_selection
 
 log = logging.getLogger("bestofn")
 
@@ -48,7 +48,7 @@ def _empathic_columns(entry: dict) -> dict[str, str] | None:
 
 
 def check_selection_for(config: dict) -> None:
-    from bestofn.trust import check_held_out, scorer_directions
+    from bestofn.select.trust import check_held_out, scorer_directions
 
     columns, complete = selection_columns(config["models"])
     sel = config["selection"]
@@ -74,8 +74,8 @@ def run_group_job(
     ``runtime.worker`` is false (models then load for every group). Inside a SLURM job (given
     the workflow ``config``) the group comes from the job's bundle feeder (worker.bundle)."""
     if (runtime or {}).get("worker", True):
-        from bestofn.worker.bundle import run_group_in_bundle, slurm_job_id
-        from bestofn.worker.client import run_group_via_worker
+        from bestofn.worker.client.group_job import run_group_via_worker
+        from bestofn.worker.client.slurm_feeder import run_group_in_bundle, slurm_job_id
 
         if slurm_job_id() and config is not None:
             answer = run_group_in_bundle(
@@ -87,9 +87,9 @@ def run_group_job(
             )
         log.info("group %s on slot %s: %s", answer["group_id"], answer["slot"], json.dumps(answer))
         return answer["timings"]
-    from bestofn.pipeline import load_backends
-    from bestofn.plan import spec_from_params
-    from bestofn.runner import run_group
+    from bestofn.core.pipeline import load_backends
+    from bestofn.core.plan import spec_from_params
+    from bestofn.core.runner import run_group
 
     spec = spec_from_params(params)
     backends = load_backends(json.loads(models), device=device)

@@ -23,7 +23,7 @@ rule report:
             caption="../report/gain_by_score.rst",
             category="Selection",
         ),
-        # Selection you can trust (bestofn.trust_report): held-out scorers, per-score gains,
+        # Selection you can trust (bestofn.report.trust): held-out scorers, per-score gains,
         # correlations, the filter funnel; index.html is the listening page (not embedded:
         # its audio links are relative to results/report/).
         held_out=report(
@@ -46,7 +46,7 @@ rule report:
             caption="../report/filter_funnel.rst",
             category="Selection",
         ),
-        # Listener votes (bestofn.votes_report): "no votes yet" until `bestofn listen import`.
+        # Listener votes (bestofn.report.listeners): "no votes yet" until `bestofn listen import`.
         listener_agreement=report(
             f"{RESULTS}/report/listener_agreement.html",
             caption="../report/listener_agreement.rst",

@@ -1,4 +1,4 @@
-from bestofn.trust import scorer_directions
+from bestofn.select.trust import scorer_directions
 
 
 rule database:

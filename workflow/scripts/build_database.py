@@ -1,9 +1,9 @@
 import logging
 from pathlib import Path
 
-from bestofn.groupio import SCORES
-from bestofn.selection import build_database
-from bestofn.votes import reapply
+from bestofn.core.groupio import SCORES
+from bestofn.report.votes import reapply
+from bestofn.select.selection import build_database
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 parquets = [Path(d) / SCORES for d in snakemake.input]
@@ -19,5 +19,5 @@ counts = build_database(
     threads=snakemake.params.threads,
 )
 logging.info("database: %s", counts)
-# Listener votes live in RESULTS/votes/ (bestofn.votes); the rebuilt database gets them back.
+# Listener votes live in RESULTS/votes/ (bestofn.report.votes); the rebuilt database gets them back.
 logging.info("votes: %s", reapply(snakemake.output[0], Path(snakemake.output[0]).parent))

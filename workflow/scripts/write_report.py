@@ -1,7 +1,7 @@
 import logging
 from pathlib import Path
 
-from bestofn.report import write_report
+from bestofn.report.throughput import write_report
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 database = dict(memory_limit=snakemake.params.memory_limit, threads=snakemake.params.threads)

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 
 @dataclass
@@ -74,13 +74,13 @@ class Scorer(Backend):
     dynamic_columns: ClassVar[bool] = False
     # Which way is better, per column: "higher" or "lower" (a column left out has no direction:
     # an emotion's intensity, a transcript). Keys may be glob patterns for dynamic columns. The
-    # trust tables read it (best possible take, held-out verdicts; bestofn.trust).
+    # trust tables read it (best possible take, held-out verdicts; bestofn.select.trust).
     better: ClassVar[dict[str, str]] = {}
     # When set, the pipeline hands this scorer mono audio at this rate, resampled once per
     # group and shared by every scorer asking for the same rate.
     input_sample_rate: ClassVar[int | None] = None
     # How the pipeline resamples for it: soxr on the host or torch on the device
-    # (``runtime.resampler`` of any scorer, taken by the registry, bestofn.audio_gpu).
+    # (``runtime.resampler`` of any scorer, taken by the registry, bestofn.backends.scorer_input).
     resampler: str = "soxr"
 
     @classmethod
@@ -93,7 +93,7 @@ class Scorer(Backend):
 
 
 # A scorer's ``runtime.resampler``: how the pipeline brings its input to the scorer's rate
-# (bestofn.audio_gpu.scorer_input). Resolved here, where every scorer is built.
+# (bestofn.backends.scorer_input.scorer_input). Resolved here, where every scorer is built.
 RESAMPLERS = ("auto", "soxr", "torch")
 
 

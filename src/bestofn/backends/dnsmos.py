@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from bestofn.backends.base import Scorer
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 SR = 16000
 WINDOW = int(9.01 * SR)

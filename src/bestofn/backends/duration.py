@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from bestofn.backends.base import Scorer
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 
 class DurationScorer(Scorer):

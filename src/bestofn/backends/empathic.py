@@ -26,10 +26,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
-from bestofn.dtypes import resolve_dtype
-from bestofn.spec import GroupSpec
+from bestofn.util.audio import resample, to_mono
+from bestofn.util.dtypes import resolve_dtype
+from bestofn.util.spec import GroupSpec
 
 SAMPLE_RATE = 16000
 HEAD_SUFFIXES = (".pth", ".pt")
@@ -435,7 +435,7 @@ class EmpathicInsightScorer(Scorer):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_hashes"):  # ~17 GB of heads: hashed once per process (or memo)
-            from bestofn.hashing import hash_files
+            from bestofn.util.hashing import hash_files
 
             self._hashes = hash_files(self._weight_files, self._hash_memo)
         return {

@@ -14,7 +14,7 @@ device copies, and CUDA work. Python itself (imports, module construction) holds
   ``registry.PARALLEL_BUILD`` take one lock, so only one at a time runs: transformers and NeMo
   build their modules under torch's process-wide default dtype and ``torch.nn.init``, which
   ``from_pretrained`` changes while it runs. Each build runs with the calling thread's
-  torch intra-op thread count (``bestofn.torch_threads``: a CPU op run with another count can
+  torch intra-op thread count (``bestofn.util.torch_threads``: a CPU op run with another count can
   round differently, so a weight folded at load gets the same bits as in a serial load);
 - its provenance (which hashes its weight files) is taken in the same thread, right after;
 - while the threads run, the interpreter hands the GIL on after ``SWITCH_INTERVAL_S``, not
@@ -38,7 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from bestofn.backends import registry
-from bestofn.torch_threads import torch_threads
+from bestofn.util.torch_threads import torch_threads
 
 # The GIL switch interval during a parallel load (see the module docstring); restored after.
 SWITCH_INTERVAL_S = 0.0005

@@ -5,9 +5,9 @@ directly, no remote code), same prompt, same frame budget and the same per-take 
 (``bestofn.moss.sampling.take_uniform``), but decoded by ``bestofn.moss.engine``: batched
 prefill, static KV caches, one CUDA graph per frame step (torch.compile'd pieces inside), all
 sampling on the GPU. ~10x faster than the published generate at batch 64 on an H200 (see
-``python -m bestofn.bench generate``). The codec comes from ``bestofn.moss.codec.load_codec``:
+``python -m lab.bench generate``). The codec comes from ``bestofn.moss.codec.load.load_codec``:
 MOSS-Audio-Tokenizer-v2 (48 kHz) and MOSS-Audio-Tokenizer (24 kHz) both run on our own
-implementation (``bestofn.moss.audio_tokenizer``), batched, bf16 on the GPU by default. With
+implementation (``bestofn.moss.codec.tokenizer``), batched, bf16 on the GPU by default. With
 runtime ``pair_groups`` every call has one pair shape, so two groups can share a call
 (``generate_pair``) and a take is the same alone or paired.
 
@@ -28,9 +28,8 @@ import numpy as np
 import torch
 
 from bestofn.backends.base import Generator, Take
-from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
-from bestofn.moss.codec_layers import kernel_path
+from bestofn.moss.codec.layers import kernel_path
 from bestofn.moss.delay import DELAY_TEXT_TEMPERATURE
 from bestofn.moss.local_loop import local_attention_path
 from bestofn.moss.model import decode_attention_path
@@ -42,7 +41,8 @@ from bestofn.moss.options import (
     group_instruction,
 )
 from bestofn.moss.sampling import SamplingParams
-from bestofn.spec import GroupSpec
+from bestofn.util.dtypes import resolve_dtype
+from bestofn.util.spec import GroupSpec
 
 DEFAULTS = {
     **COMMON_DEFAULTS,
@@ -242,7 +242,7 @@ class MossFastGenerator(Generator):
         if self.codec is None:
             if self.codec_dir is None:
                 raise ValueError("moss-fast: set codec_dir (MOSS-Audio-Tokenizer-v2 directory)")
-            from bestofn.moss.codec import load_codec
+            from bestofn.moss.codec.load import load_codec
 
             self.codec = load_codec(
                 self.codec_dir,
@@ -258,7 +258,7 @@ class MossFastGenerator(Generator):
 
     def reference_codes(self, path) -> torch.Tensor:
         """Codes [T, n_vq] of a reference voice, encoded once per worker (keyed by file state)."""
-        from bestofn.audio import load_audio
+        from bestofn.util.audio import load_audio
 
         path = Path(path)
         st = path.stat()
@@ -371,7 +371,7 @@ class MossFastGenerator(Generator):
         ]
 
     def _render_whole(self, specs: list[GroupSpec]):
-        """``bestofn.speech.stream_batch`` for a Delay model: each request's take, whole."""
+        """``bestofn.core.speech.stream_batch`` for a Delay model: each request's take, whole."""
         for i, spec in enumerate(specs):
             yield i, np.asarray(self.generate(spec)[0].audio, dtype=np.float32), True
 
@@ -406,8 +406,8 @@ class MossFastGenerator(Generator):
 
     def _weight_hashes(self) -> dict:
         if self._hashes is None:
-            from bestofn.hashing import hash_files
             from bestofn.moss.checkpoint import weight_files
+            from bestofn.util.hashing import hash_files
 
             files = []
             if self.load_dir is not None and self.options["hash_weights"]:

@@ -3,7 +3,7 @@
 The processor and model come from a local checkpoint directory with ``trust_remote_code``
 (the code OpenMOSS ships next to the weights), as the model card loads them; the codec
 (MOSS-Audio-Tokenizer-v2, 48 kHz stereo, 12 codebooks at 12.5 frames/s) comes from its own
-directory through our implementation (``bestofn.moss.codec.load_codec``, the one moss-fast
+directory through our implementation (``bestofn.moss.codec.load.load_codec``, the one moss-fast
 uses; parity-checked against the published v2 code), so the processor is built without one.
 This backend is the reference for generation: slower than ``moss-fast``, the authors' code.
 
@@ -53,7 +53,7 @@ from bestofn.backends.moss_hf_common import (  # noqa: F401  (DEFAULTS: the back
     check_checkpoint,
 )
 from bestofn.moss.published_draws import LocalDraws
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 
 def _processor_class(model_dir: Path) -> str:

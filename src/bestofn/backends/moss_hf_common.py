@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from bestofn.backends.base import Generator, Take
-from bestofn.dtypes import resolve_dtype
 from bestofn.moss.budget import FrameBudget
 from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option, group_instruction
 from bestofn.moss.prompt import LANGUAGE_TAGS  # the same tags as moss-fast
-from bestofn.spec import GroupSpec
+from bestofn.util.dtypes import resolve_dtype
+from bestofn.util.spec import GroupSpec
 
 DEFAULTS = {
     **COMMON_DEFAULTS,
@@ -223,7 +223,7 @@ class MossHFBase(Generator):
     def _load_codec(self, dtype, attn) -> None:
         """Our codec for the checkpoint's ``codec_dir`` (v1 or v2, from its config.json), after
         the model is loaded (``self.n_vq`` known); the rate of the takes is the codec's."""
-        from bestofn.moss.codec import load_codec
+        from bestofn.moss.codec.load import load_codec
 
         o = self.options
         self.codec = load_codec(
@@ -248,7 +248,7 @@ class MossHFBase(Generator):
 
     def reference_codes(self, path):
         """Codec codes [T, n_vq] of a reference voice file, encoded once per worker."""
-        from bestofn.audio import load_audio
+        from bestofn.util.audio import load_audio
 
         path = Path(path)
         st = path.stat()
@@ -306,9 +306,9 @@ class MossHFBase(Generator):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_provenance"):
-            from bestofn.hashing import combined_sha256, dir_digest
-            from bestofn.moss.codec_layers import kernel_path
+            from bestofn.moss.codec.layers import kernel_path
             from bestofn.moss.lora import merge_info
+            from bestofn.util.hashing import combined_sha256, dir_digest
 
             o = self.options
             prov = {

@@ -13,7 +13,7 @@ inference_utils). What is ours around them:
 - frame budget: ``max_new_tokens`` = budget + n_vq + 1 rows (audio_start, frames, the delay
   tail, audio_end); a take is its first audio block, de-delayed with the processor's
   ``apply_de_delay_pattern``, complete frames only; no audio_end in time = truncated;
-- the codec: ``bestofn.moss.codec.load_codec(codec_dir)`` (MOSS-Audio-Tokenizer, 24 kHz,
+- the codec: ``bestofn.moss.codec.load.load_codec(codec_dir)`` (MOSS-Audio-Tokenizer, 24 kHz,
   32 quantizers), not the processor's, so the remote codec code is not needed.
 The prompt goes through the published processor (chat template, text normalizer, delayed
 reference codes), built without its codec (``audio_tokenizer=None``).
@@ -34,7 +34,7 @@ from bestofn.backends.moss_hf_common import (
 )
 from bestofn.moss.delay import DELAY_TEXT_TEMPERATURE
 from bestofn.moss.published_draws import DelayDraws
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 
 class MossHFDelayGenerator(MossHFBase):

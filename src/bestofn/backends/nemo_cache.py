@@ -32,7 +32,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from bestofn import caches, durable
+from bestofn.util import caches, durable
 
 log = logging.getLogger(__name__)
 

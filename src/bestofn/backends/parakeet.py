@@ -7,10 +7,10 @@ greedy TDT decoding called directly (no manifest, no temp files, no dataloader).
 encoder and decoder run under bf16 autocast (the single biggest scoring win); the mel
 preprocessor always runs in float32, as NeMo recommends. A device that cannot run an op of the
 model in the asked dtype (a CPU without AVX512-BF16 has no bf16 LSTM under autocast) runs
-float32 instead, with a warning (``bestofn.dtypes``).
+float32 instead, with a warning (``bestofn.util.dtypes``).
 
 v3 emits punctuation and casing, so WER/CER are computed after English normalisation
-(``bestofn.textnorm``) of both the prompt text and the transcript. That text work runs in a
+(``bestofn.util.textnorm``) of both the prompt text and the transcript. That text work runs in a
 thread of the scorer while the next batch is on the GPU; ``score_deferred`` returns after the
 last batch's GPU work and leaves the text work of the group to finish there (the fused worker
 collects it while the next group runs). Takes are sorted by duration before batching
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from bestofn.audio import resample, to_mono
 from bestofn.backends import nemo_cache
 from bestofn.backends.base import Scorer
-from bestofn.dtypes import resolve_dtype
-from bestofn.hashing import file_sha256
-from bestofn.spec import GroupSpec
-from bestofn.textnorm import asr_columns
+from bestofn.util.audio import resample, to_mono
+from bestofn.util.dtypes import resolve_dtype
+from bestofn.util.hashing import file_sha256
+from bestofn.util.spec import GroupSpec
+from bestofn.util.textnorm import asr_columns
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
     The model is constructed without its random initialisation (``skip_init``): the strict
     load of the archive's weights that follows overwrites every parameter and fails on any it
     lacks, so the weights are the same bits, a third of the build sooner. With the archive's
-    ``digest`` and a worker cache (``bestofn.caches``), it is restored from its members
+    ``digest`` and a worker cache (``bestofn.util.caches``), it is restored from its members
     extracted there (``nemo_cache``): the same files, so the same model. From there a
     Parakeet-TDT config goes in without the vocabulary lists its class rebuilds from the
     tokenizer anyway (``_config_without_vocabulary``): the same model, a third of the build

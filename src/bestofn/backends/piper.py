@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from bestofn.backends.base import Generator, Take
-from bestofn.hashing import file_sha256
-from bestofn.spec import GroupSpec
+from bestofn.util.hashing import file_sha256
+from bestofn.util.spec import GroupSpec
 
 # Upper bound on noise values a node can draw per phoneme id: the flow noise is
 # (channels=192) x (frames); frames per phoneme stay far below 64 at any sane length_scale.
@@ -161,7 +161,7 @@ class PiperGenerator(Generator):
         return takes
 
     def stream_batch(self, specs: list[GroupSpec]) -> Iterator[tuple[int, np.ndarray, bool]]:
-        """The speech service's render (``bestofn.speech``): one take per spec, sentence by
+        """The speech service's render (``bestofn.core.speech``): one take per spec, sentence by
         sentence, round robin over the requests so each gets its first audio early. Sentence
         k of a request draws its noise from ``sentence_seed(take seed, k)``: its audio depends
         on nothing but its own text, settings and seed, whatever else is in the batch. A

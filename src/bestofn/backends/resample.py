@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bestofn.audio import resample
 from bestofn.backends.base import Restorer
+from bestofn.util.audio import resample
 
 
 class IdentityRestorer(Restorer):

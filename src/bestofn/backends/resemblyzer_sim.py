@@ -12,9 +12,9 @@ import warnings
 
 import numpy as np
 
-from bestofn.audio import load_audio
 from bestofn.backends.base import Scorer
-from bestofn.spec import GroupSpec
+from bestofn.util.audio import load_audio
+from bestofn.util.spec import GroupSpec
 
 
 @contextlib.contextmanager

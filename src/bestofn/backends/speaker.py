@@ -39,10 +39,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bestofn.audio import load_audio, resample, to_mono
 from bestofn.backends.base import Scorer
-from bestofn.dtypes import resolve_dtype
-from bestofn.spec import GroupSpec
+from bestofn.util.audio import load_audio, resample, to_mono
+from bestofn.util.dtypes import resolve_dtype
+from bestofn.util.spec import GroupSpec
 
 SAMPLE_RATE = 16000
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -195,7 +195,7 @@ class SpeakerScorer(Scorer):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_hashes"):
-            from bestofn.hashing import hash_files
+            from bestofn.util.hashing import hash_files
 
             self._hashes = hash_files(self._weight_files, self._hash_memo)
         return {

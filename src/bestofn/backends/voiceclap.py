@@ -35,10 +35,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bestofn.audio import resample, to_mono
 from bestofn.backends.base import Scorer
-from bestofn.dtypes import resolve_dtype
-from bestofn.spec import GroupSpec
+from bestofn.util.audio import resample, to_mono
+from bestofn.util.dtypes import resolve_dtype
+from bestofn.util.spec import GroupSpec
 
 SAMPLE_RATE = 16000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
@@ -342,7 +342,7 @@ class VoiceCLAPScorer(Scorer):
 
     def provenance(self) -> dict:
         if not hasattr(self, "_hashes"):
-            from bestofn.hashing import hash_files
+            from bestofn.util.hashing import hash_files
 
             self._hashes = hash_files(self._weight_files, self._hash_memo)
         return {

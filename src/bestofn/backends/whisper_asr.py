@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from bestofn.backends.base import Scorer
-from bestofn.spec import GroupSpec
-from bestofn.textnorm import asr_columns
+from bestofn.util.spec import GroupSpec
+from bestofn.util.textnorm import asr_columns
 
 
 class WhisperASRScorer(Scorer):

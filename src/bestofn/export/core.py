@@ -23,11 +23,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bestofn import __version__, durable
+from bestofn import __version__
 from bestofn.export import audio as taudio
 from bestofn.export.card import write_card
 from bestofn.export.rows import open_database, select_rows, split_of
 from bestofn.export.settings import MARKER, ExportError, ExportSettings
+from bestofn.util import durable
 
 # Units written at once: two keep both cores of a small box busy (reading the next takes while
 # one shard is written); more only adds memory (a shard's audio is held while it is written).

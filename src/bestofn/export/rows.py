@@ -67,7 +67,7 @@ def select_rows(
     group that finishes later lands after every row already exported."""
     _one_expression(filter_sql, "selection.filter")
     _one_expression(score_sql, "selection.score")
-    from bestofn.selection import SelectionError, resolve_norm
+    from bestofn.select.selection import SelectionError, resolve_norm
 
     try:  # norm(): over every take of the run, as the database's selection was built
         filter_sql, score_sql = resolve_norm(con, "takes", filter_sql, score_sql)

@@ -6,7 +6,7 @@ values) and safetensors with the published key names (weight-normalised 1x1 conv
 ``real``: the published architecture (about 1.8 B parameters, 7 GB; two shards + index);
 ``tiny``: the same structure, a few thousand times smaller, with a short attention context so
 the sliding window is exercised on clips of a few dozen frames. Read by
-``bestofn.moss.audio_tokenizer.MossAudioTokenizer`` and by the published code alike.
+``bestofn.moss.codec.tokenizer.MossAudioTokenizer`` and by the published code alike.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def state_dict(cfg: dict, seed: int = 0, parts=("encoder", "quantizer", "decoder
     the ``parts`` asked."""
     import torch
 
-    from bestofn.moss.codec_config import codec_version
+    from bestofn.moss.codec.config import codec_version
 
     version = codec_version(cfg)
     g = torch.Generator().manual_seed(seed)

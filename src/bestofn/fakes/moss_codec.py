@@ -10,7 +10,7 @@ stages per side, 32 layers at 1280 then five of 12 layers at 768, patches 240 x 
 windows 125/250/400/400/400/400 steps; 32 quantizers of 1024 codes of dim 8; about 2.1 B
 parameters, 8.5 GB: encoder and quantizer + decoder shards + index). ``tiny``: the same
 module list with a few thousand times fewer parameters and short windows, so that every
-stage's window bites on clips of a few dozen frames. Read by ``bestofn.moss.audio_tokenizer``
+stage's window bites on clips of a few dozen frames. Read by ``bestofn.moss.codec.tokenizer``
 and, for parity, by the vendored published code; the weights are random, so decoded audio
 is noise, but decode time and memory at ``real`` size are the real codec's.
 """
@@ -31,7 +31,7 @@ NOTE = """\
 Written by `bestofn fake-weights` / `bestofn.fakes.moss_codec.write`: the published config.json
 fields (v2 module list) and safetensors key layout of OpenMOSS-Team/MOSS-Audio-Tokenizer-v2
 (48 kHz stereo, {n_vq} quantizers of {codebook} codes), RANDOM weights, decoded by our own code
-(`bestofn.moss.audio_tokenizer`). Decoded audio is noise; decode time and memory are the real
+(`bestofn.moss.codec.tokenizer`). Decoded audio is noise; decode time and memory are the real
 codec's at `real` size.
 """
 

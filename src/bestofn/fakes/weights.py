@@ -162,10 +162,10 @@ model paths relative to it, in the layout of `bestofn weights fetch`).
   safetensors{shards}. Stop probability per frame: {p_stop}.
 - `MOSS-Audio-Tokenizer-v2/` (the codec of MOSS-TTS-Local): the published v2 layout (config.json
   with the v2 module list + F32 safetensors under the published key names), read by our own
-  implementation (`bestofn.moss.audio_tokenizer`); real size is the published 2.1 B architecture.
+  implementation (`bestofn.moss.codec.tokenizer`); real size is the published 2.1 B architecture.
 - `MOSS-Audio-Tokenizer/`: the 24 kHz codec of MOSS-TTS Delay (32 quantizers) in the published
   layout (config.json + safetensors), read by our own implementation
-  (`bestofn.moss.audio_tokenizer`); the published remote code loads it too.
+  (`bestofn.moss.codec.tokenizer`); the published remote code loads it too.
 - `w2v-bert-2.0/`, `sidon_raw_weight/` (sidon): w2v-BERT 2.0 ({w2v_layers} layers), a peft LoRA
   adapter, the DAC decoder state dict (weight norm).
 - `parakeet-tdt-0.6b-v3/` (parakeet): a FastConformer-TDT `.nemo` with a tokenizer trained on

@@ -46,8 +46,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from bestofn.hashing import combined_sha256, dir_digest, file_sha256
-from bestofn.hashing import files_under as _files
+from bestofn.util.hashing import combined_sha256, dir_digest, file_sha256
+from bestofn.util.hashing import files_under as _files
 
 log = logging.getLogger(__name__)
 

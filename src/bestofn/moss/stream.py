@@ -7,7 +7,7 @@ rows. A request's first ``FIRST_CHUNK_FRAMES`` frames, then every ``CHUNK_FRAMES
 whatever is left when it stops), go through the codec in one batched decode of all the requests
 that are ready. A codec with ``stream_decoder`` (MOSS-Audio-Tokenizer v1 and v2, ours) gets only
 the new frames: each request holds a slot of per-layer key/value caches, so the chunks join to
-the one-shot decode exactly (``bestofn.moss.codec_stream``; float rounding aside). Any other
+the one-shot decode exactly (``bestofn.moss.codec.stream``; float rounding aside). Any other
 codec gets windows that start ``OVERLAP_FRAMES`` before the frames they emit, the audio of that
 left context dropped: exact only for a decoder that looks at most ``OVERLAP_FRAMES`` back, an
 approximation near each seam otherwise.
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from bestofn.spec import GroupSpec
+from bestofn.util.spec import GroupSpec
 
 STEP_FRAMES = 4  # engine hands out codes this often (one host sync each)
 FIRST_CHUNK_FRAMES = 4  # 0.32 s of audio at 12.5 Hz: the first chunk of each request
@@ -52,9 +52,9 @@ def stream_batch(
     step: int = STEP_FRAMES,
     max_batch: int | None = None,
 ) -> Iterator[tuple[int, np.ndarray, bool]]:
-    """``bestofn.speech.stream_batch`` for a ``MossFastGenerator``: (index, audio, last).
+    """``bestofn.core.speech.stream_batch`` for a ``MossFastGenerator``: (index, audio, last).
 
-    ``feed`` (a ``bestofn.speech.Feed``, optional): requests that arrive while this call
+    ``feed`` (a ``bestofn.core.speech.Feed``, optional): requests that arrive while this call
     decodes join it at the next sync; their indices continue after ``specs`` in the order
     ``feed.take`` returns them. ``feed.cancelled(i)`` drops request i (its client left).
     A request that cannot start (its prompt fails, e.g. an unreadable reference voice) gets

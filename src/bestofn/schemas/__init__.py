@@ -2,7 +2,8 @@
 ``pip install`` can validate), and the defaults they declare.
 
 The schema is the one place a config default is written: ``apply_defaults`` fills them into a
-config, ``runtime_defaults`` feeds ``bestofn.worker.client.Runtime`` and the ``bestofn worker``
+config, ``runtime_defaults`` feeds ``bestofn.worker.client.group_job.Runtime`` and the ``bestofn
+worker``
 command line. Light on purpose (yaml only): ``bestofn`` imports it on every call."""
 
 from __future__ import annotations

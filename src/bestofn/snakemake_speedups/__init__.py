@@ -29,7 +29,7 @@ and BESTOFN_SNAKEMAKE_PATCHES_SKIP=name,name leaves out the named patches of par
 
 4. The interpreter's teardown after a dry run: see install_fast_exit.
 
-5. Not a patch: the SLURM feeder (bestofn.worker.bundle) reads a job's bundle from the
+5. Not a patch: the SLURM feeder (bestofn.worker.client.slurm_feeder) reads a job's bundle from the
    ``--target-jobs`` of the job's Snakemake command line; target_jobs_cli_shape checks that the
    executor interface still writes it so.
 
@@ -244,7 +244,7 @@ def install_fast_exit(workflow) -> bool:
 
 def target_jobs_cli_shape() -> bool:
     """True where a job's Snakemake still gets its bundle on its command line as
-    ``bestofn.worker.bundle.parse_target_jobs`` reads it: the executor interface's
+    ``bestofn.worker.client.slurm_feeder.parse_target_jobs`` reads it: the executor interface's
     ``RealExecutor.get_job_args`` passes ``--target-jobs`` with one ``rule:key=value,...``
     argument per job (``encode_target_jobs_cli_args``). False (with a debug line) otherwise."""
     try:

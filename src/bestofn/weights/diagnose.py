@@ -11,7 +11,7 @@ import json
 import struct
 from pathlib import Path
 
-from bestofn import hashing
+from bestofn.util import hashing
 from bestofn.weights import lock, paths
 
 

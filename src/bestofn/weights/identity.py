@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bestofn import hashing
+from bestofn.util import hashing
 from bestofn.weights import lock, manifest, paths
 
 

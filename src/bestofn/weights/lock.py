@@ -2,7 +2,7 @@
 ``ROOT/bestofn-weights.lock.json``, written by ``bestofn weights lock`` and verified by
 ``bestofn check`` (and before any group job: the workflow builds its plan through the same
 check). Sizes are compared on every check; hashes through the sha256 memo (keyed by path,
-size, mtime and inode: bestofn.hashing), so an unchanged tree re-hashes nothing and a
+size, mtime and inode: bestofn.util.hashing), so an unchanged tree re-hashes nothing and a
 rewritten file is hashed again."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from bestofn import hashing
+from bestofn.util import hashing
 from bestofn.weights import paths
 
 LOCK_NAME = "bestofn-weights.lock.json"

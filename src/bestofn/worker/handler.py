@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bestofn import speech as speech_io
-from bestofn.pipeline import EMPTY_TAKE_S
+from bestofn.core import speech as speech_io
+from bestofn.core.pipeline import EMPTY_TAKE_S
 from bestofn.worker.lifecycle import fatal_device_error, release_cached_memory
 from bestofn.worker.requests import BadRequest
 from bestofn.worker.speech_batcher import SpeechJob

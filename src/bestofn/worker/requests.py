@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bestofn import speech as speech_io
-from bestofn.spec import GroupSpec
+from bestofn.core import speech as speech_io
+from bestofn.util.spec import GroupSpec
 
 
 class BadRequest(Exception):

@@ -2,10 +2,10 @@
 then serves over a Unix socket that only its owner can reach (endpoints:
 ``bestofn.worker.handler``).
 
-Groups run through the one stage scheduler, ``bestofn.runner.Runner``: the GPU stages take the
+Groups run through the one stage scheduler, ``bestofn.core.runner.Runner``: the GPU stages take the
 gate one group at a time (the GPU is the bottleneck), further requests wait in a FIFO queue,
 so with two clients per slot the next group is already waiting when one finishes. With
-``runtime.overlap`` (``bestofn.runner.OVERLAP_MODES``; ``full`` by default on CUDA) a group
+``runtime.overlap`` (``bestofn.core.runner.OVERLAP_MODES``; ``full`` by default on CUDA) a group
 leaves the gate after its GPU stages and is written in its own request thread while the next
 group runs on the GPU; ``full`` also has the next group generate while one is restored and
 scored. The worker exits by itself after ``idle_timeout_s`` with nothing running or queued.
@@ -25,8 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from bestofn.pipeline import Backends, load_backends
-from bestofn.runner import STREAM_PRIORITY, GroupJob, Runner, resolve_overlap
+from bestofn.core.pipeline import Backends, load_backends
+from bestofn.core.runner import STREAM_PRIORITY, GroupJob, Runner, resolve_overlap
 from bestofn.schemas import runtime_defaults
 from bestofn.worker.handler import Handler
 from bestofn.worker.lifecycle import (
@@ -63,10 +63,10 @@ class Worker(FatalErrorLifecycle):
         timeline: dict | None = None,
         generate_priority: str | None = None,
     ):
-        from bestofn.gpu_memory import ENV as GPU_MEMORY_ENV
-        from bestofn.gpu_memory import cap_from_environment, parse_cap
-        from bestofn.worker.contract import serving, worker_spec
-        from bestofn.worker.contract import worker_key as key_of
+        from bestofn.util.gpu_memory import ENV as GPU_MEMORY_ENV
+        from bestofn.util.gpu_memory import cap_from_environment, parse_cap
+        from bestofn.worker.key import serving, worker_spec
+        from bestofn.worker.key import worker_key as key_of
 
         self._init_lifecycle()
         self.models_hash = models_hash
@@ -109,7 +109,7 @@ class Worker(FatalErrorLifecycle):
         self.timeline.update(load_start_unix=t_load, load_end_unix=time.time())
         self.warm_up_s: dict | None = None
         if warm and warm_up_spec is not None:
-            from bestofn.spec import GroupSpec
+            from bestofn.util.spec import GroupSpec
 
             try:
                 self.warm_up_s = warm_up_group(self.runner, GroupSpec(**warm_up_spec))

@@ -1,11 +1,11 @@
 """Speech requests inside the worker: a request becomes a ``SpeechJob``; the ``SpeechBatcher``
 thread collects the jobs that arrive within a short window of the first one, up to a largest
 batch (config ``runtime.speech_batch_window_ms`` and ``runtime.speech_max_batch``, passed in
-by the worker), and renders them in one ``bestofn.speech.stream_batch`` call, in the runner's
+by the worker), and renders them in one ``bestofn.core.speech.stream_batch`` call, in the runner's
 first gate (the one groups generate in).
 
 With moss-fast, jobs that arrive while it renders join that call at its next sync (every 4
-frames, continuous batching through ``bestofn.speech.Feed``), up to the largest batch at once.
+frames, continuous batching through ``bestofn.core.speech.Feed``), up to the largest batch at once.
 Each job's chunks go to its own queue, which the request's thread reads. A client that leaves
 mid-stream cancels only its job: the batch goes on for the others (and stops early once every
 job in it is cancelled or complete); nothing ever blocks on a client that is gone. Speech is
@@ -19,8 +19,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from bestofn import speech as speech_io
-from bestofn.spec import GroupSpec
+from bestofn.core import speech as speech_io
+from bestofn.util.spec import GroupSpec
 from bestofn.worker.lifecycle import fatal_device_error, release_cached_memory
 from bestofn.worker.requests import BadRequest
 

@@ -3,7 +3,7 @@
 - **Caches** (config ``runtime.cache_dir``, handed to the worker as ``--cache-dir``):
   torch.compile's Inductor and Triton kernels and the weight files' content hashes are kept
   there across worker starts, so a second start skips the compiles and the hashing of tens of
-  GB of weights; under ``backends/`` each backend keeps its own (``bestofn.caches``: Parakeet's
+  GB of weights; under ``backends/`` each backend keeps its own (``bestofn.util.caches``: Parakeet's
   ``.nemo`` archive, extracted). torch and Triton read their cache directories from the
   process environment: the worker sets them for itself (torch's interface), from the config,
   before any compile.
@@ -50,14 +50,14 @@ def use_cache_dir(cache_dir: str | os.PathLike | None) -> dict:
     torch's defaults and hash every start). Call before anything compiles; returns the paths."""
     if not cache_dir:
         return {}
-    from bestofn import caches, hashing
+    from bestofn.util import caches, hashing
 
     root = Path(cache_dir).expanduser().resolve()
     paths = {
         "inductor": root / "torch-compile",
         "triton": root / "triton",
         "sha256": root / "sha256-memo",
-        "backends": root / "backends",  # each backend's own (bestofn.caches.subdir)
+        "backends": root / "backends",  # each backend's own (bestofn.util.caches.subdir)
     }
     for p in paths.values():
         p.mkdir(parents=True, exist_ok=True)
@@ -84,8 +84,8 @@ def process_start_unix() -> float | None:
 def warm_up(runner, spec) -> dict:
     """Run ``spec`` once through the runner's GPU phases (each on its stream, inside its gate,
     as a group runs) and finish its scorers' host work; write nothing. Returns seconds per
-    stage. Reads the runner's phases (``bestofn.runner``) without changing them."""
-    from bestofn.runner import GroupJob
+    stage. Reads the runner's phases (``bestofn.core.runner``) without changing them."""
+    from bestofn.core.runner import GroupJob
 
     runner.setup()
     job = GroupJob(spec, Path(os.devnull))

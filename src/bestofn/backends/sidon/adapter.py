@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from bestofn.audio import mono_at
 from bestofn.backends.base import Restorer
 from bestofn.backends.resample import out_length, resample_torch
 from bestofn.backends.sidon.kernels import DEFAULT_LAYOUT, DEFAULT_SNAKE, DecoderKernels
@@ -37,7 +36,8 @@ from bestofn.backends.sidon.model import (
     OUTPUT_SAMPLE_RATE,
     SeamlessFbank,
 )
-from bestofn.dtypes import resolve_dtype
+from bestofn.util.audio import mono_at
+from bestofn.util.dtypes import resolve_dtype
 
 # What runs under autocast: the w2v-BERT conformer layers and the DAC-style decoder.
 AUTOCAST_OPS = (

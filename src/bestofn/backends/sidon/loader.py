@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from bestofn.backends.sidon.model import DECODER_RATES, DACDecoder
-from bestofn.hashing import file_sha256
+from bestofn.util.hashing import file_sha256
 
 log = logging.getLogger("bestofn.backends.sidon")
 

@@ -1,1 +1,0 @@
-"""The command ``python -m bestofn.bench <name>``; the benchmarks are in ``bestofn.lab.bench``."""

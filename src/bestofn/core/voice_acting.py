@@ -1,0 +1,131 @@
+"""How each emotion reaches the generator and how its takes are measured against it, decided
+when the plan is built: the Instruction a group's prompt carries (the emotion sheet's
+``instruction`` column, else the generator's ``instruction`` option), the Empathic-Insight head
+that scores the group's own emotion (``ei_head``), and the plan-time checks around both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bestofn.backends.registry import backend_class
+from bestofn.moss.options import NO_INSTRUCTION, instruction_text
+
+EMPATHIC = "empathic-insight"
+TARGET = "target"  # the Empathic-Insight column of the group's own emotion: <prefix>target
+
+
+def generator_instruction(models: dict) -> tuple[bool, object]:
+    """(whether the generator takes an ``instruction`` option, the option's value)."""
+    gen = models["generator"]
+    try:
+        known = backend_class("generator", gen["backend"]).known_options()
+    except Exception:  # an unknown or unimportable backend is refused by check_models
+        return False, None
+    if "instruction" not in known:
+        return False, None
+    from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option
+
+    value = (gen.get("options") or {}).get("instruction", COMMON_DEFAULTS["instruction"])
+    check_instruction_option(value, "config models.generator.options")  # ValueError: refused
+    return True, value
+
+
+def emotion_extra(row: dict, takes_instruction: bool, option) -> dict:
+    """What an emotion adds to its groups' identity (GroupSpec.extra): its Instruction text
+    (``""``: none, where the option would have given one) and its ``ei_head``."""
+    extra: dict = {}
+    if row.get("ei_head"):
+        extra["ei_head"] = row["ei_head"]
+    if not takes_instruction:
+        return extra
+    cell = (row.get("instruction") or "").strip()
+    derived = instruction_text(
+        option, row["emotion"], row.get("description", ""), row.get("negative_description", "")
+    )
+    if cell.lower() == NO_INSTRUCTION:
+        text = None
+    elif cell:
+        text = " ".join(cell.split())
+    else:
+        text = derived
+    if text is not None:
+        extra["instruction"] = text
+    elif derived is not None:
+        extra["instruction"] = ""  # the sheet says none: cloning a voice, as the recipe does
+    return extra
+
+
+def same_for_every_emotion(groups: dict, sheet: Path) -> list[str]:
+    """A warning when every emotion would reach the generator the same way: no Instruction and,
+    for each prompt, one reference voice whatever the emotion (the takes of two emotions then
+    differ only by their seeds)."""
+    emotions = {e for e, _ in groups}
+    if len(emotions) < 2:
+        return []
+    by_prompt: dict[str, set] = {}
+    for (_, prompt), spec in groups.items():
+        if spec.extra.get("instruction"):
+            return []
+        by_prompt.setdefault(prompt, set()).add(spec.extra.get("reference_audio_blake2b"))
+    if any(len(voices) > 1 for voices in by_prompt.values()):
+        return []
+    voices = {v for vs in by_prompt.values() for v in vs} - {None}
+    how = (
+        f"{len(voices)} reference voice(s) shared by every emotion"
+        if voices
+        else "no reference voice"
+    )
+    return [
+        f"{sheet}: every emotion reaches the generator the same way (no instruction, {how}): "
+        f"the {len(emotions)} emotions would be {len(emotions)} copies of one reading. Set "
+        "models.generator.options.instruction (e.g. emotion_description or a template), an "
+        "'instruction' column in the emotions sheet, or a reference_audio per emotion"
+    ]
+
+
+def _empathic_entries(models: dict) -> list[dict]:
+    return [s for s in models.get("scorers", []) if s.get("backend") == EMPATHIC]
+
+
+def check_targets(
+    config: dict, groups: dict, sheet: Path, base: Path = Path(".")
+) -> tuple[list[str], list[str]]:
+    """(errors, notes) about ``ei_target``: the selection (filter, score or held_out) uses the
+    Empathic-Insight column of each group's own emotion, so an emotion that maps to no head is
+    an error, naming it and the heads found in the scorer's ``heads_path``; where the selection
+    does not use it, a note."""
+    from bestofn.select.held_out import referenced_columns
+
+    entries = _empathic_entries(config["models"])
+    if not entries:
+        return [], []
+    from bestofn.backends.empathic import column_name, emotion_head_names, resolve_head
+
+    sel = config["selection"]
+    used = referenced_columns(sel["filter"], "filter") | referenced_columns(sel["score"], "score")
+    for item in sel.get("held_out") or []:
+        used.add((item if isinstance(item, str) else item.get("column", "")).lower())
+    errors, notes = [], []
+    for entry in entries:
+        options = entry.get("options") or {}
+        column = column_name(TARGET, options.get("column_prefix", "ei_"))
+        heads_path = options.get("heads_path")
+        path = Path(heads_path or "").expanduser()
+        path = path if path.is_absolute() else base / path
+        if not heads_path or not path.is_dir():
+            continue  # check_models names a missing weights path
+        heads = emotion_head_names(path)
+        emotions = {spec.emotion: spec.extra.get("ei_head") for spec in groups.values()}
+        unmapped = sorted(e for e, h in emotions.items() if resolve_head(e, h, heads) is None)
+        if not unmapped:
+            continue
+        where = (
+            f"{sheet}: emotion(s) {', '.join(unmapped)} map to no Empathic-Insight head "
+            f"(by the sheet's ei_head, else the emotion's name); heads in {heads_path}: "
+            f"{', '.join(heads)}"
+        )
+        if column.lower() in used:
+            errors.append(f"{where}. The selection uses {column}: name the head in ei_head")
+        else:
+            notes.append(f"note: {where}. Their {column} is NaN (the selection does not use it)")
+    return errors, notes

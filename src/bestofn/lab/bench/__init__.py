@@ -1,1 +1,0 @@
-"""Benchmarks: python -m bestofn.bench <name>."""

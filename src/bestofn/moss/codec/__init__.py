@@ -1,0 +1,2 @@
+"""The MOSS audio tokenizer (codec): config, checkpoint, layers, kernels, the
+batch and streaming decode."""

@@ -1,0 +1,2 @@
+"""Pages over the database: throughput, the trust report, the listening page and
+listeners' votes."""

@@ -1,0 +1,1 @@
+"""`bestofn serve`: the OpenAI-style speech endpoint (HTTP, the service behind it)."""
