@@ -1,6 +1,6 @@
-"""The decode attention of one new token per row (bestofn.moss.model.decode_attention): the
-matmul option equals SDPA (the default) with the same key mask, grouped-query shape included,
-and a masked slot has no weight."""
+"""The decode attention of one new token per row (bestofn.moss.model.decode_attention): a
+masked slot has no weight, the fused cache's strided views give the contiguous result, and the
+Triton kernel equals SDPA with the same key mask, grouped-query shape included."""
 
 import pytest
 import torch
@@ -20,24 +20,17 @@ def _inputs(B=3, kv=2, group=4, L=37, D=16, seed=0):
     return q, k, v, bias, keep
 
 
-def test_matmul_path_equals_sdpa():
-    q, k, v, bias, _ = _inputs()
-    ours = model.decode_attention(q, k, v, bias, 0.25, "matmul")
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.25)
-    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
-
-
 def test_masked_slots_have_no_weight():
     q, k, v, bias, keep = _inputs(seed=1)
-    before = model.decode_attention(q, k, v, bias, 0.25, "matmul")
+    before = model.decode_attention(q, k, v, bias, 0.25, "sdpa")
     v2 = v.clone()
     v2[~keep[:, None, :, None].expand_as(v)] = 1e6  # poison only the masked slots
     k2 = k.clone()
     k2[~keep[:, None, :, None].expand_as(k)] = 1e3
-    torch.testing.assert_close(model.decode_attention(q, k2, v2, bias, 0.25, "matmul"), before)
+    torch.testing.assert_close(model.decode_attention(q, k2, v2, bias, 0.25, "sdpa"), before)
 
 
-@pytest.mark.parametrize("mode", ["matmul", "sdpa"])
+@pytest.mark.parametrize("mode", ["auto", "sdpa"])
 def test_non_contiguous_kv_views(mode):
     # The fused cache keeps K and V side by side ([B, kv, L, 2, D]); attention reads views.
     q, k, v, bias, _ = _inputs(seed=2)
@@ -85,7 +78,7 @@ def test_provenance_names_the_attention_path(monkeypatch):
     assert model.decode_attention_path("cuda:0", "auto").startswith("triton split-K")
     monkeypatch.setattr(decode_kernel, "_KERNELS", {"partial": None})  # Triton missing
     assert model.decode_attention_path("cuda:0", "auto") == "sdpa"
-    assert model.decode_attention_path("cuda:0", "matmul") == "matmul"
+    assert model.decode_attention_path("cuda:0", "sdpa") == "sdpa"
 
 
 def test_kernel_refuses_shapes_whose_offsets_pass_int32():

@@ -300,13 +300,13 @@ def test_kernel_paths_are_schema_options_checked_with_their_field():
 def test_backend_sets_the_kernel_paths_on_its_model_and_names_them():
     from bestofn.fakes.moss import build
 
-    paths = dict(fused=False, decode_attention="matmul", local_attention="reduce")
+    paths = dict(fused=False, decode_attention="sdpa", local_attention="reduce")
     gen = build("cpu", size="tiny", **paths)
     m = gen.model
     assert not m.fused_local and not m.fused_backbone
-    assert m.local_attention == "reduce" and {layer.attention for layer in m.layers} == {"matmul"}
+    assert m.local_attention == "reduce" and {layer.attention for layer in m.layers} == {"sdpa"}
     prov = gen.provenance()
-    assert prov["decode_attention"] == "matmul" and prov["local_attention"] == "reduce"
+    assert prov["decode_attention"] == "sdpa" and prov["local_attention"] == "reduce"
     assert prov["settings"]["fused"] is False and prov["settings"]["compile_mode"] is None
     other = build("cpu", size="tiny")  # the same process: the defaults, not the first's paths
     assert other.model.fused_local and other.model.layers[0].attention == "auto"

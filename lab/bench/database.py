@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-directions",
         dest="directions",
         action="store_false",
-        help="do not pass the scorers' declared directions (the tree before issue 23)",
+        help="do not pass the scorers' declared directions (selection as before they had any)",
     )
     args = p.parse_args(argv)
     results = args.out / "results"

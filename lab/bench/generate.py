@@ -141,9 +141,9 @@ def graph_check(engine, ids, frames, params):
 
 
 def _attention(variant: str) -> str:
-    """The decode attention of a variant: its '-matmul' / '-triton' / '-sdpa' suffix, else
-    the default (auto: triton on CUDA)."""
-    return next((a for a in ("matmul", "triton", "sdpa") if f"-{a}" in variant), "auto")
+    """The decode attention of a variant: its '-triton' / '-sdpa' suffix, else the default
+    (auto: triton on CUDA)."""
+    return next((a for a in ("triton", "sdpa") if f"-{a}" in variant), "auto")
 
 
 def _set_paths(model, variant: str) -> None:
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
         "--variants",
         default="compiled,compiled-unfused,eager",
         help="moss-fast variants: compiled (torch.compile + CUDA graph), eager (CUDA graph only); "
-        "a '-matmul' / '-triton' / '-sdpa' suffix the decode attention as two matmuls / the "
+        "a '-triton' / '-sdpa' suffix the decode attention as the "
         "split-K Triton kernel (bestofn.moss.decode_kernel) / SDPA instead of the default "
         "(auto: the Triton kernel on CUDA); "
         "a '-unfused' suffix runs the pre-fusion paths (local loop piece by piece, backbone "

@@ -19,7 +19,7 @@ What is not the product's cost, and why:
 
 ``--size tiny`` builds the tiny test variants instead (CPU smoke test of the whole flow).
 
-Old vs new in one run (issue 15): each ``--variant NAME:key=value,...`` sets the speed knobs
+Old vs new in one run: each ``--variant NAME:key=value,...`` sets the speed knobs
 (``overlap`` off/host/full, ``parakeet_batch``, ``parakeet_compile``, ``sidon_batch``,
 ``sidon_resample`` soxr/torch, ``sidon_compile``, ``sidon_bucket_s``) on the same loaded
 backends, runs one warm-up group, then ``--stream-groups`` groups the way a warm worker
@@ -80,8 +80,8 @@ KNOBS = {
     # every scorer's runtime.resampler (a variant without it: the config's)
     "resampler": lambda v: _one_of(v, tuple(r for r in RESAMPLERS if r != "auto")),
 }
-# Before issue 15 (the sequential worker, Parakeet batch 64, Sidon resampling on the host with
-# soxr) and after it (the defaults on CUDA now).
+# Before the speed work (the sequential worker, Parakeet batch 64, Sidon resampling on the host
+# with soxr) and after it (the defaults on CUDA).
 VARIANTS = {
     "before": "overlap=off,parakeet_batch=64,parakeet_compile=0,sidon_resample=soxr,"
     "sidon_compile=0,sidon_batch=32",

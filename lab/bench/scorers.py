@@ -5,7 +5,7 @@ Python values out (so host<->device copies and any resampling inside the backend
 The pipeline resamples the takes to 16 kHz mono once per group for all scorers; that shared
 step is timed separately ("resample48k->16k").
 
-Old vs new in one run (issue 15): ``--parakeet-batch-sizes 64,128`` and ``--parakeet-compile
+Old vs new in one run: ``--parakeet-batch-sizes 64,128`` and ``--parakeet-compile
 off,on`` add Parakeet rows per combination on ``--parakeet-clips`` clips (``score``, and
 ``deferred``: the time until the GPU work is done, the text work left running in the scorer's
 thread, which is what the worker's critical path sees); ``--sidon-resample soxr,torch``,

@@ -75,7 +75,7 @@ def main() -> int:
     ap.add_argument("--compile", default="auto", help="torch.compile our pieces: auto|on|off")
     ap.add_argument(
         "--attention",
-        default="sdpa,matmul",
+        default="sdpa,triton",
         help="decode attention variants of ours, timed one after another (the first is 'ours')",
     )
     args = ap.parse_args()

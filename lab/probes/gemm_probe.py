@@ -1,4 +1,4 @@
-"""The decode GEMMs of a MOSS-TTS-Local v1.5 frame step at batch 64, alone (issue 15): bf16
+"""The decode GEMMs of a MOSS-TTS-Local v1.5 frame step at batch 64, alone: bf16
 ``F.linear`` (cuBLAS, as the engine runs them) against fp8 ``torch._scaled_mm`` with a scale per
 row of the activations and per output channel of the weights (activation quantisation
 included), and against the weight-read floor at the GPU's HBM bandwidth.

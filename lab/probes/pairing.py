@@ -1,4 +1,4 @@
-"""Two groups per generate call (issue 24) on one GPU: are a group's takes the same alone and
+"""Two groups per generate call on one GPU: are a group's takes the same alone and
 paired, and what does a clip cost each way?
 
 moss-fast at the real MOSS-TTS-Local v1.5 4B shape with random weights built on the device

@@ -1,4 +1,4 @@
-"""Issue 24: the whole ASR with the calibrated Parakeet fake, both NeMo decoders, and the
+"""The whole ASR with the calibrated Parakeet fake, both NeMo decoders, and the
 scorers' resampler (torch on the device against soxr on the host). Called by
 docs/bench/parakeet_calibrated_gpu.sh; every row is the product's code:
 
@@ -11,7 +11,7 @@ docs/bench/parakeet_calibrated_gpu.sh; every row is the product's code:
   decoding, text. Median of ``--repeats`` calls after a warm-up call (graph captures), with a
   device sync around each; s/clip. ``tokens_per_s``: what the decoder emitted on these clips.
   Rows: calibrated x (cuda_graphs_host_loop, the CUDA default; cuda_graphs; label_looping),
-  and the plain random fake x cuda_graphs_host_loop (the artefact figure of the issue, for
+  and the plain random fake x cuda_graphs_host_loop (the random fake's artefact figure, for
   reference). ``encoder``: preprocessor + encoder alone.
 - ``resample``: ``bestofn.backends.scorer_input.scorer_input`` of the same number of 48-kHz stereo
 takes
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-GOAL_S_PER_CLIP = 0.003  # issue 24: whole ASR with the calibrated fake, one H200
+GOAL_S_PER_CLIP = 0.003  # the goal: whole ASR with the calibrated fake, one H200
 
 
 def _sync(device):

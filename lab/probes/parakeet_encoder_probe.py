@@ -1,4 +1,4 @@
-"""Where Parakeet's encoder time goes, and which cheap knobs move it (issue 15). Random weights
+"""Where Parakeet's encoder time goes, and which cheap knobs move it. Random weights
 at the real size (``bestofn.fakes.parakeet``), 15-s noise clips, one model for every row.
 
 Rows (JSON lines, also written to ``OUT/parakeet_encoder_probe.json``), each the median of 3
@@ -7,8 +7,8 @@ passes over all clips after a warm-up pass, ``torch.cuda.synchronize`` around ea
 - ``variant``: preprocessor + encoder through the scorer's ``encode_batch`` (bf16 autocast, as
   in production) with one knob changed; ``max_abs_diff`` is against the ``base`` output of the
   same clips (autocast rounding moves it; a broken variant moves it by O(1)):
-  - ``base``: as the scorer runs it (call J ran it with the manual attention; since 40d1b1d
-    the scorer's CUDA default is SDPA, so on CUDA the ``sdpa`` row now repeats the base);
+  - ``base``: as the scorer runs it (the scorer's CUDA default is SDPA, so on CUDA the
+    ``sdpa`` row repeats the base);
   - ``cudnn-benchmark``: ``torch.backends.cudnn.benchmark = True`` (cuDNN times its conv
     algorithms per shape);
   - ``sdpa``: every attention module with NeMo's own ``use_pytorch_sdpa`` switch on;

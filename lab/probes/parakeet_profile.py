@@ -1,4 +1,4 @@
-"""Parakeet's GPU time split into the encoder and the decoder (issue 15), at random weights and
+"""Parakeet's GPU time split into the encoder and the decoder, at random weights and
 at a declared speech-rate emission. Random weights at the real size (``bestofn.fakes.parakeet``),
 one model and one set of clips for every row, 15-s clips (14.5-15 s, noise), batch 128.
 

@@ -1,4 +1,4 @@
-"""Where Sidon's and Parakeet's GPU time goes (issue 15): random weights at the real size,
+"""Where Sidon's and Parakeet's GPU time goes: random weights at the real size,
 15-s clips, on CUDA. For each stage: seconds per clip (CUDA events, median of 3 after a
 warm-up), then torch.profiler's top CUDA kernels of one more batch.
 

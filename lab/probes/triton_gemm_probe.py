@@ -1,6 +1,6 @@
-"""Can a plain Triton split-K GEMM beat cuBLAS on the decode GEMMs at batch 64? (issue 15)
+"""Can a plain Triton split-K GEMM beat cuBLAS on the decode GEMMs at batch 64?
 
-Research only: nothing in the engine uses this kernel. gemm_probe.py (call J) found the frame
+Research only: nothing in the engine uses this kernel. gemm_probe.py found the frame
 step's GEMMs at ~60 % of the HBM weight-read floor under cuBLAS (3.24 ms against 1.94 ms at batch
 64), Inductor's Triton templates slower than cuBLAS and fp8 ``_scaled_mm`` 2.5x slower. This
 sweeps a small grid of tile sizes and split-K factors of one straightforward kernel
@@ -30,7 +30,7 @@ import triton.language as tl
 from lab.probes.gemm_probe import SHAPES as GEMM_SHAPES
 from lab.probes.gemm_probe import time_graph
 
-# the six shapes of gemm_probe.py that call L swept (the local c_attn and c_proj and the audio
+# the six shapes of gemm_probe.py swept here (the local c_attn and c_proj and the audio
 # heads left out to keep the sweep short)
 SHAPES = [
     shape for shape in GEMM_SHAPES if shape[0] not in ("local c_attn", "local c_proj", "audio head")

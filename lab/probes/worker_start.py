@@ -1,4 +1,4 @@
-"""Where a worker's start goes (issue 24: "a worker ready in 30 s"), measured on the product.
+"""Where a worker's start goes (the goal: a worker ready in 30 s), measured on the product.
 
 A worker is started the way a group job starts one (``bestofn.worker.client.group_job``: the same
 command

@@ -2,8 +2,8 @@
 
 The frame step's largest item on an H200 was the backbone's decode attention through SDPA
 (cutlass' memory-efficient kernel, picked because of the key mask): 51 us per layer at batch
-64 and 320 cached slots, about a third of the HBM speed its K/V reads need (docs/PERFORMANCE.md,
-call A). That kernel tiles queries by 64 while a kv head here has 4 (its group of query heads),
+64 and 320 cached slots, about a third of the HBM speed its K/V reads need (docs/PERFORMANCE.md).
+That kernel tiles queries by 64 while a kv head here has 4 (its group of query heads),
 and walks all keys in one program per (row, kv head): 512 programs for a 132-SM GPU.
 
 Here the keys are split instead: pass 1 runs one program per (row, kv head, block of 64 keys),

@@ -26,27 +26,22 @@ from bestofn.moss.local_loop import (
 from bestofn.moss.options import engine_defaults
 
 # Attention of one new token per row over the KV cache (the engine option decode_attention;
-# its default is in the config schema). "sdpa": one SDPA call with the key mask. "matmul": two
-# batched matmuls around a float32 softmax. The profile of a Delay 8B step on an H200 showed the
-# SDPA call in cuDNN's flash kernel at 73 us per layer, so matmul was tried; measured side by
-# side on the H200 it was slower (Delay 0.0287 vs 0.0266 s/clip, Local 0.0215 vs 0.0210;
-# docs/PERFORMANCE.md), so it stays an option for the bench only. "triton": a split-K
-# (flash-decoding) kernel (bestofn.moss.decode_kernel says why). "auto": triton on CUDA where
-# Triton imports and the head dim suits it (a power of 2 >= 16), else SDPA. Measured side by
-# side on an H200 (docs/PERFORMANCE.md, call D): Local 0.0209 -> 0.0191 s/clip; parity passes.
-DECODE_ATTENTION_MODES = ("auto", "sdpa", "matmul", "triton")
+# its default is in the config schema). "sdpa": one SDPA call with the key mask. "triton": a
+# split-K (flash-decoding) kernel, faster than SDPA on the decode shapes (decode_kernel says
+# why; docs/PERFORMANCE.md has the figures). "auto": triton on CUDA where Triton imports and the
+# head dim suits it (a power of 2 >= 16), else SDPA.
+DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton")
 
 
 def decode_attention_path(device, mode: str) -> str:
     """The decode attention a model on ``device`` runs with ``mode`` (for provenance): triton
-    (where the head dim suits it), sdpa or matmul."""
+    (where the head dim suits it) or sdpa."""
     if mode in ("auto", "triton") and str(device).startswith("cuda"):
         from bestofn.moss import decode_kernel
 
         if decode_kernel.available():
             return "triton split-K (sdpa where the head dim is not a power of 2 >= 16)"
-        return "sdpa"
-    return "matmul" if mode == "matmul" else "sdpa"
+    return "sdpa"
 
 
 def decode_attention(q, k, v, key_bias, scale, mode: str):
@@ -60,10 +55,7 @@ def decode_attention(q, k, v, key_bias, scale, mode: str):
         # head dim 8): same results up to float rounding
         if decode_kernel.available() and decode_kernel.supports(q, k, v):
             return decode_kernel.decode_attention_triton(q, k, v, key_bias, scale)
-    if mode != "matmul":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias, scale=scale)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + key_bias
-    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias, scale=scale)
 
 
 class RMSNorm(nn.Module):

@@ -205,7 +205,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None
 
     The selection report (bestofn.report.trust: selection.md, its plots, the listening page)
     is written by a forked process meanwhile: each half is ~half the report's fixed cost,
-    mostly matplotlib (12 groups, 2026-12-01). Only that half reads the takes (the listening
+    mostly matplotlib (measured at 12 groups). Only that half reads the takes (the listening
     page); this one reads per-group tables."""
     import matplotlib
 

@@ -34,7 +34,7 @@ CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files)
 FIRST_CHUNK_FILES = 64
 # Files per chunk at most: each open parquet reader holds its footer and buffers (~0.4 MB at 90
 # columns, outside DuckDB's memory_limit): 2,048 files a chunk peaked at 1.6 GB, 512 at 1.06 GB
-# (6,000 files of 4 takes, 2026-12-01), and 8k files ran DuckDB out of its 1 GB.
+# (6,000 files of 4 takes), and 8k files ran DuckDB out of its 1 GB.
 MAX_CHUNK_FILES = 512
 # Shares of database.memory_limit while the chunks are read: the work database's (one chunk) and
 # the build's connection's, which then only appends (takes and per-group rows). Its buffer pool
@@ -513,7 +513,7 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, 
         _create_like(con, work, "part_per_group", _PER_GROUP_SQL)
         tables = trust.TrustTables(con, filter_sql, entries, seed, directions, work=work)
         # The build's connection only appends during the chunks: ordered appends of Arrow run
-        # fastest on one thread (0.2 s a chunk against 0.33 s on two, 2026-12-01).
+        # fastest on one thread (0.2 s a chunk against 0.33 s on two).
         threads = con.execute("SELECT current_setting('threads')").fetchone()[0]
         con.execute("SET threads = 1")
         con.execute("SET memory_limit = ?", [memory_share(memory_limit, APPEND_MEMORY_SHARE)])
@@ -551,7 +551,7 @@ def _read_chunk(reader, chunk: list[str], union: list[tuple]) -> int:
 
     The work database runs on one DuckDB thread: with the insertion order kept (the tables'
     order is the files' order), two threads read 64-take files at half the speed of one
-    (DuckDB 2.0.1 on 2 cores, 2026-12-01: 10.3 s against 5.8 s for 2,048 files)."""
+    (DuckDB 2.0.1 on 2 cores: 10.3 s against 5.8 s for 2,048 files)."""
     reader.execute("CREATE OR REPLACE TABLE chunk_next AS FROM chunk_template")
     first = reader.execute("DESCRIBE SELECT * FROM read_parquet(?)", [chunk[0]]).fetchall()
     read = "INSERT INTO chunk_next BY NAME SELECT * FROM read_parquet(?{})"

@@ -168,15 +168,15 @@ def _filled(a, fill):
 def insert_arrow(con, table: str, data) -> None:
     """Insert a pyarrow table or reader (many rows: executemany is row by row), by position.
     Through a relation, not ``register``: inside a transaction a registered view keeps its
-    Arrow data alive until the commit (60 MB a chunk, measured 2026-12-01)."""
+    Arrow data alive until the commit (60 MB a chunk)."""
     con.from_arrow(data).insert_into(table)
 
 
 # The rank sums' products (takes x columns, transposed, times takes x columns) run in blocks
 # of rows small enough that OpenBLAS computes each on one thread (it splits a product of more
 # than 2^18 multiply-adds): its threads wait for each other spinning, so with the other core
-# busy a whole-chunk product (32,768 x 53) took 0.7-1.6 s against 0.02 s on one thread (this
-# 2-core VM, numpy 2.4's OpenBLAS, 2026-12-01), up to a third of the database rule at 256k.
+# busy a whole-chunk product (32,768 x 53) took 0.7-1.6 s against 0.02 s on one thread (a
+# 2-core VM, numpy 2.4's OpenBLAS), up to a third of the database rule at 256k.
 _SINGLE_THREAD_MADDS = 2**18
 
 

@@ -52,7 +52,7 @@ def hash_files(paths, memo_dir: Path | None = None) -> dict[str, str]:
     """{str(path): sha256} for ``paths``, in their order, hashed in threads (hashlib drops the
     GIL while it hashes, so the files of a checkpoint hash at once on as many cores: a cold
     worker start spent 29 s on moss-fast's files and 22 s on Empathic-Insight's, one file at a
-    time, 2026-12-01). ``memo_dir`` as for ``file_sha256``."""
+    time). ``memo_dir`` as for ``file_sha256``."""
     paths = [str(p) for p in paths]
     workers = min(8, os.cpu_count() or 1, len(paths))
     if workers <= 1:

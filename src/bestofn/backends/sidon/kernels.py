@@ -10,7 +10,7 @@ and writes that dtype directly. ``snake``: eager, fused, or auto (fused where Tr
 
 On CUDA, torch runs a convolution's bias as a separate broadcast add over the output (cuDNN
 computes the convolution without it): 37 such adds per decoder pass, 20 % of Sidon's GPU time
-once Snake was fused (H200 profile, call H). Where Snake runs fused, the decoder therefore
+once Snake was fused (an H200 profile). Where Snake runs fused, the decoder therefore
 calls its convolutions without bias and hands the bias to the kernel that reads the output
 next: a Snake, or a residual unit's sum. The kernels round conv + bias to the conv's output
 dtype first, as the separate add does, so the output is bit for bit the same.
@@ -20,7 +20,7 @@ input to NHWC and its output back, around kernels that work in NHWC (15 % of Sid
 time). Channels last, the decoder keeps [B, C, 1, T] tensors stored as [B, T, C] from its
 input (the encoder's output, transposed, is that layout already) to its output, and runs the
 equal 2-D convolutions. cuDNN then picks other kernels, so the output differs from nchw's in
-the last fp16 bits (max |diff| 4.9e-4 on an H200, call A); nchw is bit for bit eager."""
+the last fp16 bits (max |diff| 4.9e-4 on an H200); nchw is bit for bit eager."""
 
 from __future__ import annotations
 
