@@ -2,8 +2,9 @@
 end to end through the commands a user types (the README's "Production in three commands" run
 as written, in a workflow directory that is a checkout: Snakefile, workflow/, profiles/):
 
-1. fetch the weights into ``weights/`` (the README's first command);
-2. lock them, ``bestofn check``, ``bestofn doctor`` (the second);
+1. fetch the weights the config uses into its ``weights_root`` and lock them (the README's first
+   command);
+2. ``bestofn check``, ``bestofn doctor`` (the second);
 3. ``bestofn plan``: a wall-clock estimate before any group ran (from the doctor's pilot);
 4. the profile's ``snakemake`` (the third), then ``bestofn status``;
 5. the weights moved and ``weights_root`` changed: a dry run plans no group;
@@ -130,17 +131,19 @@ def test_day_one(tmp_path):
     hub, project = tmp_path / "hub", tmp_path / "project"
     run(tmp_path, ["bestofn", "fake-weights", str(hub), "--size", "tiny"])
     checkout(project, hub)
-    (fetch_and_lock, doctor, snakemake) = readme_commands()
-    assert [c[:3] for c in fetch_and_lock] == [["bestofn", "weights", "fetch"],
-                                               ["bestofn", "weights", "lock"]]  # fmt: skip
+    (fetch_cmd, doctor, snakemake) = readme_commands()
+    assert fetch_cmd[0] == ["bestofn", "weights", "fetch", "--config", CONFIG]
     assert doctor[0] == ["bestofn", "doctor", "--config", CONFIG]
     assert snakemake[0][:2] == ["snakemake", "--profile"] and snakemake[0][-2:] == [
         "--configfile", CONFIG,
     ]  # fmt: skip
 
-    # 1-2: fetch, lock, check, doctor
-    fetch(project, hub, fetch_and_lock[0])
-    run(project, fetch_and_lock[1])
+    # 1-2: fetch (and lock), check, doctor
+    fetch(project, hub, fetch_cmd[0])
+    assert not (project / "weights/MOSS-TTS-Delay-v1.5").exists()  # not in the config
+    # a model outside the config, fetched by name (step 6 changes a file of it)
+    fetch(project, hub, ["bestofn", "weights", "fetch", "--root", "weights", "--only",
+                         "moss-tts-delay"])  # fmt: skip
     assert (project / "weights/bestofn-weights.lock.json").is_file()
     assert "ok: 2 groups x 2 takes" in run(project, ["bestofn", "check", "--config", CONFIG]).stdout
     try:

@@ -19,8 +19,15 @@ def add_parser(sub) -> None:
     q = ws.add_parser("list", help="the weights, their repos, folders and sizes")
     q.add_argument("--config", help="only what this config's models use")
     q.set_defaults(func=_list)
-    q = ws.add_parser("fetch", help="download the weights under ROOT (huggingface_hub)")
-    q.add_argument("--root", required=True, help="the weights root (config weights_root)")
+    q = ws.add_parser(
+        "fetch",
+        help="download the weights (huggingface_hub), then lock them",
+        description="Download what a config's models use into its weights_root (--config), or "
+        "every manifest entry into --root; then write the lock, as `weights lock` does.",
+    )
+    where = q.add_mutually_exclusive_group(required=True)
+    where.add_argument("--config", help="what this config's models use, into its weights_root")
+    where.add_argument("--root", help="every entry (or --only's) into this folder")
     q.add_argument("--only", nargs="+", metavar="NAME", help="only these (see `weights list`)")
     q.set_defaults(func=_fetch)
     q = ws.add_parser("lock", help="write ROOT/bestofn-weights.lock.json (size + sha256)")
@@ -49,16 +56,36 @@ def _list(args) -> int:
     return 0
 
 
+def _fetch_target(args) -> tuple[Path, list[str] | None]:
+    """The folder to fill and the entries' names (None: all) from --root or --config."""
+    if args.root:
+        return Path(args.root), args.only
+    import yaml
+
+    from bestofn.weights.manifest import UnknownWeights, entries_for_config
+
+    config = yaml.safe_load(Path(args.config).read_text()) or {}
+    if not config.get("weights_root"):
+        raise UnknownWeights(f"{args.config}: config field weights_root is not set")
+    names = args.only or [e.name for e in entries_for_config(config)]
+    if not names:
+        raise UnknownWeights(f"{args.config}: no model path names a folder of the manifest")
+    return Path(config["weights_root"]).expanduser(), names
+
+
 def _fetch(args) -> int:
     from bestofn.weights.fetch import fetch
+    from bestofn.weights.lock import LockError, read_lock, write_lock
     from bestofn.weights.manifest import UnknownWeights
 
     try:
-        fetch(args.root, args.only)
-    except UnknownWeights as e:
+        root, names = _fetch_target(args)
+        fetch(root, names)
+        path = write_lock(root)
+    except (UnknownWeights, LockError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"weights fetch: done; lock them: bestofn weights lock --root {args.root}")
+    print(f"weights fetch: done; locked {len(read_lock(path))} files in {path}")
     return 0
 
 
