@@ -6,13 +6,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
+from conftest import REPO
 
 from bestofn.select.selection import SelectionError, build_database, check_selection, resolve_norm
 from bestofn.select.takes_schema import BASE_COLUMNS
 
-# the production selection's shape (config/production.yaml)
-FILTER = "wer <= 0.1 AND NOT truncated AND stop_reason = 'eos' AND spk_sim >= 0.40"
-SCORE = "1.5 * norm(ei_target) + norm(vc_blend) + norm(vc_genuineness)"
+# the production selection itself: its speaker floor is 0.86 (WavLM's same-speaker threshold)
+PRODUCTION = yaml.safe_load((REPO / "config/production.yaml").read_text())["selection"]
+FILTER, SCORE = PRODUCTION["filter"], PRODUCTION["score"]
 
 
 def takes(tmp_path, group_id, rows):
@@ -62,7 +64,7 @@ def selected(tmp_path, files) -> dict[str, int]:
 def test_the_target_emotions_head_wins_over_another_emotions(tmp_path):
     # Anger group: ei_target is the Anger head. Take 0 is far higher on Sadness, take 1 on
     # Anger; blend and genuineness equal. Sadness group: the same takes, target = Sadness.
-    rows = [(1.0, 3.5, None, 0.0, 0.8, 5.0, 3.0), (3.0, 0.5, None, 0.0, 0.8, 5.0, 3.0)]
+    rows = [(1.0, 3.5, None, 0.0, 0.95, 5.0, 3.0), (3.0, 0.5, None, 0.0, 0.95, 5.0, 3.0)]
     anger = [(a, s, a, *rest) for a, s, _, *rest in rows]
     sad = [(a, s, s, *rest) for a, s, _, *rest in rows]
     files = [takes(tmp_path, "Anger/p1", anger), takes(tmp_path, "Sadness/p1", sad)]
@@ -70,12 +72,12 @@ def test_the_target_emotions_head_wins_over_another_emotions(tmp_path):
 
 
 def test_a_take_under_the_speaker_floor_or_the_wer_gate_is_never_selected(tmp_path):
-    # take 0: the best acting but another voice (spk_sim 0.30 < 0.40); take 1: the best
+    # take 0: the best acting but another voice (spk_sim 0.80 < 0.86); take 1: the best
     # acting of the rest but garbled (wer 0.4); take 2: modest, passes both gates
     rows = [
-        (3.9, 0.0, 3.9, 0.0, 0.30, 9.0, 6.0),
-        (3.8, 0.0, 3.8, 0.4, 0.90, 9.0, 6.0),
-        (1.0, 0.0, 1.0, 0.05, 0.60, 2.0, 1.0),
+        (3.9, 0.0, 3.9, 0.0, 0.80, 9.0, 6.0),
+        (3.8, 0.0, 3.8, 0.4, 0.95, 9.0, 6.0),
+        (1.0, 0.0, 1.0, 0.05, 0.90, 2.0, 1.0),
     ]
     files = [takes(tmp_path, "Anger/p1", rows)]
     assert selected(tmp_path, files) == {"Anger/p1": 2}
@@ -87,8 +89,8 @@ def test_a_take_under_the_speaker_floor_or_the_wer_gate_is_never_selected(tmp_pa
 def test_norm_is_min_max_over_the_whole_run_not_the_group(tmp_path):
     # over the run: ei_target 0..4, blend 0..10, genuineness 1..3. Within a group genuineness
     # never varies (a per-group norm would make it 0 everywhere); over the run it is 0 or 1.
-    g = [(4.0, 0, 4.0, 0.0, 0.9, 0.0, 1.0), (1.0, 0, 1.0, 0.0, 0.9, 10.0, 1.0)]
-    h = [(0.0, 0, 0.0, 0.0, 0.9, 5.0, 3.0), (2.0, 0, 2.0, 0.0, 0.9, 5.0, 3.0)]
+    g = [(4.0, 0, 4.0, 0.0, 0.95, 0.0, 1.0), (1.0, 0, 1.0, 0.0, 0.95, 10.0, 1.0)]
+    h = [(0.0, 0, 0.0, 0.0, 0.95, 5.0, 3.0), (2.0, 0, 2.0, 0.0, 0.95, 5.0, 3.0)]
     files = [takes(tmp_path, "Anger/g", g), takes(tmp_path, "Anger/h", h)]
     out = tmp_path / "bestofn.duckdb"
     build_database(files, out, FILTER, SCORE)
@@ -101,8 +103,8 @@ def test_norm_is_min_max_over_the_whole_run_not_the_group(tmp_path):
 
 def test_nan_normalises_to_null_and_never_wins(tmp_path):
     nan = float("nan")
-    rows = [(nan, 0.0, nan, 0.0, 0.9, 5.0, 3.0), (1.0, 0.0, 1.0, 0.0, 0.9, 5.0, 3.0),
-            (2.0, 0.0, 2.0, 0.0, 0.9, 4.0, 3.0)]  # fmt: skip
+    rows = [(nan, 0.0, nan, 0.0, 0.95, 5.0, 3.0), (1.0, 0.0, 1.0, 0.0, 0.95, 5.0, 3.0),
+            (2.0, 0.0, 2.0, 0.0, 0.95, 4.0, 3.0)]  # fmt: skip
     assert selected(tmp_path, [takes(tmp_path, "Anger/p1", rows)]) == {"Anger/p1": 2}
 
 
