@@ -22,6 +22,11 @@ def test_check_from_a_plain_install_outside_the_repo(tmp_path):
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
     subprocess.run([*pip, "--target", str(target), str(src)], check=True, timeout=600)
     assert (target / "bestofn/schemas/config.schema.yaml").is_file()
+    # The lab (benchmarks, probes, fault injection) stays out of the wheel: lab/ at the root.
+    shipped = [p.relative_to(target).as_posix() for p in (target / "bestofn").rglob("*.py")]
+    lab_code = [p for p in shipped if any(w in p for w in ("bench", "probe", "fault", "opcount"))]
+    assert not lab_code, lab_code
+    assert (target / "bestofn/parity/local.py").is_file()  # `bestofn parity` stays a user command
 
     # The workflow's sheets and config, away from the repository.
     work = tmp_path / "work"
