@@ -29,6 +29,7 @@ from bestofn.util.spec import GroupSpec
 BACKENDS = {  # the random-weight builders (bestofn.fakes), one module per backend
     "voiceclap": "bestofn.fakes.voiceclap",
     "empathic-insight": "bestofn.fakes.empathic",
+    "wavlm-speaker": "bestofn.fakes.speaker",
     "sidon": "bestofn.fakes.sidon",
     "parakeet": "bestofn.fakes.parakeet",
 }
