@@ -153,18 +153,6 @@ def head_layers(sd: dict[str, torch.Tensor], where: str) -> list[tuple[torch.Ten
     return layers
 
 
-def run_head_naive(
-    layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tensor
-) -> torch.Tensor:
-    """One head, one layer at a time: ReLU after every Linear but the last. x: [B, in] -> [B]."""
-    h = x
-    for i, (w, b) in enumerate(layers):
-        h = h @ w.T.to(h.dtype) + b.to(h.dtype)
-        if i < len(layers) - 1:
-            h = torch.relu(h)
-    return h.squeeze(-1)
-
-
 def pool_states(states: torch.Tensor) -> torch.Tensor:
     """[B, T, D] -> [B, 4D]: mean, min, max, std over time (std unbiased, as published)."""
     s = states.float()

@@ -263,15 +263,11 @@ def _anchor(group_id: str) -> str:
     return "g-" + "".join(c if c.isalnum() or c in "-_." else "--" for c in group_id)
 
 
-def flac_link(results_dir: Path, page: Path, emotion: str, prompt_id: str, take: int) -> str:
-    """The take's FLAC as a URL relative to the page (the data layout, not the parquet's
-    working-directory path, so a copied results folder still plays)."""
-    return _flac_link(results_dir.resolve(), page.resolve().parent, emotion, prompt_id, take)
-
-
 def _flac_link(root: Path, here: Path, emotion: str, prompt_id: str, take: int) -> str:
-    """flac_link with the results folder and the page's folder resolved once per page (each
-    resolve is a system call per path component: 1.2 s of a 4,000-take page)."""
+    """The take's FLAC as a URL relative to the page (the data layout, not the parquet's
+    working-directory path, so a copied results folder still plays). ``root`` (the results
+    folder) and ``here`` (the page's folder) come resolved, once per page: each resolve is a
+    system call per path component (1.2 s of a 4,000-take page)."""
     flac = root / "groups" / emotion / prompt_id / "takes" / f"{take:03d}.flac"
     rel = os.path.relpath(flac, here)
     return "/".join(quote(part) for part in Path(rel).parts)

@@ -38,7 +38,7 @@ import math
 import os
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import duckdb
@@ -591,7 +591,3 @@ def reapply(db_path: str | Path, results_dir: str | Path) -> dict:
         return apply_votes(con, results_dir)
     finally:
         con.close()
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
