@@ -205,7 +205,7 @@ def test_a_group_split_over_chunks_is_read_in_one_pass(tmp_path, monkeypatch):
 
 def test_shipped_scorers_declare_the_old_directions():
     from bestofn.backends.registry import REGISTRY
-    from bestofn.select.trust import scorer_directions
+    from bestofn.select.held_out import scorer_directions
 
     declared = scorer_directions({"scorers": [{"backend": b} for b in REGISTRY["scorer"]]})
     assert declared == OLD_DIRECTIONS | {"ei_score_*": "higher"}

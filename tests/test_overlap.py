@@ -55,9 +55,12 @@ def backends(tmp_path_factory):
 
 
 def _worker(tmp_path: Path, backends: Backends, overlap: str):
+    from bestofn.worker.options import WorkerOptions
     from bestofn.worker.server import Worker
 
-    w = Worker(MODELS, "x", tmp_path / "results", "cpu", 0, 60.0, overlap=overlap)
+    w = Worker(
+        MODELS, tmp_path / "results", "cpu", WorkerOptions(idle_timeout_s=60.0, overlap=overlap)
+    )
     w.backends = backends  # the shared tiny production backends
     return w
 
@@ -187,7 +190,6 @@ def test_a_failing_stage_names_the_group_and_the_worker_keeps_serving(backends, 
 
 def test_fatal_device_error_with_overlap_exits_70(tmp_path):
     """The real worker process, overlap 'full': 500 naming the group, then exit status 70."""
-    from bestofn.core.pipeline import stable_hash
     from bestofn.worker.lifecycle import EXIT_FATAL
     from bestofn.worker.uds_http import request
 
@@ -203,8 +205,8 @@ def test_fatal_device_error_with_overlap_exits_70(tmp_path):
     results.mkdir()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bestofn.cli", "worker", "--socket", sock, "--models-file",
-         str(tmp_path / "models.json"), "--models-hash", stable_hash(models), "--results",
-         str(results), "--overlap", "full", "--idle-timeout", "60"],
+         str(tmp_path / "models.json"), "--results", str(results),
+         "--options", json.dumps({"overlap": "full", "idle_timeout_s": 60})],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ},
     )  # fmt: skip
     try:

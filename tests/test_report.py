@@ -6,8 +6,8 @@ import pytest
 from test_selection import group_parquet  # hand-made scores.parquet of one group
 
 from bestofn.report.throughput import gain_histogram, score_gain_table, write_report
+from bestofn.select.held_out import scorer_directions
 from bestofn.select.selection import build_database
-from bestofn.select.trust import scorer_directions
 
 ASR = scorer_directions({"scorers": [{"backend": "whisper-asr"}]})
 
@@ -100,7 +100,7 @@ def test_the_forked_selection_half_writes_its_files_and_raises_its_errors(
 ):
     """The selection report is written by a forked process (report._forked): its files are
     there, its lines are in throughput.md, and its error is the report's."""
-    from bestofn.report.throughput import trust as trust_report
+    from bestofn.report import trust as trust_report
 
     out = report.parent
     for name in trust_report.FILES.values():

@@ -18,15 +18,15 @@ import soundfile as sf
 from conftest import REPO, tiny_config
 
 from bestofn.report.throughput import write_report
-from bestofn.select.selection import SelectionError, build_database
-from bestofn.select.trust import (
+from bestofn.select.held_out import (
     check_held_out,
     filter_clauses,
     held_out_columns,
-    presentation_order,
     referenced_columns,
     scorer_directions,
 )
+from bestofn.select.selection import SelectionError, build_database
+from bestofn.select.trust import presentation_order
 from bestofn.workflow_glue import check_selection_for
 
 SR = 8000
@@ -451,7 +451,7 @@ def test_listening_page_in_headless_chromium(tmp_path, trade_off):
 def test_arrow_array_equals_pa_array():
     """trust.arrow_array (Arrow from buffers, so no pandas import) builds what pa.array does:
     NULL where None or masked, NaN kept, strings of any width."""
-    from bestofn.select.trust import arrow_array
+    from bestofn.select.arrow_io import arrow_array
 
     cases = [
         (["calm/p1", None, "ünï/códé", ""], pa.string(), None),

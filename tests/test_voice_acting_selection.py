@@ -9,8 +9,13 @@ import pytest
 import yaml
 from conftest import REPO
 
-from bestofn.select.selection import SelectionError, build_database, check_selection, resolve_norm
-from bestofn.select.takes_schema import BASE_COLUMNS
+from bestofn.select.selection import (
+    BASE_COLUMNS,
+    SelectionError,
+    build_database,
+    check_selection,
+    resolve_norm,
+)
 
 # the production selection itself: its speaker floor is 0.86 (WavLM's same-speaker threshold)
 PRODUCTION = yaml.safe_load((REPO / "config/production.yaml").read_text())["selection"]

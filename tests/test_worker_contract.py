@@ -145,7 +145,11 @@ CHANGES = {  # a spec change: start()'s arguments, and (spec field, its new valu
     # runtime options the worker serves with (a long-lived `bestofn serve` must not keep old
     # ones after its config changed)
     "overlap": ({"overlap": "off"}, ("serving", "overlap", "off")),
-    "generate_priority": ({"generate_priority": "high"}, ("serving", "generate_priority", "high")),
+    "generate_priority": (
+        {"experimental": {"generate_priority": "high"}},
+        ("serving", "generate_priority", "high"),
+    ),
+    "experimental overlap": ({"experimental": {"overlap": "host"}}, ("serving", "overlap", "host")),
     "gpu_memory_gb": ({"gpu_memory_gb": 512.0}, ("serving", "gpu_memory_gb", 512.0)),
 }
 

@@ -89,11 +89,13 @@ def _worker(args) -> int:
     import time
 
     from bestofn.worker import startup
+    from bestofn.worker.options import WorkerOptions
 
     timeline = {"process_start_unix": startup.process_start_unix(), "main_unix": time.time()}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    startup.use_cache_dir(args.cache_dir)  # before anything compiles
-    from bestofn.worker.server import serve
+    options = WorkerOptions.from_json(args.options)
+    startup.use_cache_dir(options.cache_dir)  # before anything compiles
+    from bestofn.worker.server import Worker, serve
 
     timeline["imports_unix"] = time.time()
     with open(args.models_file) as f:
@@ -102,12 +104,12 @@ def _worker(args) -> int:
     if args.warm_up_spec:
         with open(args.warm_up_spec) as f:
             warm_up_spec = json.load(f)
-    serve(
-        args.socket, models, args.models_hash, args.results, args.device, args.slot,
-        args.idle_timeout, args.flac_subtype, args.worker_key, args.overlap,
-        args.speech_max_batch, args.speech_batch_window_ms, args.parallel_load,
-        args.warm_up, warm_up_spec, timeline, generate_priority=args.generate_priority,
+    worker = Worker(
+        models, args.results, args.device, options, slot=args.slot,
+        flac_subtype=args.flac_subtype, worker_key=args.worker_key,
+        warm_up_spec=warm_up_spec, timeline=timeline,
     )  # fmt: skip
+    serve(args.socket, worker)
     return 0
 
 
@@ -165,7 +167,7 @@ def _parity(args_rest: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bestofn.schemas import runtime_defaults, schema
+    from bestofn.schemas import schema
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["parity"]:
@@ -232,29 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slot", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--models-file", required=True)
-    p.add_argument("--models-hash", required=True)
     p.add_argument("--worker-key", help="the key of the worker spec (client.worker_spec)")
     p.add_argument("--results", required=True, help="requests may only write below this")
-    # defaults as the config schema declares them (group jobs always pass both)
-    p.add_argument("--idle-timeout", type=float, default=runtime_defaults()["idle_timeout_s"])
     p.add_argument(
         "--flac-subtype", default=schema("config")["properties"]["flac_subtype"]["default"]
     )
-    rt = runtime_defaults()
-    p.add_argument(
-        "--overlap", default=rt["overlap"], help="auto, off, host or full (runtime.overlap)"
-    )
-    p.add_argument("--generate-priority", choices=["normal", "high"],
-                   default=rt["generate_priority"], help="runtime.generate_priority")  # fmt: skip
-    p.add_argument("--speech-max-batch", type=int, default=rt["speech_max_batch"],
-                   help="runtime.speech_max_batch")  # fmt: skip
-    p.add_argument("--speech-batch-window-ms", type=float, default=rt["speech_batch_window_ms"],
-                   help="runtime.speech_batch_window_ms")  # fmt: skip
-    p.add_argument("--parallel-load", action=argparse.BooleanOptionalAction,
-                   default=rt["parallel_load"], help="runtime.parallel_load")  # fmt: skip
-    p.add_argument("--warm-up", default=rt["warm_up"], help="auto, true or false (runtime.warm_up)")
+    p.add_argument("--options", default="{}",
+                   help="the worker's runtime options as JSON (bestofn.worker.options; absent "
+                   "fields: the config schema's defaults)")  # fmt: skip
     p.add_argument("--warm-up-spec", help="a group spec (JSON file) to warm up on before ready")
-    p.add_argument("--cache-dir", help="runtime.cache_dir, resolved (absent: no caches set)")
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("workers", help="status or stop of this workflow directory's workers")

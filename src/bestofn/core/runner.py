@@ -15,7 +15,8 @@ FIFO gate, so groups keep their arrival order in every phase:
 
     off   [generate, restore, score, write]           the whole group in the gate
     host  [generate, restore, score] [write]           the next group's GPU stages run while
-                                                       one is written (scorers' text work too)
+                                                       one is written (scorers' text work too;
+                                                       ``runtime.experimental.overlap``)
     full  [generate] [restore] [score] [write]         every GPU stage its own phase on its own
                                                        CUDA stream: generate a group while the
                                                        one before is restored and the one
@@ -74,11 +75,12 @@ PAIR_WAIT_S = 5.0
 # (16 groups on one H200, 2026-12-04: 0.032-0.034 s/clip steady against 0.029). A group with
 # no partner coming pays this wait once.
 PAIR_IDLE_WAIT_S = 0.25
-# runtime.generate_priority -> the CUDA stream priority the generate phase runs at (lower is
-# higher; -1 is the highest torch asks for on every GPU it supports)
+# runtime.experimental.generate_priority -> the CUDA stream priority the generate phase runs at
+# (lower is higher; -1 is the highest torch asks for on every GPU it supports)
 STREAM_PRIORITY = {"normal": 0, "high": -1}
 # How consecutive groups overlap (config ``runtime.overlap``; the schema holds the default).
 # auto: full on CUDA (it ran through snakemake on two H200s, docs/PERFORMANCE.md), off elsewhere.
+# host (config ``runtime.experimental.overlap``): the GPU stages in one phase, the write apart.
 OVERLAP_MODES = ("auto", "off", "host", "full")
 
 

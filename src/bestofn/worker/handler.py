@@ -16,8 +16,10 @@ import contextlib
 import json
 import logging
 import os
+import threading
+from contextlib import AbstractContextManager
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -27,12 +29,25 @@ from bestofn.worker.lifecycle import fatal_device_error, release_cached_memory
 from bestofn.worker.requests import BadRequest
 from bestofn.worker.speech_batcher import SpeechJob
 
-if TYPE_CHECKING:
-    from bestofn.worker.server import Worker
-
 log = logging.getLogger("bestofn.worker")
 
 MAX_BODY = 1 << 20  # requests are small JSON documents
+
+
+class HandledWorker(Protocol):
+    """What the handler uses of the worker (``bestofn.worker.server.Worker``), all of it."""
+
+    fatal: str | None  # the device error it dies of
+    stopping: threading.Event
+    sample_rate: int  # of the generator's audio
+
+    def answering(self) -> AbstractContextManager: ...  # a POST, until it is answered
+    def active(self) -> AbstractContextManager: ...  # a request queued or running
+    def refuse_if_dying(self) -> None: ...  # raises BadRequest(503)
+    def die(self, reason: str) -> None: ...
+    def health(self) -> dict: ...
+    def run_group(self, body: dict) -> dict: ...
+    def speak(self, body: dict) -> SpeechJob: ...  # checked and queued for the batcher
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -43,7 +58,7 @@ class Handler(BaseHTTPRequestHandler):
         log.info("%s %s", self.command, fmt % args)
 
     @property
-    def worker(self) -> Worker:
+    def worker(self) -> HandledWorker:
         return self.server.worker
 
     def _send(self, status: int, body, ctype: str = "application/json"):
@@ -80,9 +95,8 @@ class Handler(BaseHTTPRequestHandler):
         the first chunk are ordinary error answers; after it the connection is cut (the
         response is then visibly incomplete: no terminating chunk)."""
         worker = self.worker
-        with worker._active():
-            job = worker.speech_job(body)
-            worker.speech_batcher.submit(job)
+        with worker.active():
+            job = worker.speak(body)
             try:
                 self._stream_job(job)
             finally:
@@ -90,7 +104,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _stream_job(self, job: SpeechJob) -> None:
         worker = self.worker
-        gen = worker.backends.generator
         first = job.get(worker)  # raises (-> an error answer) before anything is sent
         layout: tuple = ()  # channels of the (empty) chunks skipped: () mono, (2,) stereo
         while first is not None and first.shape[0] == 0:
@@ -98,10 +111,10 @@ class Handler(BaseHTTPRequestHandler):
             first = job.get(worker)
         if first is None:  # no audio at all: a short silence, as an empty take is published
             # (the end was read: the job's get() says None from now on, it never waits again)
-            n = max(1, int(round(EMPTY_TAKE_S * gen.sample_rate)))
+            n = max(1, int(round(EMPTY_TAKE_S * worker.sample_rate)))
             first = np.zeros((n, *layout), np.float32)
         channels = 1 if first.ndim == 1 else first.shape[1]
-        enc = speech_io.Encoder(job.fmt, gen.sample_rate, channels)
+        enc = speech_io.Encoder(job.fmt, worker.sample_rate, channels)
         if job.fmt not in speech_io.STREAMED_FORMATS:  # flac: one body, once complete
             enc.chunk(first)
             while (audio := job.get(worker)) is not None:
@@ -159,14 +172,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": f"no such endpoint GET {self.path}"})
 
     def do_POST(self):
-        worker = self.worker
-        with worker.lock:
-            worker.open_requests += 1
-        try:
+        with self.worker.answering():
             self._post()
-        finally:
-            with worker.lock:
-                worker.open_requests -= 1
 
     def _post(self):
         worker = self.worker

@@ -27,8 +27,9 @@ from pathlib import Path
 from bestofn.core.pipeline import stable_hash
 from bestofn.util.hashing import combined_sha256, files_under
 
-# runtime.* a worker serves with, and how each is written in the spec (one form for the group
-# job's config values and the worker's command-line ones, so that both give one key)
+# runtime.* a worker serves with (bestofn.worker.options.WorkerOptions; generate_priority and an
+# overlap of host come from runtime.experimental), and how each is written in the spec (one form
+# for the group job's values and the worker's, so that both give one key)
 SERVING = {
     "overlap": str,
     "generate_priority": str,

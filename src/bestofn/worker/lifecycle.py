@@ -99,6 +99,17 @@ class FatalErrorLifecycle:
         self.open_requests = 0  # POSTs not yet answered (the fatal exit waits for them)
         self.on_exit = None  # set by the server: cleanup before a fatal exit
 
+    @contextlib.contextmanager
+    def answering(self):
+        """Count a request as open until it is answered: a fatal exit waits for zero."""
+        with self.lock:
+            self.open_requests += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.open_requests -= 1
+
     def refuse_if_dying(self) -> None:
         if self.fatal:
             raise BadRequest(

@@ -25,9 +25,8 @@ import threading
 import time
 from pathlib import Path
 
-from bestofn.core.pipeline import Backends, load_backends
+from bestofn.core.pipeline import Backends, load_backends, stable_hash
 from bestofn.core.runner import STREAM_PRIORITY, GroupJob, Runner, resolve_overlap
-from bestofn.schemas import runtime_defaults
 from bestofn.worker.handler import Handler
 from bestofn.worker.lifecycle import (
     EXIT_GRACE_S,
@@ -35,6 +34,7 @@ from bestofn.worker.lifecycle import (
     fatal_device_error,
     release_cached_memory,
 )
+from bestofn.worker.options import WorkerOptions
 from bestofn.worker.requests import BadRequest, group_request, speech_request
 from bestofn.worker.speech_batcher import SpeechBatcher, SpeechJob
 from bestofn.worker.startup import group_stats, log_json, resolve_warm_up, trim_host_heap
@@ -44,63 +44,53 @@ log = logging.getLogger("bestofn.worker")
 
 
 class Worker(FatalErrorLifecycle):
+    """One slot's loaded models and runner, serving what ``models`` on ``device`` write below
+    ``results_dir``; ``options``: how it runs (``bestofn.worker.options``).
+
+    ``worker_key``: the key the group job that started it computed (it also covers the
+    physical GPU behind the slot); computed here when started by hand. ``warm_up_spec``: the
+    group to warm up on (``runtime.warm_up``). ``timeline``: the start so far (seconds since
+    the process started, ``bestofn.worker.startup``)."""
+
     def __init__(
         self,
         models: dict,
-        models_hash: str,
         results_dir: Path,
         device: str,
-        slot: int,
-        idle_timeout_s: float,
+        options: WorkerOptions | None = None,
+        *,
+        slot: int = 0,
         flac_subtype: str = "PCM_16",
         worker_key: str | None = None,
-        overlap: str | None = None,
-        speech_max_batch: int | None = None,
-        speech_batch_window_ms: float | None = None,
-        parallel_load: bool | None = None,
-        warm_up: bool | str | None = None,
         warm_up_spec: dict | None = None,
         timeline: dict | None = None,
-        generate_priority: str | None = None,
     ):
-        from bestofn.util.gpu_memory import ENV as GPU_MEMORY_ENV
-        from bestofn.util.gpu_memory import cap_from_environment, parse_cap
-        from bestofn.worker.key import serving, worker_spec
+        from bestofn.util.gpu_memory import apply_cap
         from bestofn.worker.key import worker_key as key_of
+        from bestofn.worker.key import worker_spec
 
         self._init_lifecycle()
-        self.models_hash = models_hash
-        defaults = runtime_defaults()  # runtime.* (the schema holds the defaults), read now
-        if speech_max_batch is None:
-            speech_max_batch = defaults["speech_max_batch"]
-        if speech_batch_window_ms is None:
-            speech_batch_window_ms = defaults["speech_batch_window_ms"]
-        self.generate_priority = generate_priority or defaults["generate_priority"]
-        # The spec this worker serves; the group job that started it passes its key (which
-        # also covers the physical GPU behind the slot); computed here when started by hand.
+        self.options = options = options or WorkerOptions()
+        self.models_hash = stable_hash(models)
+        self.generate_priority = options.generate_priority
         visible = os.environ.get("CUDA_VISIBLE_DEVICES") if device.startswith("cuda") else None
-        options = serving(
-            overlap=defaults["overlap"] if overlap is None else overlap,
-            generate_priority=self.generate_priority,
-            gpu_memory_gb=parse_cap(os.environ.get(GPU_MEMORY_ENV)),
-        )
-        self.spec = worker_spec(models, device, flac_subtype, results_dir, visible, options)
+        serving = options.serving()
+        self.spec = worker_spec(models, device, flac_subtype, results_dir, visible, serving)
         self.worker_key = worker_key or key_of(self.spec)
-        self.results_dir = results_dir.resolve()
+        self.results_dir = Path(results_dir).resolve()
         self.device = device
         self.slot = slot
-        self.idle_timeout_s = idle_timeout_s
+        self.idle_timeout_s = float(options.idle_timeout_s)
         self.flac_subtype = flac_subtype
         self.started = time.monotonic()
         # runtime.gpu_memory_gb, before any model loads (a cap too large for the device: error)
-        self.gpu_memory_cap = cap_from_environment(device)
-        warm = resolve_warm_up(defaults["warm_up"] if warm_up is None else warm_up, device)
-        # the start's timeline (bestofn.worker.startup): seconds since the process started
+        self.gpu_memory_cap = apply_cap(options.gpu_memory_gb, device)
+        warm = resolve_warm_up(options.warm_up, device)
         self.timeline = dict(timeline or {})
         t_load = time.time()
-        backends = load_backends(models, device=device, parallel=parallel_load)
+        backends = load_backends(models, device=device, parallel=options.parallel_load)
         self.runner = Runner(
-            backends, device, resolve_overlap(overlap, device),
+            backends, device, resolve_overlap(options.overlap, device),
             flac_subtype=flac_subtype, slot=slot, charge_load="first",
             generate_priority=STREAM_PRIORITY[self.generate_priority],
             admit=self.refuse_if_dying, on_error=self.on_device_error,
@@ -133,7 +123,7 @@ class Worker(FatalErrorLifecycle):
         self.speech_served = 0
         self.in_flight = 0
         self.speech_batcher = SpeechBatcher(
-            self, float(speech_batch_window_ms) / 1000.0, int(speech_max_batch)
+            self, float(options.speech_batch_window_ms) / 1000.0, int(options.speech_max_batch)
         )
         loaded = self.backends.load_report.get("load_s", self.backends.load_s)
         log.info("slot %s: models loaded in %.1f s on %s", slot, loaded, device)
@@ -217,7 +207,7 @@ class Worker(FatalErrorLifecycle):
         spec, out = group_request(body, self.worker_key, self.results_dir)
         workdir = body.get("workdir")
         job = GroupJob(spec, out, Path(workdir) if workdir else None)
-        with self._active():
+        with self.active():
             timings = self.runner.run(job)
         trim_s = trim_host_heap()  # the group's freed buffers back to the OS: see its doc
         stats = group_stats(self.backends, self.device, self.groups_served)
@@ -227,15 +217,33 @@ class Worker(FatalErrorLifecycle):
         idle = job.idle_s
         return {"group_id": spec.group_id, "out": str(out), "timings": timings, "idle_s": idle}
 
-    def speech_job(self, body: dict) -> SpeechJob:
-        """Check a speech request (``bestofn.worker.requests.speech_request``) and make its
-        job. Call inside ``_active()``: a stopping worker refuses with 503."""
+    # ---- what the handler and the speech batcher use (their protocols: HandledWorker, SpeechHost)
+
+    def speak(self, body: dict) -> SpeechJob:
+        """Check a speech request (``bestofn.worker.requests.speech_request``), make its job and
+        queue it for the batcher. Call inside ``active()``: a stopping worker refuses with 503."""
         if self.stopping.is_set():
             raise BadRequest(503, "worker is stopping")
-        return SpeechJob(*speech_request(body, self.worker_key, self.backends.generator.name))
+        job = SpeechJob(*speech_request(body, self.worker_key, self.backends.generator.name))
+        self.speech_batcher.submit(job)
+        return job
+
+    @property
+    def sample_rate(self) -> int:
+        return self.backends.generator.sample_rate
+
+    @property
+    def generator(self):
+        return self.backends.generator
+
+    def count_speech(self, n: int) -> None:
+        self.speech_served += n
+
+    def touch(self) -> None:
+        self.runner.touch()
 
     @contextlib.contextmanager
-    def _active(self):
+    def active(self):
         """Count a request as in flight (queued or running): the idle reaper waits for zero."""
         with self.lock:
             self.in_flight += 1
@@ -345,30 +353,9 @@ class WorkerServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         threading.Thread(target=loop, daemon=True).start()
 
 
-def serve(
-    socket_path: str,
-    models: dict,
-    models_hash: str,
-    results_dir: str,
-    device: str,
-    slot: int,
-    idle_timeout_s: float,
-    flac_subtype: str = "PCM_16",
-    worker_key: str | None = None,
-    overlap: str | None = None,
-    speech_max_batch: int | None = None,
-    speech_batch_window_ms: float | None = None,
-    parallel_load: bool | None = None,
-    warm_up: bool | str | None = None,
-    warm_up_spec: dict | None = None,
-    timeline: dict | None = None,
-    generate_priority: str | None = None,
-) -> None:
-    worker = Worker(
-        models, models_hash, Path(results_dir), device, slot, idle_timeout_s, flac_subtype,
-        worker_key, overlap, speech_max_batch, speech_batch_window_ms, parallel_load,
-        warm_up, warm_up_spec, timeline, generate_priority=generate_priority,
-    )  # fmt: skip
+def serve(socket_path: str, worker: Worker) -> None:
+    """Serve ``worker`` on ``socket_path`` until it is stopped, idle or dying."""
+    slot = worker.slot
     server = WorkerServer(socket_path, worker)
     worker.timeline["ready_unix"] = time.time()  # the socket answers /health from now on
     log_json("worker-start", worker.start_report())

@@ -17,15 +17,13 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from bestofn.core import speech as speech_io
 from bestofn.util.spec import GroupSpec
 from bestofn.worker.lifecycle import fatal_device_error, release_cached_memory
 from bestofn.worker.requests import BadRequest
-
-if TYPE_CHECKING:
-    from bestofn.worker.server import Worker
 
 log = logging.getLogger("bestofn.worker")
 
@@ -33,6 +31,21 @@ SPEECH_WAIT_S = 0.5  # a speech request's thread looks this often whether the wo
 
 
 END = object()  # a job's queue: its last chunk was delivered
+
+
+class SpeechHost(Protocol):
+    """What the batcher and its jobs use of the worker (``bestofn.worker.server.Worker``)."""
+
+    fatal: str | None  # the device error it dies of
+
+    @property
+    def gate(self) -> AbstractContextManager: ...  # the runner's first gate: groups generate in it
+    @property
+    def generator(self): ...
+    def refuse_if_dying(self) -> None: ...  # raises BadRequest(503)
+    def device_guard(self) -> AbstractContextManager: ...  # a fatal device error: dying
+    def count_speech(self, n: int) -> None: ...  # n requests rendered
+    def touch(self) -> None: ...  # the worker was active now (the idle clock)
 
 
 class SpeechJob:
@@ -51,7 +64,7 @@ class SpeechJob:
             self.events.put(item)
             self.done = item is END or isinstance(item, BaseException)
 
-    def get(self, worker: Worker):
+    def get(self, worker: SpeechHost):
         """The next chunk (ndarray) or None at the end; raises the render's error.
 
         The end is sticky: once this returned None (or raised), every later call does the
@@ -84,7 +97,7 @@ class SpeechBatcher:
     """Collects speech jobs into batches and renders each batch in one generator call (one
     thread, started with the first job)."""
 
-    def __init__(self, worker: Worker, window_s: float, max_batch: int):
+    def __init__(self, worker: SpeechHost, window_s: float, max_batch: int):
         self.worker, self.window_s, self.max_batch = worker, window_s, max(1, max_batch)
         self.cond = threading.Condition()
         self.pending: list[SpeechJob] = []
@@ -151,7 +164,7 @@ class SpeechBatcher:
 
     def _run(self, batch: list[SpeechJob]) -> None:
         worker = self.worker
-        with worker.runner.gate:
+        with worker.gate:
             try:
                 worker.refuse_if_dying()
             except BadRequest as e:
@@ -165,9 +178,7 @@ class SpeechBatcher:
                         lambda i: batch[i].cancelled.is_set(),
                         self.max_batch,
                     )
-                    chunks = speech_io.stream_batch(
-                        worker.backends.generator, [j.spec for j in batch], feed
-                    )
+                    chunks = speech_io.stream_batch(worker.generator, [j.spec for j in batch], feed)
                     try:
                         for i, audio, last in chunks:
                             batch[i].put(audio)
@@ -179,7 +190,7 @@ class SpeechBatcher:
                         chunks.close()
                 for job in batch:  # a generator that forgot a request must not hang it
                     job.put(RuntimeError("the generator ended without finishing this request"))
-                worker.speech_served += len(batch)
+                worker.count_speech(len(batch))
             except Exception as e:
                 log.exception("speech batch of %d failed", len(batch))
                 if fatal_device_error(e) is None:
@@ -187,7 +198,7 @@ class SpeechBatcher:
                 for job in batch:
                     job.put(e)
             finally:
-                worker.runner.touch()
+                worker.touch()
                 with self.cond:
                     self.batches += 1
                     self.jobs += len(batch)

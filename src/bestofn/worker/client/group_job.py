@@ -27,14 +27,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bestofn.core.groupio import SCORES
 from bestofn.core.pipeline import stable_hash
 from bestofn.schemas import runtime_defaults
-from bestofn.util.gpu_memory import ENV as GPU_MEMORY_ENV
-from bestofn.worker.key import SERVING, serving, spec_difference, worker_key, worker_spec
+from bestofn.worker.key import spec_difference, worker_key, worker_spec
+from bestofn.worker.options import WorkerOptions
 from bestofn.worker.uds_http import request
 
 log = logging.getLogger("bestofn.client")
@@ -113,12 +113,12 @@ class Runtime:
     log_dir: str | None = _DEFAULT["log_dir"]
     gpu_memory_gb: float | None = _DEFAULT["gpu_memory_gb"]
     overlap: str = _DEFAULT["overlap"]
-    generate_priority: str = _DEFAULT["generate_priority"]
     speech_max_batch: int = _DEFAULT["speech_max_batch"]
     speech_batch_window_ms: float = _DEFAULT["speech_batch_window_ms"]
     parallel_load: bool = _DEFAULT["parallel_load"]
     cache_dir: str | None = _DEFAULT["cache_dir"]
     warm_up: bool | str = _DEFAULT["warm_up"]
+    experimental: dict = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, runtime: dict | None) -> Runtime:
@@ -128,6 +128,11 @@ class Runtime:
         if unknown:
             raise ValueError(f"config runtime: unknown field(s) {unknown}; known: {sorted(known)}")
         return cls(**runtime)
+
+    def worker_options(self, results_dir: str | Path) -> WorkerOptions:
+        """What a worker started for ``results_dir`` runs with (``cache_dir``: relative to it)."""
+        cache = Path(results_dir) / Path(self.cache_dir).expanduser() if self.cache_dir else None
+        return WorkerOptions.from_runtime(asdict(self), cache_dir=str(cache) if cache else None)
 
 
 class SlotPool:
@@ -278,7 +283,7 @@ def slot_spec(
     )
     weights = _weights_digest(json.dumps(models, sort_keys=True), memo)
     visible = pool.cuda_visible(slot) if pool.device.startswith("cuda") else None
-    options = serving(**{name: getattr(rt, name) for name in SERVING})
+    options = rt.worker_options(results_dir).serving()
     return worker_spec(models, pool.device, flac_subtype, results_dir, visible, options, weights)
 
 
@@ -353,24 +358,13 @@ def _start(
     if device.startswith("cuda"):
         env["CUDA_VISIBLE_DEVICES"] = pool.cuda_visible(slot)
         device = "cuda:0"
-    env.pop(GPU_MEMORY_ENV, None)  # the worker caps its GPU memory (bestofn.util.gpu_memory)
-    if rt.gpu_memory_gb is not None:
-        env[GPU_MEMORY_ENV] = str(rt.gpu_memory_gb)
     cmd = [
         sys.executable, "-m", "bestofn.cli", "worker",
         "--socket", pool.socket(slot), "--slot", str(slot), "--device", device,
-        "--models-file", str(models_file), "--models-hash", stable_hash(models),
-        "--worker-key", key,
-        "--results", str(results_dir), "--idle-timeout", str(rt.idle_timeout_s),
-        "--flac-subtype", flac_subtype, "--overlap", rt.overlap,
-        "--generate-priority", rt.generate_priority,
-        "--speech-max-batch", str(rt.speech_max_batch),
-        "--speech-batch-window-ms", str(rt.speech_batch_window_ms),
-        "--parallel-load" if rt.parallel_load else "--no-parallel-load",
-        "--warm-up", str(rt.warm_up).lower(),
+        "--models-file", str(models_file), "--worker-key", key,
+        "--results", str(results_dir), "--flac-subtype", flac_subtype,
+        "--options", rt.worker_options(results_dir).to_json(),
     ]  # fmt: skip
-    if rt.cache_dir:  # relative: under the results directory
-        cmd += ["--cache-dir", str(Path(results_dir) / Path(rt.cache_dir).expanduser())]
     if warm_up_spec is not None:
         cmd += ["--warm-up-spec", str(warm_up_file)]
     with open(log_path, "ab") as logf:
