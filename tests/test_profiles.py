@@ -1,4 +1,4 @@
-"""Every profile sets what the workflow relies on (DESIGN.md, "Group identity"):
+"""Every profile sets what the workflow relies on (docs/ARCHITECTURE.md, "Data layout"):
 
 - ``force-use-threads``: group jobs are run: blocks, run in Snakemake's threads (no Python
   process per group);

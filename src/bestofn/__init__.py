@@ -1,27 +1,28 @@
 """bestofn: best-of-N voice-acting data, one group (emotion x prompt) at a time.
 
-The package in its layers, top to bottom; a module imports only from layers below its own
-(import-linter contracts in pyproject.toml, checked by ``make lint``):
+The packages in their layers, top to bottom; a module imports only from layers below its own
+(import-linter contracts in pyproject.toml, checked by ``make lint``; docs/ARCHITECTURE.md):
 
-entry points    cli (the ``bestofn`` command), bench/ (``python -m lab.bench``, forwards to
-                the lab)
-the lab         lab/: benchmarks, parity, operation counts, fault injection, probes; nothing
-                below imports it
-commands        workflow_glue (what the Snakemake rules call), serve (``bestofn serve``),
-                ab (``bestofn ab``), remaining (``bestofn plan``), verify (``bestofn verify``)
-random weights  fakes/: tiny and real-size random models in the published layouts
-                (``bestofn fake-weights``, tests, the lab); nothing that runs groups imports it
-worker          worker/: warm per-GPU processes, their socket protocol, the SLURM bundle feeder
-plan            plan: config and sheets -> the groups, every check before any model loads
-stages          pipeline (generate -> restore -> score -> write), report, trust_report, listen
-                (the listening page), trust (held-out scorers, gains), selection (DuckDB tables),
-                agreement (backends agree on rates and codebooks), speech (single renders),
-                groupio (one group = one directory, complete or absent)
-backends        backends/: one adapter per model family, chosen by name in the config
-engine          moss/: our MOSS-TTS inference engines and codecs
-leaves          audio, hashing, spec (what a group is), dtypes, textnorm, gpu_memory,
-                torch_threads, schemas/ (the config and sheet schemas, where every default is
-                written), snakemake_speedups (guarded patches of Snakemake's planning)
+cli             the ``bestofn`` command
+commands        ops/ (``bestofn plan``, doctor, status, verify, ab, pcm_diff), serve/ (the
+                speech endpoint), export/ (training data), parity/ (moss-fast against the
+                published code)
+workflow_glue   what the Snakefile and its scripts call
+fakes/          random weights in the published layouts (``bestofn fake-weights``)
+worker/         the fused per-GPU worker; worker/client/: the group job's side, the SLURM feeder
+core/           plan (config + sheets -> groups, every check before a model loads), voice-acting
+                conditioning, pipeline stages, the stage scheduler (runner), group I/O (one
+                group = one directory, complete or absent), single renders
+report/         pages over the database: throughput, trust, listening, votes
+select/         the database rules: selection, held-out scorers, trust tables
+weights/        manifest, fetch, lock, identity by content
+backends/       one adapter per model family, chosen by name in the config
+moss/           our MOSS-TTS inference: engines, codec/, kernels
+leaves          util/ (audio, hashing, spec, dtypes, ...), schemas/ (the config and sheet
+                schemas, where every default is written), snakemake_speedups
+
+The lab (benchmarks, probes, fault injection) is lab/ at the repository root, outside the
+package.
 """
 
 __version__ = "0.1.0"
