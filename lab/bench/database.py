@@ -251,8 +251,8 @@ def database_kwargs(results: Path, paths: list[Path], args) -> dict:
         held_out=args.held_out,
         seed=0,
     )
-    if args.directions:  # as the workflow hands them over (bestofn.select.trust.scorer_directions)
-        from bestofn.select.trust import scorer_directions
+    if args.directions:  # as the workflow hands them over (held_out.scorer_directions)
+        from bestofn.select.held_out import scorer_directions
 
         scorers = [*SCORER_CLASSES, "bestofn.backends.empathic:EmpathicInsightScorer"]
         kwargs["directions"] = scorer_directions({"scorers": [{"backend": b} for b in scorers]})

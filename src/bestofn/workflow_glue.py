@@ -48,7 +48,7 @@ def _empathic_columns(entry: dict) -> dict[str, str] | None:
 
 
 def check_selection_for(config: dict) -> None:
-    from bestofn.select.trust import check_held_out, scorer_directions
+    from bestofn.select.held_out import check_held_out, scorer_directions
 
     columns, complete = selection_columns(config["models"])
     sel = config["selection"]

@@ -1,4 +1,4 @@
-from bestofn.select.trust import scorer_directions
+from bestofn.select.held_out import scorer_directions
 
 
 rule database:

@@ -12,8 +12,8 @@ from pathlib import Path
 import duckdb
 
 from bestofn.select import trust
-from bestofn.select.held_out import is_numeric
-from bestofn.select.takes_schema import BASE_COLUMNS, SelectionError
+from bestofn.select.arrow_io import insert_arrow
+from bestofn.select.held_out import BASE_COLUMNS, SelectionError, is_numeric
 
 __all__ = [
     "BASE_COLUMNS", "SelectionError", "build_database", "check_selection", "normed_columns",
@@ -386,8 +386,8 @@ def build_database(
     ``memory_limit`` and ``threads`` are DuckDB's (config ``database:``; None: the schema's
     default memory and DuckDB's threads). ``held_out`` (selection.held_out), ``seed`` and
     ``directions`` (which way is better per column, as the scorers declare it:
-    bestofn.select.trust.scorer_directions) feed the trust tables (bestofn.select.trust): held-out
-    comparisons, per-score gains, correlations, the filter funnel, listening order.
+    bestofn.select.held_out.scorer_directions) feed the trust tables (bestofn.select.trust):
+    held-out comparisons, per-score gains, correlations, the filter funnel, listening order.
 
     The parquets are read by DuckDB in chunks of whole files (a group is one file), each
     chunk once: its takes are appended to ``takes`` and reduced to per-group rows and sums,
@@ -574,7 +574,7 @@ def _add_chunk(con, work, filter_sql, score_sql, tables) -> None:
     except duckdb.Error as e:
         raise SelectionError(f"selection SQL failed on the takes table: {e}") from None
     takes = work.sql("SELECT * EXCLUDE (score, passes) FROM chunk_scored")
-    trust.insert_arrow(con, "takes", takes.to_arrow_reader(CHUNK_TAKES))
+    insert_arrow(con, "takes", takes.to_arrow_reader(CHUNK_TAKES))
     # The best passing take per group (a narrow window; the whole row joins back by rowid).
     work.execute("DELETE FROM chunk_selection")
     work.execute(
@@ -588,8 +588,8 @@ def _add_chunk(con, work, filter_sql, score_sql, tables) -> None:
         "SELECT * EXCLUDE (passes) FROM chunk_scored "
         "WHERE rowid IN (SELECT rid FROM chunk_selection)"
     )
-    trust.insert_arrow(con, "part_selection", selected.to_arrow_table())
+    insert_arrow(con, "part_selection", selected.to_arrow_table())
     work.execute(f"CREATE OR REPLACE TABLE chunk_groups AS {_GROUPS_SQL}")
-    trust.insert_arrow(con, "part_groups", work.sql("FROM chunk_groups").to_arrow_table())
-    trust.insert_arrow(con, "part_per_group", work.sql(_PER_GROUP_SQL).to_arrow_table())
+    insert_arrow(con, "part_groups", work.sql("FROM chunk_groups").to_arrow_table())
+    insert_arrow(con, "part_per_group", work.sql(_PER_GROUP_SQL).to_arrow_table())
     tables.add_chunk()

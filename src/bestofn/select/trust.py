@@ -34,22 +34,20 @@ from collections.abc import Iterable, Sequence
 import duckdb
 import numpy as np
 
-from bestofn.select.held_out import (  # re-exported: the rest of bestofn imports them from here
+from bestofn.select.arrow_io import arrow_array, filled, insert_arrow
+from bestofn.select.held_out import (
+    BASE_COLUMNS,
     HeldOut,
-    check_held_out,
+    SelectionError,
     declared_better,
     filter_clauses,
     held_out_columns,
     is_numeric,
-    referenced_columns,
-    scorer_directions,
 )
-from bestofn.select.takes_schema import BASE_COLUMNS, SelectionError
 
 __all__ = [
-    "TrustTables", "check_held_out", "filter_clauses", "held_out_columns", "insert_arrow",
-    "measure_columns", "presentation_order", "quote_ident", "referenced_columns",
-    "resolve_held_out", "scorer_directions", "seeded_rng",
+    "TrustTables", "measure_columns", "presentation_order", "quote_ident", "resolve_held_out",
+    "seeded_rng",
 ]  # fmt: skip
 
 # Base columns that measure a take (the rest are bookkeeping: ids, seeds, timings, workers).
@@ -129,47 +127,6 @@ def resolve_held_out(
             raise SelectionError(f"selection.held_out: {column!r} is {have[column]}, not a number")
         entries.append(HeldOut(column, h.better))
     return entries
-
-
-def arrow_array(values, type_=None, mask=None):
-    """A pyarrow array of ``values`` (a sequence, or a numpy array; NULL where a value is None
-    or ``mask`` is True), strings or numbers, built from its buffers: ``pa.array`` (and
-    Arrow's ``to_numpy``) import pandas (0.44 s of a 1.7-s database rule at 12 groups); this
-    module reads DuckDB's answers with ``fetchnumpy`` and builds Arrow with this instead."""
-    import pyarrow as pa
-
-    n = len(values)
-    if type_ is None:
-        type_ = pa.from_numpy_dtype(values.dtype)
-    if mask is None and (not isinstance(values, np.ndarray) or values.dtype == object):
-        mask = np.fromiter((v is None for v in values), bool, n)
-    valid = None
-    if mask is not None and np.any(mask):
-        valid = pa.py_buffer(np.packbits(~np.asarray(mask, bool), bitorder="little"))
-    if pa.types.is_string(type_):
-        data = [b"" if v is None else str(v).encode() for v in values]
-        offsets = np.zeros(n + 1, np.int32)
-        np.cumsum([len(b) for b in data], out=offsets[1:])
-        buffers = [valid, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
-        return pa.Array.from_buffers(type_, n, buffers)
-    dtype = np.dtype(type_.to_pandas_dtype())
-    if isinstance(values, np.ndarray) and values.dtype != object:
-        numbers = np.ascontiguousarray(values, dtype)
-    else:
-        numbers = np.fromiter((0 if v is None else v for v in values), dtype, n)
-    return pa.Array.from_buffers(type_, n, [valid, pa.py_buffer(numbers)])
-
-
-def _filled(a, fill):
-    """A ``fetchnumpy`` column with its NULLs (a masked array's masked cells) set to ``fill``."""
-    return np.ma.filled(a, fill) if isinstance(a, np.ma.MaskedArray) else np.asarray(a)
-
-
-def insert_arrow(con, table: str, data) -> None:
-    """Insert a pyarrow table or reader (many rows: executemany is row by row), by position.
-    Through a relation, not ``register``: inside a transaction a registered view keeps its
-    Arrow data alive until the commit (60 MB a chunk)."""
-    con.from_arrow(data).insert_into(table)
 
 
 # The rank sums' products (takes x columns, transposed, times takes x columns) run in blocks
@@ -314,7 +271,7 @@ class TrustTables:
         con, work, cols = self.con, self.work, self.cols
         values = ", ".join(f"{quote_ident(c)}::DOUBLE AS v{i}" for i, c in enumerate(cols))
         table = work.sql(f"SELECT group_id, take, {values} FROM chunk_scored").fetchnumpy()
-        gid = _filled(table["group_id"], None).astype(object)
+        gid = filled(table["group_id"], None).astype(object)
         if not len(gid):
             return
         # the chunk's groups in the order of their first take, each take's group among them
@@ -333,13 +290,13 @@ class TrustTables:
 
         def per_group(column, fill):
             out = np.full(n_groups, fill, dtype=np.int64)
-            out[at] = _filled(groups[column], fill)
+            out[at] = filled(groups[column], fill)
             return out
 
         cells = [table[f"v{i}"] for i in range(len(cols))]
         nulls = np.column_stack([np.ma.getmaskarray(c) for c in cells])
-        x = np.column_stack([_filled(c, 0.0).astype(float) for c in cells])
-        takes = _filled(table["take"], -1).astype(np.int64)
+        x = np.column_stack([filled(c, 0.0).astype(float) for c in cells])
+        takes = filled(table["take"], -1).astype(np.int64)
         stats, ranks = group_stats(
             group_codes, takes, x, nulls,
             [per_group("selected_take", -1), per_group("random_take", -1)], n_groups,
@@ -351,9 +308,9 @@ class TrustTables:
         _add_rank_sums(self.sums, valid, r0)
 
         selected = np.zeros(n_groups, dtype=bool)
-        selected[at] = _filled(groups["selected"], False)
+        selected[at] = filled(groups["selected"], False)
         emotion = np.empty(n_groups, dtype=object)
-        emotion[at] = _filled(groups["emotion"], None)
+        emotion[at] = filled(groups["emotion"], None)
         g = np.flatnonzero(selected)
         if not len(g):
             return
@@ -466,9 +423,9 @@ class TrustTables:
                 "SELECT emotion, selected, median, random FROM group_gains "
                 f"WHERE column_name = {_lit(h.column)} AND selected IS NOT NULL ORDER BY group_id"
             ).fetchnumpy()
-            emotion = np.array(_filled(data["emotion"], None).tolist(), dtype=object)
+            emotion = np.array(filled(data["emotion"], None).tolist(), dtype=object)
             sel, med, rnd = (
-                _filled(data[c].astype(float), np.nan) for c in ("selected", "median", "random")
+                filled(data[c].astype(float), np.nan) for c in ("selected", "median", "random")
             )
             levels = [("overall", None, np.ones(len(sel), dtype=bool))]
             for e in sorted(set(emotion.tolist())):
