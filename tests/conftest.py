@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-
-REPO = Path(__file__).resolve().parents[1]
+from helpers import REPO, make_tiny_project, tiny_config, write_tsv  # noqa: F401  (for `from conftest import ...` not yet moved)
 
 # The lab (benchmarks, probes, fault injection) sits at the repository root, outside the wheel.
 # Tests import it, and so do the workers and Snakemake processes they start (fault-injecting
@@ -39,49 +37,6 @@ def triton_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def write_tsv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")
-    return path
-
-
-def tiny_config(**overrides) -> dict:
-    """A fast config: piper generator, no restoration, duration + whisper scorers."""
-    config = {
-        "emotions": "config/emotions.tsv",
-        "prompts": "config/prompts.tsv",
-        "results": "results",
-        "takes": 2,
-        "seed": 7,
-        "models": {
-            "generator": {"backend": "piper"},
-            "restorer": {"backend": "identity"},
-            "scorers": [{"backend": "duration"}],
-        },
-        "selection": {"filter": "words_per_s > 0.5", "score": "-abs(words_per_s - 2.5)"},
-    }
-    config.update(overrides)
-    return config
-
-
-def make_tiny_project(root: Path) -> Path:
-    """config/ (tiny config, 2 emotions x 2 prompts) and a voice in ``root``."""
-    (root / "config" / "voices").mkdir(parents=True)
-    shutil.copy(REPO / "config/voices/joe_reference.flac", root / "config/voices/ref.flac")
-    write_tsv(
-        root / "config/emotions.tsv",
-        ["emotion", "description", "reference_audio"],
-        [["calm", "A calm voice.", "config/voices/ref.flac"], ["happy", "A happy voice.", ""]],
-    )
-    write_tsv(
-        root / "config/prompts.tsv",
-        ["prompt_id", "text"],
-        [["p1", "Good morning to you."], ["p2", "It is nine o'clock."]],
-    )
-    (root / "config/config.yaml").write_text(yaml.safe_dump(tiny_config()))
-    return root
-
-
 @pytest.fixture
 def project(tmp_path):
     """A working directory with config/ (tiny config, 2 emotions x 2 prompts) and a voice."""
@@ -109,52 +64,37 @@ def ran_project(tiny_run, tmp_path):
     return Path(shutil.copytree(tiny_run, tmp_path / "ran", symlinks=True))
 
 
-# The longest files first: with `pytest -n 2 --dist loadfile` (make test) a file runs whole on one
-# worker, and xdist hands the files out in collection order (pytest_configure below), so a long
-# file handed out last would run alone at the end. Seconds per file as measured in make test on
-# this project's 2-core machine (2026-12-01, two runs, both workers busy), the longest first (a
-# range: how long the file took depended on what the other worker ran); files not named here
-# are short and follow in their own order. Re-measure with --durations=0 when a file grows: the
-# order only balances the two workers, no test depends on it.
-_LONGEST_FIRST = (
-    "test_slurm.py",  # ~210 (2026-12-02, its time-limit test capped; ~370-570 before)
-    "test_workflow_e2e.py",  # ~110
-    "test_worker.py",  # ~85
-    "test_ab.py",  # ~75
-    "test_production_workflow.py",  # ~65
-    "test_pairing_workflow.py",  # ~65
-    "test_serve_continuous.py",  # ~20-95
-    "test_serve.py",  # ~55
-    "test_votes_browser.py",  # ~55
-    "test_overlap.py",  # ~50
-    "test_moss_codec_v2.py",  # ~15-80
-    "test_dag_scale.py",  # ~45
-    "test_snakemake_speedups.py",  # ~40
-    "test_worker_contract.py",  # ~40
-    "test_dnsmos.py",  # ~30
-    "test_cpu_threads.py",  # ~30
-    "test_soak.py",  # ~30
-    "test_export.py",  # ~30
-    "test_moss_delay.py",  # ~25
-    "test_worker_start.py",  # ~25
-    "test_trust.py",  # ~25
-    "test_pairing.py",  # ~20
-    "test_moss_local_loop.py",  # ~20
-    "test_final_rules_equal.py",  # ~20
-    "test_bench_pipeline.py",  # ~15
-)
+# The suite by kind (the markers are registered in pyproject.toml): `slurm` (needs the one-node
+# SLURM of .ci/slurm-up.sh), `browser` (headless Chromium, .ci/chromium-up.sh), `gpu` (CUDA:
+# skipped, with the reason, without one) and `slow` (tens of seconds: snakemake end to end,
+# workers, production weights). `pytest -m "not slow and not slurm"` is the quick loop.
+#
+# With `pytest -n 2 --dist loadfile` (make test) a test file runs whole on one worker, and xdist
+# hands the files out in collection order (pytest_configure below), so a long file handed out last
+# would run alone at the end. The files with a `slurm` test go first, then those with a `slow`
+# one, each group in collection order; no test depends on the order, it only balances the workers.
+_FIRST = ("slurm", "slow")
 
 
 def pytest_configure(config):
     # pytest-xdist's loadfile reorders the files by their number of tests unless told not to,
-    # which would undo the order above (test_slurm.py, 5 tests and the longest, went last).
+    # which would undo the order below (the SLURM file, few tests and the longest, went last).
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item):
-        name = item.path.name
-        return _LONGEST_FIRST.index(name) if name in _LONGEST_FIRST else len(_LONGEST_FIRST)
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    if not torch.cuda.is_available():
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(no_gpu)
 
-    items.sort(key=rank)  # stable: each file keeps its own order
+    def kind(item) -> int:
+        marks = {m.name for m in item.iter_markers()}
+        return next((i for i, name in enumerate(_FIRST) if name in marks), len(_FIRST))
+
+    by_file: dict = {}
+    for item in items:
+        by_file[item.path] = min(by_file.get(item.path, len(_FIRST)), kind(item))
+    items.sort(key=lambda item: by_file[item.path])  # stable: each file keeps its own order

@@ -10,11 +10,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from helpers import REPO
 
 from bestofn.cli import main
 from bestofn.ops import ab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 DEFAULT = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
 
 COLUMNS = [

@@ -4,7 +4,7 @@ import json
 
 import pyarrow.parquet as pq
 import yaml
-from conftest import tiny_config
+from helpers import tiny_config
 
 from bestofn.cli import main
 

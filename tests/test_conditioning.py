@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from conftest import REPO, write_tsv
+from helpers import REPO, write_tsv
 
 from bestofn.backends.base import Generator
 from bestofn.cli import main as bestofn

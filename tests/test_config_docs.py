@@ -3,7 +3,7 @@ written by ``python -m bestofn.schemas.doc config/README.md``; the page and the 
 disagree, and no line of the page is a wall of text."""
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from bestofn.schemas import schema
 from bestofn.schemas.doc import TABLES, main, render, table

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 import soundfile as sf
 import yaml
-from conftest import REPO, write_tsv
+from helpers import REPO, write_tsv
 
 from bestofn.core.plan import build_plan
 from bestofn.ops.cost import format_report, remaining

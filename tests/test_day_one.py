@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from helpers import BIN, REPO, Hub
 from readme_snippets import code_blocks
-from test_workflow_e2e import BIN
 
 pytestmark = pytest.mark.skipif(
     not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
@@ -108,8 +107,6 @@ def fetch(project: Path, hub: Path, argv: list[str]) -> None:
     from http.server import ThreadingHTTPServer
     from threading import Thread
     from urllib.parse import unquote
-
-    from test_weights import Hub
 
     class Unquoting(Hub):  # file names with '&' (Empathic-Insight's heads) come quoted
         def _route(self, head=False):

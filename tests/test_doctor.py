@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 import yaml
-from conftest import REPO, tiny_config
-from test_workflow_e2e import BIN
+from helpers import BIN, REPO, tiny_config
 
 from bestofn.core.plan import build_plan, load_config
 from bestofn.ops import doctor

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from conftest import REPO, tiny_config, write_tsv
+from helpers import REPO, tiny_config, write_tsv
 from readme_snippets import code_blocks
 
 from bestofn.cli import main as cli

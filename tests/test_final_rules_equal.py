@@ -12,7 +12,7 @@ The expected tables in tests/expected/final_rules/ were written by the code of c
 To write them again (only if the tables are meant to change), from the repository root:
 
     git archive f0a0c71 src | tar -x -C /tmp/old
-    PYTHONPATH=/tmp/old/src:tests python tests/test_final_rules_equal.py --write
+    PYTHONPATH=/tmp/old/src:tests python tests/select/test_final_rules_equal.py --write
 
 Every table is compared in its stored order; floats to 1e-9 relative (the correlation is now
 summed in numpy, not by DuckDB's ``corr``), everything else exactly; the takes and selection
@@ -31,10 +31,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import DATA
+from helpers import EXPECTED as _EXPECTED
 
-HERE = Path(__file__).parent
-EXPECTED = HERE / "expected" / "final_rules"
-DEMO = HERE / "data" / "demo_groups"
+EXPECTED = _EXPECTED / "final_rules"
+DEMO = DATA / "demo_groups"
 DIGESTED = ("takes", "selection")
 TABLES = (
     "takes", "selection", "groups", "unselected", "throughput", "random_takes", "group_gains",

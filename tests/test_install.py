@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import REPO
+from helpers import REPO
 
 
 def test_check_from_a_plain_install_outside_the_repo(tmp_path):

@@ -7,11 +7,10 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "docs" / "bench" / "ledger.py"
 
 

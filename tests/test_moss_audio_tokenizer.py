@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import REPO
 from safetensors.torch import load_file, save_file
 
 from bestofn.fakes import moss_audio_tokenizer as fake
 from bestofn.moss.codec.tokenizer import AudioTokenizerError, MossAudioTokenizer
 
-REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_audio_tokenizer"
+REF = REPO / ".ref" / "moss_audio_tokenizer"
 REF_FILES = (
     "__init__.py",
     "configuration_moss_audio_tokenizer.py",

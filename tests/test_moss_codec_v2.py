@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import REPO
 from safetensors.torch import load_file, save_file
 
 from bestofn.fakes import moss_codec
@@ -18,7 +19,7 @@ from bestofn.moss.codec.config import AudioTokenizerConfig
 from bestofn.moss.codec.layers import sliding_window_attention, window_pad
 from bestofn.moss.codec.tokenizer import AudioTokenizerError, MossAudioTokenizer
 
-REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_audio_tokenizer_v2"
+REF = REPO / ".ref" / "moss_audio_tokenizer_v2"
 CODEBOOK = moss_codec.CODEBOOK["tiny"]
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import REPO
 
 from bestofn.fakes.moss import write_safetensors
 from bestofn.fakes.moss_delay import published_config, random_state_dict, tiny_config
@@ -23,7 +24,7 @@ from bestofn.moss.delay import (
 from bestofn.moss.delay_engine import DelayBudget, MossDelayEngine
 from bestofn.moss.sampling import SamplingParams
 
-REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_delay"
+REF = REPO / ".ref" / "moss_tts_delay"
 
 
 @pytest.fixture(scope="module")

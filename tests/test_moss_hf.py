@@ -9,13 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
 
 from bestofn.backends import moss_hf, moss_hf_common
 from bestofn.moss.budget import FrameBudget, count_words, frame_budget
 from bestofn.moss.published_draws import LocalDraws
 from bestofn.util.spec import GroupSpec
 
-REF_CODE = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_local_v1.5"
+REF_CODE = REPO / ".ref" / "moss_tts_local_v1.5"
 
 
 # ---- frame budget ------------------------------------------------------------------------------

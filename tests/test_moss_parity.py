@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+from helpers import REPO
 
 from bestofn.parity.local import parity_main
 
-REF = Path(__file__).resolve().parents[1] / ".ref" / "moss_tts_local_v1.5"
+REF = REPO / ".ref" / "moss_tts_local_v1.5"
 
 
 def test_without_reference_code_it_says_skipped(capsys):

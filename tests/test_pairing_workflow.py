@@ -10,8 +10,7 @@ import importlib.util
 import duckdb
 import pytest
 import yaml
-from conftest import tiny_config, write_tsv
-from test_workflow_e2e import snakemake
+from helpers import snakemake, tiny_config, write_tsv
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="the MOSS codec needs transformers"

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import tiny_config, write_tsv
+from helpers import tiny_config, write_tsv
 
 from bestofn.core.plan import PlanError, build_plan
 from bestofn.select.selection import SelectionError
@@ -137,7 +137,7 @@ def test_good_selection_sql_passes():
 
 
 def test_missing_weights_paths_are_all_listed_before_any_load(project):
-    from conftest import REPO
+    from helpers import REPO
 
     from bestofn.core.plan import load_config
 
@@ -274,7 +274,7 @@ def _entries(models: dict):
 
 @pytest.mark.parametrize("config_name", ["config.yaml", "production.yaml"])
 def test_shipped_configs_use_only_known_options(config_name):
-    from conftest import REPO
+    from helpers import REPO
 
     from bestofn.backends.registry import backend_class
     from bestofn.core.plan import load_config

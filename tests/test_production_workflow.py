@@ -16,8 +16,7 @@ from pathlib import Path
 import duckdb
 import pytest
 import yaml
-from conftest import REPO
-from test_workflow_e2e import snakemake, verify
+from helpers import REPO, snakemake, verify
 
 from bestofn.cli import main as bestofn
 from bestofn.select.held_out import referenced_columns

@@ -8,7 +8,7 @@
 
 import pytest
 import yaml
-from conftest import REPO
+from helpers import REPO
 
 PROFILES = sorted(p.parent.name for p in (REPO / "profiles").glob("*/config.yaml"))
 

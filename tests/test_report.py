@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_selection import group_parquet  # hand-made scores.parquet of one group
+from helpers import group_parquet  # hand-made scores.parquet of one group
 
 from bestofn.report.throughput import gain_histogram, score_gain_table, write_report
 from bestofn.select.held_out import scorer_directions

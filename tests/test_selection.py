@@ -1,38 +1,11 @@
 """Selection SQL on a hand-made table: best passing take per group, ties by take, no group lost."""
 
 import duckdb
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import group_parquet
 
 from bestofn.select.selection import SelectionError, build_database
-
-
-def group_parquet(tmp_path, group_id, wers, quality):
-    n = len(wers)
-    table = pa.table(
-        {
-            "group_id": [group_id] * n,
-            "emotion": [group_id.split("/")[0]] * n,
-            "prompt_id": [group_id.split("/")[1]] * n,
-            "take": pa.array(range(n), pa.int32()),
-            "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
-            "duration_s": [2.0] * n,
-            "wer": wers,
-            "quality": quality,
-            "device": ["cpu"] * n,
-            **{
-                f"group_{s}_s": [1.0] * n
-                for s in ("generate", "restore", "score", "load", "write", "wall")
-            },
-            "worker_idle_s": [0.0] * n,
-            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
-            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
-        }
-    )
-    path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
-    pq.write_table(table, path)
-    return path
 
 
 @pytest.fixture

@@ -184,7 +184,7 @@ def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
     import threading
 
     import yaml
-    from conftest import write_tsv
+    from helpers import write_tsv
     from test_serve import Server, moss_speak
 
     from bestofn.fakes import moss

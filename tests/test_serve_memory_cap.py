@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 import yaml
-from conftest import tiny_config, write_tsv
+from helpers import tiny_config, write_tsv
 
 from bestofn.core.plan import PlanError, build_plan
 from bestofn.util import gpu_memory

@@ -14,7 +14,7 @@ from pathlib import Path
 import duckdb
 import pytest
 import yaml
-from conftest import REPO, tiny_config, write_tsv
+from helpers import REPO, tiny_config, write_tsv
 
 from bestofn.worker.client.group_job import default_state_dir, health
 

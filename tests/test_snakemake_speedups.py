@@ -50,7 +50,7 @@ def test_every_guard_matches_the_pinned_snakemake():
     import tomllib
     from importlib.metadata import version
 
-    from conftest import REPO
+    from helpers import REPO
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     pins = dict(d.split("==") for d in deps if d.split("==")[0] in sp.VERIFIED_ON)

@@ -11,13 +11,15 @@ import soundfile as sf
 
 pytest.importorskip("transformers")
 
+from helpers import REPO
+
 from bestofn.backends import registry  # noqa: E402
 from bestofn.backends.speaker import SpeakerScorer, WeightsError  # noqa: E402
 from bestofn.fakes import speaker as fake  # noqa: E402
 from bestofn.util.audio import load_audio  # noqa: E402
 from bestofn.util.spec import GroupSpec  # noqa: E402
 
-VOICE = Path(__file__).resolve().parents[1] / "config" / "voices" / "joe_reference.flac"
+VOICE = REPO / "config" / "voices" / "joe_reference.flac"
 
 
 @pytest.fixture(scope="module")

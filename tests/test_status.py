@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import yaml
-from test_workflow_e2e import BIN
+from helpers import BIN
 
 from bestofn.core.plan import build_plan
 from bestofn.ops.status import format_status, read_status

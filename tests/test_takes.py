@@ -11,7 +11,7 @@ import pytest
 import soundfile as sf
 import torch
 import yaml
-from conftest import REPO
+from helpers import REPO
 
 from bestofn.backends.base import Take
 from bestofn.core.groupio import UnpublishableTake, partial_dirs, write_group

@@ -12,10 +12,8 @@ from pathlib import Path
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import soundfile as sf
-from conftest import REPO, tiny_config
+from helpers import DATA, HELD_OUT, REPO, chromium, tiny_config, trade_off_results, write_group
 
 from bestofn.report.throughput import write_report
 from bestofn.select.held_out import (
@@ -29,92 +27,9 @@ from bestofn.select.selection import SelectionError, build_database
 from bestofn.select.trust import presentation_order
 from bestofn.workflow_glue import check_selection_for
 
-SR = 8000
 # What the shipped ASR and DNSMOS scorers declare (Scorer.better): wer/cer lower, DNSMOS higher
 DIRECTIONS = scorer_directions({"scorers": [{"backend": "whisper-asr"}, {"backend": "dnsmos"}]})
 ARTIFACTS = REPO / ".test-results"
-
-
-def write_group(results: Path, group_id: str, columns: dict, flac: bool = False) -> Path:
-    """One group's scores.parquet (and, with ``flac``, its takes as short FLACs) in the
-    results layout."""
-    emotion, prompt_id = group_id.split("/")
-    n = len(next(iter(columns.values())))
-    gdir = results / "groups" / emotion / prompt_id
-    (gdir / "takes").mkdir(parents=True, exist_ok=True)
-    if flac:
-        t = np.arange(int(0.3 * SR)) / SR
-        for i in range(n):
-            sf.write(gdir / "takes" / f"{i:03d}.flac", 0.2 * np.sin(2 * np.pi * 220 * (i + 1) * t),
-                     SR, subtype="PCM_16")  # fmt: skip
-    table = pa.table(
-        {
-            "group_id": [group_id] * n,
-            "emotion": [emotion] * n,
-            "prompt_id": [prompt_id] * n,
-            "take": pa.array(range(n), pa.int32()),
-            "text": [f"Prompt {prompt_id} & <friends>."] * n,
-            "flac_path": [f"{results.name}/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
-            "duration_s": [0.3] * n,
-            **columns,
-            "device": ["cpu"] * n,
-            **{
-                f"group_{s}_s": [1.0] * n
-                for s in ("generate", "restore", "score", "load", "write", "wall")
-            },
-            "worker_idle_s": [0.0] * n,
-            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
-            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
-        }
-    )
-    pq.write_table(table, gdir / "scores.parquet")
-    return gdir / "scores.parquet"
-
-
-def trade_off_results(results: Path, flac: bool = False) -> list[Path]:
-    """12 groups x 6 takes where the score (``quality``) trades against held-out
-    ``naturalness`` (higher is better) and goes along with held-out ``clarity``; one group
-    where no take passes the filter."""
-    rng = np.random.default_rng(0)
-    files = []
-    for emotion in ("calm", "happy"):
-        for p in range(6):
-            quality = rng.normal(size=6)
-            files.append(
-                write_group(
-                    results,
-                    f"{emotion}/p{p}",
-                    {
-                        "wer": [0.0, 0.05, 0.2, 0.0, 0.0, 0.01],
-                        "quality": quality,
-                        "naturalness": -quality + 0.1 * rng.normal(size=6),
-                        "clarity": quality + 0.1 * rng.normal(size=6),
-                        "transcript": [f"heard {i}" for i in range(6)],
-                    },
-                    flac,
-                )
-            )
-    files.append(
-        write_group(
-            results,
-            "sad/p0",
-            {
-                "wer": [0.5, 0.6, 0.7],
-                "quality": [1.0, 2.0, 3.0],
-                "naturalness": [0.0, 0.0, 0.0],
-                "clarity": [0.0, 0.0, 0.0],
-                "transcript": ["a", "b", "c"],
-            },
-            flac,
-        )
-    )
-    return files
-
-
-HELD_OUT = [
-    {"column": "naturalness", "better": "higher"},
-    {"column": "clarity", "better": "higher"},
-]
 
 
 @pytest.fixture
@@ -371,14 +286,6 @@ def test_listening_page_records_a_seeded_order_and_samples_big_runs(trade_off, m
     assert set(re.findall(r"href='#([^']+)'", small)) <= ids
 
 
-def _chromium() -> str:
-    proc = subprocess.run(
-        ["bash", str(REPO / ".ci/chromium-up.sh")], capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, f".ci/chromium-up.sh failed:\n{proc.stderr[-3000:]}"
-    return proc.stdout.strip().splitlines()[-1]
-
-
 def _run_chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
     profile.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -390,7 +297,7 @@ def _run_chromium(binary: str, profile: Path, *args: str) -> subprocess.Complete
 
 
 def test_listening_page_in_headless_chromium(tmp_path, trade_off):
-    binary = _chromium()
+    binary = chromium()
     # The results folder is copyable: open the page from a copy, with the original gone.
     copy = tmp_path / "elsewhere" / "my results"
     shutil.copytree(trade_off, copy)
@@ -478,7 +385,7 @@ def test_arrow_array_equals_pa_array():
 def test_the_database_rule_does_not_import_pandas(tmp_path):
     """pandas' import is 0.44 s of a 1.3-s database rule at 12 groups: neither the build nor
     the trust tables need it (pyarrow imports it for pa.array and to_numpy)."""
-    demo = Path(__file__).parent / "data" / "demo_groups"
+    demo = DATA / "demo_groups"
     files = sorted(str(p) for p in demo.rglob("scores.parquet"))
     code = (
         "import json, sys; from bestofn.select.selection import build_database; "

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import REPO
+from helpers import REPO
 
 from bestofn.select.selection import (
     BASE_COLUMNS,

@@ -7,7 +7,7 @@ import shutil
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-from test_trust import HELD_OUT, trade_off_results
+from helpers import HELD_OUT, trade_off_results
 
 from bestofn.cli import main
 from bestofn.report.votes import (

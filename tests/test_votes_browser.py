@@ -13,9 +13,7 @@ import duckdb
 import pytest
 import yaml
 from cdp import Browser
-from conftest import REPO, tiny_config, write_tsv
-from test_trust import _chromium
-from test_workflow_e2e import snakemake
+from helpers import REPO, chromium, snakemake, tiny_config, write_tsv
 
 from bestofn.report.votes import left_first, order_seed
 
@@ -56,7 +54,7 @@ def _vote_in_browser(tmp_path, project, listener, decide, shot=None):
     """Open the page, enter the name, tick blind, vote on every group by keyboard with the key
     ``decide(group, left, right)`` returns, export through the button. Returns (the exported
     file, the page's groups with their takes left first)."""
-    binary = _chromium()
+    binary = chromium()
     page = project / "results/report/index.html"
     browser = Browser(binary, tmp_path / "profile", tmp_path / "downloads")
     try:

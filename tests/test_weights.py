@@ -7,25 +7,19 @@ cache with HF_HUB_OFFLINE=1: offline, snapshot_download never lists the repo nor
 allow_patterns nor downloads, so the cache would test none of what `fetch` asks of the hub."""
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import Hub
 
 from bestofn.cli import main as bestofn
 from bestofn.weights import lock
 from bestofn.weights.manifest import BY_NAME, MANIFEST, entries_for_config
-
-
-def sha(repo: str) -> str:
-    """A repo's commit: one of its own (snapshot_download keeps a tree listing per commit in a
-    local_dir that two repos share here)."""
-    return hashlib.sha1(repo.encode()).hexdigest()
 
 
 def hub_files() -> dict[str, dict[str, bytes]]:
@@ -46,55 +40,6 @@ def hub_files() -> dict[str, dict[str, bytes]]:
             "decoder_state_dict.pt": b"decoder" * 300,
         },
     }
-
-
-class Hub(BaseHTTPRequestHandler):
-    files: dict = {}
-    requests: list = []
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    def _send(self, body: bytes, ctype="application/json", head=False, extra=None):
-        self.send_response(200)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
-
-    def _route(self, head=False):
-        path = self.path.split("?")[0]
-        self.requests.append((self.command, path))
-        for repo, files in self.files.items():
-            if path.startswith(f"/api/models/{repo}/revision/"):
-                return self._send(json.dumps({"id": repo, "sha": sha(repo)}).encode(), head=head)
-            if path.startswith(f"/api/models/{repo}/tree/"):
-                listing = [
-                    {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                    for p, b in files.items()
-                ]
-                return self._send(json.dumps(listing).encode(), head=head)
-            prefix = f"/{repo}/resolve/"
-            if path.startswith(prefix):
-                name = path[len(prefix) :].split("/", 1)[1]
-                body = files[name]
-                headers = {
-                    "X-Repo-Commit": sha(repo),
-                    "ETag": f'"{hashlib.sha1(body).hexdigest()}"',
-                }
-                return self._send(body, "application/octet-stream", head, headers)
-        self.send_response(404)
-        self.send_header("X-Error-Code", "RepoNotFound")
-        self.end_headers()
-
-    def do_GET(self):
-        self._route()
-
-    def do_HEAD(self):
-        self._route(head=True)
 
 
 @pytest.fixture

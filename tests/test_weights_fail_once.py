@@ -7,7 +7,7 @@ import importlib.util
 import shutil
 
 import pytest
-from test_workflow_e2e import snakemake
+from helpers import snakemake
 
 from bestofn.cli import main as bestofn
 from bestofn.weights.lock import LOCK_NAME

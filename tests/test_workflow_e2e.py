@@ -3,50 +3,11 @@
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import duckdb
 import pytest
-from conftest import REPO
-
-BIN = Path(sys.executable).parent
-
-
-def snakemake(project: Path, *args: str, check=True) -> subprocess.CompletedProcess:
-    cmd = [
-        str(BIN / "snakemake"),
-        "--snakefile", str(REPO / "Snakefile"),
-        "--directory", str(project),
-        "--profile", str(REPO / "profiles/local"),
-        *args,
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-        )
-    return proc
-
-
-def planned_jobs(project: Path) -> dict[str, int]:
-    """Job counts by rule from a dry run's 'Job stats' table."""
-    out = snakemake(project, "-n", "--quiet", "rules").stdout
-    counts = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
-            counts[parts[0]] = int(parts[1])
-    return counts
-
-
-def verify(project: Path) -> str:
-    proc = subprocess.run(
-        [str(BIN / "bestofn"), "verify", "results"], cwd=project, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+from helpers import BIN, REPO, planned_jobs, snakemake, verify
 
 
 def test_run_resume_and_query(ran_project):

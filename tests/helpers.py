@@ -1,0 +1,295 @@
+"""What several test files share: the repository's paths, a tiny project, the snakemake and
+`bestofn verify` commands, hand-made scores.parquet files, the hub stand-in and headless
+Chromium. Test files import from here (tests/ is on pytest's `pythonpath`), never from one
+another."""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import soundfile as sf
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's console scripts: snakemake, bestofn
+DATA = REPO / "tests" / "data"
+EXPECTED = REPO / "tests" / "expected"
+
+
+def write_tsv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")
+    return path
+
+
+def tiny_config(**overrides) -> dict:
+    """A fast config: piper generator, no restoration, duration + whisper scorers."""
+    config = {
+        "emotions": "config/emotions.tsv",
+        "prompts": "config/prompts.tsv",
+        "results": "results",
+        "takes": 2,
+        "seed": 7,
+        "models": {
+            "generator": {"backend": "piper"},
+            "restorer": {"backend": "identity"},
+            "scorers": [{"backend": "duration"}],
+        },
+        "selection": {"filter": "words_per_s > 0.5", "score": "-abs(words_per_s - 2.5)"},
+    }
+    config.update(overrides)
+    return config
+
+
+def make_tiny_project(root: Path) -> Path:
+    """config/ (tiny config, 2 emotions x 2 prompts) and a voice in ``root``."""
+    (root / "config" / "voices").mkdir(parents=True)
+    shutil.copy(REPO / "config/voices/joe_reference.flac", root / "config/voices/ref.flac")
+    write_tsv(
+        root / "config/emotions.tsv",
+        ["emotion", "description", "reference_audio"],
+        [["calm", "A calm voice.", "config/voices/ref.flac"], ["happy", "A happy voice.", ""]],
+    )
+    write_tsv(
+        root / "config/prompts.tsv",
+        ["prompt_id", "text"],
+        [["p1", "Good morning to you."], ["p2", "It is nine o'clock."]],
+    )
+    (root / "config/config.yaml").write_text(yaml.safe_dump(tiny_config()))
+    return root
+
+
+# --- the workflow through its commands ---------------------------------------------------------
+
+
+def snakemake(project: Path, *args: str, check=True) -> subprocess.CompletedProcess:
+    cmd = [
+        str(BIN / "snakemake"),
+        "--snakefile", str(REPO / "Snakefile"),
+        "--directory", str(project),
+        "--profile", str(REPO / "profiles/local"),
+        *args,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
+    return proc
+
+
+def planned_jobs(project: Path) -> dict[str, int]:
+    """Job counts by rule from a dry run's 'Job stats' table."""
+    out = snakemake(project, "-n", "--quiet", "rules").stdout
+    counts = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def verify(project: Path) -> str:
+    proc = subprocess.run(
+        [str(BIN / "bestofn"), "verify", "results"], cwd=project, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+# --- hand-made scores.parquet ------------------------------------------------------------------
+
+
+def group_parquet(tmp_path, group_id, wers, quality):
+    """One group's scores.parquet with a ``wer`` and a ``quality`` column, outside a results
+    folder."""
+    n = len(wers)
+    table = pa.table(
+        {
+            "group_id": [group_id] * n,
+            "emotion": [group_id.split("/")[0]] * n,
+            "prompt_id": [group_id.split("/")[1]] * n,
+            "take": pa.array(range(n), pa.int32()),
+            "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
+            "duration_s": [2.0] * n,
+            "wer": wers,
+            "quality": quality,
+            "device": ["cpu"] * n,
+            **{
+                f"group_{s}_s": [1.0] * n
+                for s in ("generate", "restore", "score", "load", "write", "wall")
+            },
+            "worker_idle_s": [0.0] * n,
+            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
+            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
+        }
+    )
+    path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
+    pq.write_table(table, path)
+    return path
+
+
+SR = 8000  # the sample rate of write_group's takes
+
+
+def write_group(results: Path, group_id: str, columns: dict, flac: bool = False) -> Path:
+    """One group's scores.parquet (and, with ``flac``, its takes as short FLACs) in the
+    results layout."""
+    emotion, prompt_id = group_id.split("/")
+    n = len(next(iter(columns.values())))
+    gdir = results / "groups" / emotion / prompt_id
+    (gdir / "takes").mkdir(parents=True, exist_ok=True)
+    if flac:
+        t = np.arange(int(0.3 * SR)) / SR
+        for i in range(n):
+            sf.write(gdir / "takes" / f"{i:03d}.flac", 0.2 * np.sin(2 * np.pi * 220 * (i + 1) * t),
+                     SR, subtype="PCM_16")  # fmt: skip
+    table = pa.table(
+        {
+            "group_id": [group_id] * n,
+            "emotion": [emotion] * n,
+            "prompt_id": [prompt_id] * n,
+            "take": pa.array(range(n), pa.int32()),
+            "text": [f"Prompt {prompt_id} & <friends>."] * n,
+            "flac_path": [f"{results.name}/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
+            "duration_s": [0.3] * n,
+            **columns,
+            "device": ["cpu"] * n,
+            **{
+                f"group_{s}_s": [1.0] * n
+                for s in ("generate", "restore", "score", "load", "write", "wall")
+            },
+            "worker_idle_s": [0.0] * n,
+            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
+            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
+        }
+    )
+    pq.write_table(table, gdir / "scores.parquet")
+    return gdir / "scores.parquet"
+
+
+def trade_off_results(results: Path, flac: bool = False) -> list[Path]:
+    """12 groups x 6 takes where the score (``quality``) trades against held-out
+    ``naturalness`` (higher is better) and goes along with held-out ``clarity``; one group
+    where no take passes the filter."""
+    rng = np.random.default_rng(0)
+    files = []
+    for emotion in ("calm", "happy"):
+        for p in range(6):
+            quality = rng.normal(size=6)
+            files.append(
+                write_group(
+                    results,
+                    f"{emotion}/p{p}",
+                    {
+                        "wer": [0.0, 0.05, 0.2, 0.0, 0.0, 0.01],
+                        "quality": quality,
+                        "naturalness": -quality + 0.1 * rng.normal(size=6),
+                        "clarity": quality + 0.1 * rng.normal(size=6),
+                        "transcript": [f"heard {i}" for i in range(6)],
+                    },
+                    flac,
+                )
+            )
+    files.append(
+        write_group(
+            results,
+            "sad/p0",
+            {
+                "wer": [0.5, 0.6, 0.7],
+                "quality": [1.0, 2.0, 3.0],
+                "naturalness": [0.0, 0.0, 0.0],
+                "clarity": [0.0, 0.0, 0.0],
+                "transcript": ["a", "b", "c"],
+            },
+            flac,
+        )
+    )
+    return files
+
+
+HELD_OUT = [
+    {"column": "naturalness", "better": "higher"},
+    {"column": "clarity", "better": "higher"},
+]  # trade_off_results's held-out columns
+
+
+# --- headless Chromium -------------------------------------------------------------------------
+
+
+def chromium() -> str:
+    """The headless Chromium binary that .ci/chromium-up.sh installs or finds."""
+    proc = subprocess.run(
+        ["bash", str(REPO / ".ci/chromium-up.sh")], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, f".ci/chromium-up.sh failed:\n{proc.stderr[-3000:]}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
+# --- a Hugging Face hub stand-in on loopback ---------------------------------------------------
+
+
+def sha(repo: str) -> str:
+    """A repo's commit: one of its own (snapshot_download keeps a tree listing per commit in a
+    local_dir that two repos share here)."""
+    return hashlib.sha1(repo.encode()).hexdigest()
+
+
+class Hub(BaseHTTPRequestHandler):
+    """Serves ``files`` (repo -> {path: bytes}) the way huggingface_hub's snapshot_download
+    asks for them: revision info, the tree listing, HEAD and GET of each file; records
+    ``requests``."""
+
+    files: dict = {}
+    requests: list = []
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _send(self, body: bytes, ctype="application/json", head=False, extra=None):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _route(self, head=False):
+        path = self.path.split("?")[0]
+        self.requests.append((self.command, path))
+        for repo, files in self.files.items():
+            if path.startswith(f"/api/models/{repo}/revision/"):
+                return self._send(json.dumps({"id": repo, "sha": sha(repo)}).encode(), head=head)
+            if path.startswith(f"/api/models/{repo}/tree/"):
+                listing = [
+                    {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
+                    for p, b in files.items()
+                ]
+                return self._send(json.dumps(listing).encode(), head=head)
+            prefix = f"/{repo}/resolve/"
+            if path.startswith(prefix):
+                name = path[len(prefix) :].split("/", 1)[1]
+                body = files[name]
+                headers = {
+                    "X-Repo-Commit": sha(repo),
+                    "ETag": f'"{hashlib.sha1(body).hexdigest()}"',
+                }
+                return self._send(body, "application/octet-stream", head, headers)
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.end_headers()
+
+    def do_GET(self):
+        self._route()
+
+    def do_HEAD(self):
+        self._route(head=True)
