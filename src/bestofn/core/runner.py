@@ -72,7 +72,7 @@ PAIR_WAIT_S = 5.0
 # ... and how long with no group ahead (the GPU idle), at most. A worker's first groups arrive
 # a few ms apart (snakemake submits queue_depth jobs at once); a first group that starts alone
 # shifts every later pair by one, so an even number of groups costs one pair-shape call more
-# (16 groups on one H200, 2026-12-04: 0.032-0.034 s/clip steady against 0.029). A group with
+# (16 groups on one H200: 0.032-0.034 s/clip steady against 0.029). A group with
 # no partner coming pays this wait once.
 PAIR_IDLE_WAIT_S = 0.25
 # runtime.experimental.generate_priority -> the CUDA stream priority the generate phase runs at

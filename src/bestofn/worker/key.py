@@ -8,7 +8,7 @@ the GPU memory cap). Those change no take, but a worker started under other ones
 them: a long-lived ``bestofn serve`` whose config now says ``overlap: off`` must not go on
 serving with ``full``. And by the code it runs (``code_identity``): a worker started before an
 upgrade or an edit of the checkout would otherwise serve the new run's groups with the old
-stages (seen on 2026-12-04: a workflow killed past its limit left its worker up, and the next
+stages (seen once: a workflow killed past its limit left its worker up, and the next
 run, of another tree, was served by it). The group job computes the key of the worker it
 needs; a worker whose key differs, or that is not healthy, is replaced. Nothing else decides
 reuse.

@@ -12,7 +12,12 @@ scored. The worker exits by itself after ``idle_timeout_s`` with nothing running
 
 A fatal device error ends the worker (``bestofn.worker.lifecycle``). Speech requests
 (``bestofn serve`` is their HTTP front) are batched by ``bestofn.worker.speech_batcher`` and
-render in the runner's gate, between groups."""
+render in the runner's gate, between groups.
+
+What the worker runs with is one ``bestofn.worker.options.WorkerOptions``. The handler and the
+speech batcher see the worker through their own narrow protocols (``HandledWorker``,
+``SpeechHost``), which ``Worker`` meets with a few public methods; neither imports this
+module."""
 
 from __future__ import annotations
 
@@ -266,7 +271,7 @@ class RequestThreads:
     only when every thread is busy, so there are as many as the most requests ever in flight.
 
     Why not a thread per connection (``socketserver.ThreadingMixIn``): every group then ran its
-    CUDA work on a brand-new thread, and on the H200 soak (issue 23) glibc's count of live heap
+    CUDA work on a brand-new thread, and on the H200 soak glibc's count of live heap
     grew ~8.5 MiB a group, linearly over 150 groups, with Python's objects and the pinned cache
     flat and no such growth on the CPU (docs/PERFORMANCE.md, soak); on pooled threads it stayed
     flat over 60 groups. Which library keeps that state per thread was not pinned down."""

@@ -159,7 +159,7 @@ def trim_host_heap() -> float | None:
     until the worker pooled its request threads, the group itself ran on a new one too); a new
     thread takes whichever of up to 8 x cores arenas is free, so over the groups every arena
     grows to the largest set of buffers any thread ever left in it, and RSS climbs in steps of
-    an arena heap (64 MiB) for hundreds of groups (issue 23's soak: +1.27 GB over 150 groups on
+    an arena heap (64 MiB) for hundreds of groups (the H200 soak: +1.27 GB over 150 groups on
     a 16-core H200 box, up to 128 arenas). glibc itself only returns the top of a heap past
     M_TRIM_THRESHOLD, which its dynamic mmap threshold raises to as much as 64 MiB. On the CPU
     soak (2 cores, 16 arenas) the growth was in those arena heaps, and this call cut it from 5.8
@@ -187,7 +187,7 @@ def malloc_heap_mib() -> dict | None:
     """glibc's own count of the malloc heap, every arena: ``in_use`` (live blocks, mmapped
     ones included), ``free`` (free blocks still mapped) and ``mmapped``, MiB; None without
     glibc's ``mallinfo2``. Tells a live leak (in_use grows) from fragmentation (free grows)
-    where RSS alone cannot (issue 23's soak: the brk heap grew after malloc_trim)."""
+    where RSS alone cannot (the H200 soak: the brk heap grew after malloc_trim)."""
     global _mallinfo2
     if _mallinfo2 is False:
         _mallinfo2 = _glibc("mallinfo2", _Mallinfo2)
