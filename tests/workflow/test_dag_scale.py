@@ -45,6 +45,7 @@ def config(project: Path) -> dict:
     return yaml.safe_load((project / "config/config.yaml").read_text())
 
 
+@pytest.mark.slow
 def test_a_group_reruns_exactly_when_its_own_params_change(ran_project):
     """Run the tiny project, then change one prompt's text, the reference voice of one
     emotion, a runtime knob, and delete one group: each plans exactly the groups concerned."""

@@ -433,6 +433,7 @@ def test_missing_tensor_and_bad_config_are_named(ckpt, tmp_path):
 # ---- the benchmark's CPU mode ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
     from lab.bench.codec import main
 

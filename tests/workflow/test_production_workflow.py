@@ -21,10 +21,13 @@ from helpers import REPO, snakemake, verify
 from bestofn.cli import main as bestofn
 from bestofn.select.held_out import referenced_columns
 
-pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
-    reason="the production backends need transformers and nemo_toolkit[asr]",
-)
+pytestmark = [  # snakemake end to end on the production backends
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
+        reason="the production backends need transformers and nemo_toolkit[asr]",
+    ),
+]
 GROUPS = ["angry/p1", "angry/p2", "calm/p1", "calm/p2"]
 
 

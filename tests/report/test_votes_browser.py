@@ -17,6 +17,8 @@ from helpers import REPO, chromium, snakemake, tiny_config, write_tsv
 
 from bestofn.report.votes import left_first, order_seed
 
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # headless Chromium on snakemake's results
+
 BIN = Path(sys.executable).parent
 ARTIFACTS = REPO / ".test-results"
 

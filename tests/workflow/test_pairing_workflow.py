@@ -12,9 +12,12 @@ import pytest
 import yaml
 from helpers import snakemake, tiny_config, write_tsv
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None, reason="the MOSS codec needs transformers"
-)
+pytestmark = [  # snakemake end to end with MOSS
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None, reason="the MOSS codec needs transformers"
+    ),
+]
 
 
 def _project(root, weights: dict, jobs: int, depth: int):

@@ -21,6 +21,8 @@ from readme_snippets import code_blocks
 from bestofn.cli import main as cli
 from bestofn.select.selection import build_database
 
+pytestmark = pytest.mark.slow  # each test exports the results of one `make demo`-like run
+
 BIN = Path(sys.executable).parent
 # seed 1 puts p1 in test and p2 in train (checked below): both splits are non-empty
 SPLIT = ["--split", "train=0.5,test=0.5", "--split-seed", "1"]

@@ -442,6 +442,7 @@ def test_plain_str_not_flagged_answers_as_stock():
     assert len(calls) == 3
 
 
+@pytest.mark.slow
 def test_no_log_directive_gives_a_new_empty_log():
     """Snakemake's own with a real rule, with and without ``log:``, is compared end to end
     (rule tree has a log, the printed jobs are the same); here: which calls reach it."""
@@ -558,6 +559,7 @@ def sort_list(line: str) -> str:
     return head + sep + ", ".join(sorted(items.split(", ")))
 
 
+@pytest.mark.slow
 def test_same_jobs_printed_and_same_errors_with_and_without_patches(tmp_path):
     printed = {}
     # A resource expression per job (wildcards) next to Snakemake's job-free defaults.
@@ -589,6 +591,7 @@ def test_same_jobs_printed_and_same_errors_with_and_without_patches(tmp_path):
     assert out == stock_out
 
 
+@pytest.mark.slow
 def test_same_needrun_decisions_after_a_run(tmp_path):
     """After a real run: an existing output, a deleted one, changed params and an incomplete
     marker give the same jobs, reasons and errors with and without the patches."""

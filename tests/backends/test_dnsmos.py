@@ -37,6 +37,7 @@ def test_window_starts_are_the_reference_windows():
     assert dnsmos.looped(np.ones(int(0.3 * SR))).size == int(0.3 * SR) * 32
 
 
+@pytest.mark.slow
 def test_matches_speechmos_reference(scorers):
     """Takes of 1 window (0.3 s, looped to 9.6 s), 3 windows (3.1 s) and 7 windows with the
     reference's skipped hops (4.4 s, looped to 17.6 s): both paths give speechmos' numbers."""

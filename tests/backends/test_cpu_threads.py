@@ -9,6 +9,8 @@ import pytest
 
 from bestofn.util.spec import GroupSpec
 
+pytestmark = pytest.mark.slow  # the CPU models' takes, in parallel and serially
+
 SPEC = GroupSpec("calm", "p1", "Good morning, how are you?", 4, base_seed=5)
 
 

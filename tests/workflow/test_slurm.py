@@ -18,6 +18,8 @@ from helpers import REPO, tiny_config, write_tsv
 
 from bestofn.worker.client.group_job import default_state_dir, health
 
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]  # SLURM jobs through the one-node SLURM
+
 BIN = Path(sys.executable).parent
 SLURM_UP = REPO / ".ci/slurm-up.sh"
 QUICK_POLL = Path(__file__).with_name("slurm_quick_poll.py")

@@ -55,6 +55,7 @@ def run_cli(tmp_path, a, b, thresholds, out, *extra):
     return main([*argv, "--groups", "1", "--out", str(out), "--base", str(ROOT)])
 
 
+@pytest.mark.slow
 def test_whisper_int8_vs_float32_passes_loose_thresholds(tmp_path, capsys):
     a = write_config(tmp_path / "a.yaml", whisper={"compute_type": "int8"})
     b = write_config(tmp_path / "b.yaml", whisper={"compute_type": "float32"})
@@ -88,6 +89,7 @@ def test_whisper_int8_vs_float32_passes_loose_thresholds(tmp_path, capsys):
     assert not any(table["random_weights"].to_pylist())
 
 
+@pytest.mark.slow
 def test_slow_piper_fails_a_tight_duration_threshold(tmp_path, capsys):
     a = write_config(tmp_path / "a.yaml")
     b = write_config(tmp_path / "b.yaml", generator={"length_scale": 2.0})
@@ -203,6 +205,7 @@ def test_decode_row_only_when_both_sides_time_their_decode():
     assert (row["a"], row["b"]) == (0.2, 0.05) and row["delta"] == pytest.approx(-0.15)
 
 
+@pytest.mark.slow
 def test_scorers_resampler_torch_vs_soxr(tmp_path, capsys):
     """The resampler dial (config/ab_thresholds_resampler.yaml's row, on the embedded
     default's columns): every scorer's input from soxr (A) or the torch filter (B), on the CPU.

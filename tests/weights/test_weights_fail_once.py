@@ -12,10 +12,13 @@ from helpers import snakemake
 from bestofn.cli import main as bestofn
 from bestofn.weights.lock import LOCK_NAME
 
-pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
-    reason="the production backends need transformers and nemo_toolkit[asr]",
-)
+pytestmark = [  # snakemake end to end on the production backends
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
+        reason="the production backends need transformers and nemo_toolkit[asr]",
+    ),
+]
 
 
 def test_cut_generator_shard_is_named_and_the_run_stops_once(tmp_path, capsys):

@@ -27,10 +27,13 @@ import yaml
 from helpers import BIN, REPO, Hub
 from readme_snippets import code_blocks
 
-pytestmark = pytest.mark.skipif(
-    not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
-    reason="the production backends need transformers and nemo_toolkit[asr]",
-)
+pytestmark = [  # snakemake end to end on the production backends
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(importlib.util.find_spec(m) for m in ("transformers", "nemo")),
+        reason="the production backends need transformers and nemo_toolkit[asr]",
+    ),
+]
 CONFIG = "config/production.yaml"  # the README's config path, here the tiny weights' config
 
 
