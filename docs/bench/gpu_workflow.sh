@@ -81,7 +81,9 @@ config = yaml.safe_load((work / "weights/config.yaml").read_text())
 config.update(emotions=str(project / "emotions.tsv"), prompts=str(project / "prompts.tsv"),
               takes=takes)
 config["models"]["generator"]["options"].update(min_frames=frames, max_frames=frames)
-if os.environ.get("OVERLAP"):  # runtime.overlap for this run (off, host, full; default auto)
+if os.environ.get("OVERLAP") == "host":  # the experimental mode lives under experimental:
+    config.setdefault("runtime", {}).setdefault("experimental", {})["overlap"] = "host"
+elif os.environ.get("OVERLAP"):  # runtime.overlap for this run (off, full; default auto)
     config.setdefault("runtime", {})["overlap"] = os.environ["OVERLAP"]
 generator_runtime = config["models"]["generator"].setdefault("runtime", {})
 if os.environ.get("CODEC_KERNELS"):  # the codec's eager or compiled pieces (default: auto)
@@ -96,7 +98,8 @@ if os.environ.get("QUEUE_DEPTH"):  # group jobs sent to the worker at once
 if os.environ.get("DECODE_BATCH"):  # takes per codec decode call
     generator_runtime["decode_batch_size"] = int(os.environ["DECODE_BATCH"])
 if os.environ.get("GEN_PRIORITY"):  # the generate phase's CUDA stream priority
-    config.setdefault("runtime", {})["generate_priority"] = os.environ["GEN_PRIORITY"]
+    runtime = config.setdefault("runtime", {})
+    runtime.setdefault("experimental", {})["generate_priority"] = os.environ["GEN_PRIORITY"]
 if os.environ.get("CACHE_DIR"):  # kept across runs of this script (absolute)
     config.setdefault("runtime", {})["cache_dir"] = os.environ["CACHE_DIR"]
 if os.environ.get("PARAKEET_ATTENTION"):  # the scorer's runtime.attention (sdpa, manual)

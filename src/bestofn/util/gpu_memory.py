@@ -1,7 +1,7 @@
 """A GPU memory cap for the warm worker (config ``runtime.gpu_memory_gb``).
 
-The worker's parent (``bestofn.worker.client.group_job``) passes the config value in the environment
-(``BESTOFN_GPU_MEMORY_GB``); the worker applies it before it loads a model, with
+The worker gets the config value in its options (``bestofn.worker.options.WorkerOptions``) and
+applies it before it loads a model, with
 ``torch.cuda.set_per_process_memory_fraction`` on its device: PyTorch's caching allocator then
 refuses (out of memory) any allocation past the cap, as a card with that much memory would.
 The CUDA context itself (a few hundred MiB) is outside the allocator and comes on top.
@@ -13,16 +13,14 @@ both sizes); on a CPU-only worker the cap is ignored with a log line.
 from __future__ import annotations
 
 import logging
-import os
 
 log = logging.getLogger("bestofn.util.gpu_memory")
 
-ENV = "BESTOFN_GPU_MEMORY_GB"
 FIELD = "runtime.gpu_memory_gb"
 
 
 def parse_cap(value) -> float | None:
-    """A cap in GiB from the config or the environment: None/"" -> no cap; else > 0."""
+    """A cap in GiB from the config: None/"" -> no cap; else > 0."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     try:
@@ -66,7 +64,3 @@ def apply_cap(value, device: str) -> dict | None:
              gb, device, fraction, total / 2**30, FIELD)  # fmt: skip
     return {"gb": gb, "device": str(device), "fraction": round(fraction, 6),
             "total_gb": round(total / 2**30, 3)}  # fmt: skip
-
-
-def cap_from_environment(device: str) -> dict | None:
-    return apply_cap(os.environ.get(ENV), device)
