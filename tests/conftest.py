@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, make_tiny_project, tiny_config, write_tsv  # noqa: F401  (for `from conftest import ...` not yet moved)
+from helpers import REPO, make_tiny_project
 
 # The lab (benchmarks, probes, fault injection) sits at the repository root, outside the wheel.
 # Tests import it, and so do the workers and Snakemake processes they start (fault-injecting

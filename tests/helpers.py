@@ -4,10 +4,15 @@ Chromium. Test files import from here (tests/ is on pytest's `pythonpath`), neve
 another."""
 
 import hashlib
+import http.client
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -16,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
 import yaml
+
+from bestofn.worker.client.group_job import _pid_alive, _read_pid, default_state_dir
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's console scripts: snakemake, bestofn
@@ -293,3 +300,121 @@ class Hub(BaseHTTPRequestHandler):
 
     def do_HEAD(self):
         self._route(head=True)
+
+
+# --- workers and `bestofn serve` -------------------------------------------------------------
+
+
+def gone(pid, timeout=20.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def make_project(root: Path, **runtime) -> Path:
+    (root / "config/voices").mkdir(parents=True)
+    shutil.copy(REPO / "config/voices/joe_reference.flac", root / "config/voices/ref.flac")
+    write_tsv(
+        root / "config/emotions.tsv",
+        ["emotion", "description", "reference_audio"],
+        [["calm", "A calm voice.", "config/voices/ref.flac"], ["happy", "A happy voice.", ""]],
+    )
+    write_tsv(root / "config/prompts.tsv", ["prompt_id", "text"], [["p1", "Good morning."]])
+    config = tiny_config(max_words=40, runtime={"idle_timeout_s": 120, **runtime})
+    (root / "config/config.yaml").write_text(yaml.safe_dump(config))
+    return root
+
+
+class Server:
+    """`bestofn serve --port 0` in a project directory; its worker is killed at the end."""
+
+    def __init__(self, root: Path, *args: str, key: str | None = None):
+        self.root, self.key = root, key
+        cmd = [sys.executable, "-m", "bestofn.cli", "serve", "--port", "0", *args]
+        if key:
+            cmd += ["--api-key", key]
+        self.proc = subprocess.Popen(
+            cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        ready = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if "listening on" in line:
+                    ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(60):
+            self.close()
+            raise AssertionError("server did not start:\n" + "".join(self.lines))
+        line = next(x for x in self.lines if "listening on" in x)
+        self.port = int(line.split("http://127.0.0.1:")[1].split()[0])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.state = default_state_dir(root)
+
+    def client(self, api_key: str | None = None):
+        import openai
+
+        return openai.OpenAI(
+            base_url=f"{self.url}/v1", api_key=api_key or self.key or "unused", max_retries=0,
+            timeout=120,
+        )  # fmt: skip
+
+    def get(self, path: str, key: str | None = None) -> tuple[int, dict]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", path, headers={"Authorization": f"Bearer {key or self.key}"})
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+    def health(self) -> dict:
+        status, body = self.get("/health")
+        assert status == 200
+        return body
+
+    def wait_health(self, what, timeout: float = 60.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            h = self.health()
+            if what(h):
+                return h
+            time.sleep(0.25)
+        raise AssertionError(f"/health never got there in {timeout} s: {h}")
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        pid = _read_pid(Path(self.state) / "slot0.pid")
+        if pid and _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def speak(client, text: str, voice: str = "calm", fmt: str = "wav", seed: int = 0) -> bytes:
+    return client.audio.speech.create(
+        model="bestofn", voice=voice, input=text, response_format=fmt, extra_body={"seed": seed}
+    ).content
+
+
+def moss_speak(server, text: str, seed: int, fmt: str = "pcm") -> bytes:
+    """A streamed request through the openai client; a stream that stalls fails after 60 s."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                           timeout=60)  # fmt: skip
+    with client.audio.speech.with_streaming_response.create(
+        model="bestofn", voice="default", input=text, response_format=fmt,
+        extra_body={"seed": seed},
+    ) as resp:  # fmt: skip
+        assert resp.status_code == 200
+        return b"".join(resp.iter_bytes())

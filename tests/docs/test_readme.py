@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 from readme_snippets import code_blocks
 
 from bestofn.cli import main as bestofn_main

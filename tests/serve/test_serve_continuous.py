@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import Server, moss_speak, write_tsv
 
 from bestofn.core import speech
 from bestofn.util.spec import GroupSpec
@@ -185,8 +186,6 @@ def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
     import threading
 
     import yaml
-    from helpers import write_tsv
-    from test_serve import Server, moss_speak
 
     from bestofn.fakes import moss
 

@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 import yaml
-from helpers import tiny_config, write_tsv
+from helpers import Server, make_project, speak, tiny_config, write_tsv
 
 from bestofn.core.plan import PlanError, build_plan
 from bestofn.util import gpu_memory
@@ -74,7 +74,6 @@ def test_the_config_field_is_checked_before_anything_runs(tmp_path):
 
 
 def test_serve_passes_the_cap_to_its_worker_which_ignores_it_on_a_cpu(tmp_path):
-    from test_serve import Server, make_project, speak
 
     root = make_project(tmp_path, gpu_memory_gb=8)
     assert yaml.safe_load((root / "config/config.yaml").read_text())["runtime"]["gpu_memory_gb"]

@@ -23,6 +23,8 @@ from bestofn.core.pipeline import Backends
 from bestofn.core.runner import resolve_overlap, run_group
 from bestofn.util.spec import GroupSpec
 
+pytestmark = pytest.mark.slow  # groups through the worker's runner, stages overlapped
+
 pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not installed")
 
 MODELS = {"generator": {"backend": "piper"}, "scorers": [{"backend": "duration"}]}

@@ -13,7 +13,9 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import tiny_config, write_tsv
+from helpers import tiny_config, write_tsv
+
+pytestmark = pytest.mark.slow  # groups through started workers, each backend loaded
 
 
 @pytest.fixture(scope="module")

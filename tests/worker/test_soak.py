@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import tiny_config, write_tsv
+from helpers import tiny_config, write_tsv
+
+pytestmark = pytest.mark.slow  # many groups through one worker
 
 GROUPS = 24
 WARM_UP = 4  # groups before the baseline: first-call allocations (caches, thread pools)

@@ -14,8 +14,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from test_worker import gone
-from test_workflow_e2e import BIN, snakemake, verify
+from helpers import BIN, gone, snakemake, verify
 
 from bestofn.worker import key as contract
 from bestofn.worker.client.group_job import (
@@ -27,6 +26,8 @@ from bestofn.worker.client.group_job import (
 )
 from bestofn.worker.lifecycle import fatal_device_error
 from bestofn.worker.uds_http import request
+
+pytestmark = pytest.mark.slow  # workers started, killed and reaped; snakemake through them
 
 SCRIPTED = {"backend": "lab.faults:ScriptedGenerator", "options": {"seconds": 0.4}}
 FAULT = "lab.faults:FatalOnceScorer"

@@ -13,19 +13,19 @@ import duckdb
 import pytest
 import soundfile as sf
 import yaml
-from conftest import write_tsv
-from test_workflow_e2e import BIN, snakemake, verify
+from helpers import BIN, REPO, gone, snakemake, verify, write_tsv
 
 from bestofn.core.pipeline import stable_hash
 from bestofn.worker.client.group_job import (
     Runtime,
     SlotPool,
-    _pid_alive,
     _read_pid,
     ensure_worker,
     health,
 )
 from bestofn.worker.uds_http import request
+
+pytestmark = pytest.mark.slow  # workers started, killed and reaped; snakemake through them
 
 MODELS = {"generator": {"backend": "piper"}, "scorers": [{"backend": "duration"}]}
 
@@ -45,15 +45,6 @@ def pool(tmp_path):
 def start(pool, tmp_path, models=MODELS, idle=60.0):
     rt = Runtime(idle_timeout_s=idle, start_timeout_s=120)
     return ensure_worker(pool, 0, models, tmp_path / "results", rt, tmp_path / "logs")
-
-
-def gone(pid, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if not _pid_alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_socket_is_owner_only_and_speech_endpoint_renders(pool, tmp_path):
@@ -196,9 +187,9 @@ def test_six_groups_two_slots_models_load_once_per_worker(project):
 def test_worker_sigkill_mid_group_is_retried_and_completes(project):
     six_group_project(project, slots=1)
     cmd = [
-        str(BIN / "snakemake"), "--snakefile", str(Path(__file__).parents[1] / "Snakefile"),
+        str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
         "--directory", str(project), "--profile",
-        str(Path(__file__).parents[1] / "profiles/local"), "--retries", "2",
+        str(REPO / "profiles/local"), "--retries", "2",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     from bestofn.worker.client.group_job import default_state_dir

@@ -11,116 +11,25 @@ import http.client
 import io
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import openai
 import pytest
 import soundfile as sf
 import yaml
-from conftest import REPO, tiny_config, write_tsv
+from helpers import Server, make_project, moss_speak, speak, write_tsv
 
 from bestofn.serve.http import bind_refusal
-from bestofn.worker.client.group_job import _pid_alive, _read_pid, default_state_dir
+from bestofn.worker.client.group_job import _pid_alive
+
+pytestmark = pytest.mark.slow  # `bestofn serve` and its workers started per module
 
 KEY = "test-key"
 LONG = " ".join(f"Sentence number {i} is here." for i in range(1, 9))  # 40 words, 8 sentences
-
-
-def make_project(root: Path, **runtime) -> Path:
-    (root / "config/voices").mkdir(parents=True)
-    shutil.copy(REPO / "config/voices/joe_reference.flac", root / "config/voices/ref.flac")
-    write_tsv(
-        root / "config/emotions.tsv",
-        ["emotion", "description", "reference_audio"],
-        [["calm", "A calm voice.", "config/voices/ref.flac"], ["happy", "A happy voice.", ""]],
-    )
-    write_tsv(root / "config/prompts.tsv", ["prompt_id", "text"], [["p1", "Good morning."]])
-    config = tiny_config(max_words=40, runtime={"idle_timeout_s": 120, **runtime})
-    (root / "config/config.yaml").write_text(yaml.safe_dump(config))
-    return root
-
-
-class Server:
-    """`bestofn serve --port 0` in a project directory; its worker is killed at the end."""
-
-    def __init__(self, root: Path, *args: str, key: str | None = None):
-        self.root, self.key = root, key
-        cmd = [sys.executable, "-m", "bestofn.cli", "serve", "--port", "0", *args]
-        if key:
-            cmd += ["--api-key", key]
-        self.proc = subprocess.Popen(
-            cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        self.lines: list[str] = []
-        ready = threading.Event()
-
-        def read():
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if "listening on" in line:
-                    ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not ready.wait(60):
-            self.close()
-            raise AssertionError("server did not start:\n" + "".join(self.lines))
-        line = next(x for x in self.lines if "listening on" in x)
-        self.port = int(line.split("http://127.0.0.1:")[1].split()[0])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.state = default_state_dir(root)
-
-    def client(self, api_key: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=f"{self.url}/v1", api_key=api_key or self.key or "unused", max_retries=0,
-            timeout=120,
-        )  # fmt: skip
-
-    def get(self, path: str, key: str | None = None) -> tuple[int, dict]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            conn.request("GET", path, headers={"Authorization": f"Bearer {key or self.key}"})
-            resp = conn.getresponse()
-            return resp.status, json.loads(resp.read())
-        finally:
-            conn.close()
-
-    def health(self) -> dict:
-        status, body = self.get("/health")
-        assert status == 200
-        return body
-
-    def wait_health(self, what, timeout: float = 60.0) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            h = self.health()
-            if what(h):
-                return h
-            time.sleep(0.25)
-        raise AssertionError(f"/health never got there in {timeout} s: {h}")
-
-    def close(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        pid = _read_pid(Path(self.state) / "slot0.pid")
-        if pid and _pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-
-
-def speak(client, text: str, voice: str = "calm", fmt: str = "wav", seed: int = 0) -> bytes:
-    return client.audio.speech.create(
-        model="bestofn", voice=voice, input=text, response_format=fmt, extra_body={"seed": seed}
-    ).content
 
 
 def decoded(data: bytes):
@@ -451,18 +360,6 @@ def moss_server(tmp_path_factory):
     srv = Server(root, "--config", "speech.yaml", "--batch-window-ms", "200")
     yield srv
     srv.close()
-
-
-def moss_speak(server, text: str, seed: int, fmt: str = "pcm") -> bytes:
-    """A streamed request through the openai client; a stream that stalls fails after 60 s."""
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                           timeout=60)  # fmt: skip
-    with client.audio.speech.with_streaming_response.create(
-        model="bestofn", voice="default", input=text, response_format=fmt,
-        extra_body={"seed": seed},
-    ) as resp:  # fmt: skip
-        assert resp.status_code == 200
-        return b"".join(resp.iter_bytes())
 
 
 def test_moss_fast_requests_all_complete_empty_takes_included(moss_server):

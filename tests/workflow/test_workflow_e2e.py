@@ -9,6 +9,8 @@ import duckdb
 import pytest
 from helpers import BIN, REPO, planned_jobs, snakemake, verify
 
+pytestmark = pytest.mark.slow  # snakemake end to end: run, resume, crash
+
 
 def test_run_resume_and_query(ran_project):
     project = ran_project  # the tiny project after `snakemake --profile profiles/local` (conftest)
