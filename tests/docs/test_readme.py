@@ -7,7 +7,7 @@ cannot have (a GPU box, SLURM, real weights, a server, the network) carries the 
 ``<!-- not run: why -->`` on the line before its fence; its commands are then parsed instead:
 ``bestofn`` lines by the CLI's own parser, ``snakemake`` lines by Snakemake's with the
 profile present, ``make`` lines by ``make -n``, Python by ``compile``. A ``text`` block is a
-picture (a tree), not code. The export section's blocks run in tests/test_export.py."""
+picture (a tree), not code. The export section's blocks run in tests/export/test_export.py."""
 
 import argparse
 import os

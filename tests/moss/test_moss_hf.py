@@ -299,7 +299,7 @@ def test_lora_merged_at_load(tiny_ckpt):
 @needs_ref
 def test_batched_decode_matches_one_take_at_a_time(gen):
     # The processor is built without a codec: our v2 codec decodes (its parity with the
-    # published v2 code: tests/test_moss_codec_v2.py); a take's audio must not depend on the
+    # published v2 code: tests/moss/test_moss_codec_v2.py); a take's audio must not depend on the
     # takes decoded beside it, and is stereo, trimmed to its frames.
     codes, _, _ = gen.generate_codes(SPEC)
     codes = [c for c in codes if c.shape[0] > 0]

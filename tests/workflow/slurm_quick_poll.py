@@ -1,6 +1,6 @@
-"""Stock Snakemake (`snakemake.cli.main`, as .venv/bin/snakemake runs it) for tests/test_slurm.py,
-with one change in the SLURM executor plugin: the pause between two squeue status checks is
-capped at CAP_S seconds.
+"""Stock Snakemake (`snakemake.cli.main`, as .venv/bin/snakemake runs it) for
+tests/workflow/test_slurm.py, with one change in the SLURM executor plugin: the pause between two
+squeue status checks is capped at CAP_S seconds.
 
 The plugin (snakemake-executor-plugin-slurm 2.8.0) adds 10 s to that pause after every check in
 which no job finished (up to 180 s), so a job of a few minutes was noticed 1-1.5 minutes after it
@@ -9,7 +9,7 @@ ended, and a failed run's Snakemake, which waits out the pause before it exits, 
 own Snakemake is started by the plugin as `python -m snakemake`, untouched. Nothing the tests
 assert depends on how often squeue is asked; it only decides how soon an end is seen.
 
-    python tests/slurm_quick_poll.py --snakefile ... --profile ...   # same arguments as snakemake
+    python tests/workflow/slurm_quick_poll.py --snakefile ... --profile ...  # snakemake's arguments
 """
 
 import sys

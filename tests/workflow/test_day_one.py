@@ -106,7 +106,7 @@ def hub_repos(hub: Path) -> dict[str, dict[str, bytes]]:
 
 def fetch(project: Path, hub: Path, argv: list[str]) -> None:
     """The README's fetch command, through huggingface_hub, against the weights' own hub
-    stand-in on loopback (tests/test_weights.py) serving the fake weights."""
+    stand-in on loopback (tests/helpers.py) serving the fake weights."""
     from http.server import ThreadingHTTPServer
     from threading import Thread
     from urllib.parse import unquote

@@ -82,7 +82,7 @@ def make_project(root: Path, emotions: list[str], prompts: int, components: int)
 def snakemake_cmd(project: Path, *args: str) -> list[str]:
     # Snakemake as `snakemake` runs it, with the SLURM plugin's pause between two squeue checks
     # capped at 2 s (it grows by 10 s a check, so each run's end was seen up to 1.5 min late):
-    # tests/slurm_quick_poll.py says why that changes nothing these tests assert.
+    # tests/workflow/slurm_quick_poll.py says why that changes nothing these tests assert.
     return [
         sys.executable, str(QUICK_POLL), "--snakefile", str(REPO / "Snakefile"),
         "--directory", str(project), "--profile", str(project / "profile"), *args,
