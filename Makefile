@@ -29,7 +29,7 @@ demo: install
 # Command 2: install and run the tests (what .ci/run calls), plus the linters.
 test: install $(VENV)/.installed-slurm
 	bash .ci/chromium-up.sh >/dev/null  # headless Chromium for the listening-page test
-	bash .ci/slurm-up.sh || echo "no SLURM: tests/test_slurm.py will fail and say why"  # one-node SLURM
+	bash .ci/slurm-up.sh || echo "no SLURM: tests/workflow/test_slurm.py will fail and say why"  # one-node SLURM
 	$(PY) -m pytest -n 2 --dist loadfile --durations=15  # two workers, a test file stays on one; most of the wall is waiting (SLURM jobs, workers)
 	$(MAKE) lint
 

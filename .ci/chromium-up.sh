@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Headless Chromium for the listening-page test (tests/test_listen.py): Debian's `chromium`
+# Headless Chromium for the listening-page test (tests/report/test_votes_browser.py): Debian's `chromium`
 # package. Idempotent: installs only when no chromium binary is on PATH. Prints the binary's
 # path on stdout; exit status != 0 with the reason on stderr when it cannot be installed (the
 # test then fails with that reason; it never skips silently).

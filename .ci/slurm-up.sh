@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A one-node SLURM for the tests (tests/test_slurm.py): Debian's slurmctld + slurmd + munge,
+# A one-node SLURM for the tests (tests/workflow/test_slurm.py): Debian's slurmctld + slurmd + munge,
 # run as root, with two fake GPUs declared as GRES device files (/dev/fakegpu0, /dev/fakegpu1).
 # No slurmdbd: the executor plugin asks squeue for job states (profiles/slurm-test sets
 # status_command: squeue) and MinJobAge keeps finished jobs visible to squeue for an hour.

@@ -2,7 +2,7 @@
 # Idle time of the warm worker inside one SLURM job, with and without the bundle feeder.
 # Needs the one-node test SLURM (bash .ci/slurm-up.sh, as root) and the venv with .[slurm].
 # The embedded default (8 takes; piper, resample, duration, whisper, resemblyzer, dnsmos), one
-# emotion x 6 prompts in one bundle = one SLURM job; the test profile of tests/test_slurm.py.
+# emotion x 6 prompts in one bundle = one SLURM job; the test profile of tests/workflow/test_slurm.py.
 #   bash docs/bench/slurm_bundle_idle.sh [WORKDIR]     (output: WORKDIR/idle.txt)
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)

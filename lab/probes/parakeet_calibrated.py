@@ -18,7 +18,7 @@ takes
   to 16 kHz, soxr (host, 8 threads) and torch (the device), as the pipeline's score stage
   calls it; ``snr_db``: torch against soxr on these takes (white noise: the transition band
   above 0.8 of 8 kHz, where the two filters differ, is included; tones:
-  tests/test_audio_gpu.py).
+  tests/backends/test_audio_gpu.py).
 
     PYTHONPATH=src python3 -m lab.probes.parakeet_calibrated --out OUT [--size real]
         [--device cuda] [--clips 64] [--batch 64] [--seconds 15] [--repeats 3]

@@ -139,7 +139,7 @@ def encode_all(scorer, audios: list[np.ndarray]) -> list[tuple[list[int], object
     padded, sorted by duration) through the scorer's own ``encode_batch`` (bf16 autocast on
     CUDA, the output cast to the joint's weight dtype); returns (indices, encoded,
     encoded_lens) per batch.
-    tests/test_parakeet_profile.py checks that decoding these gives transcribe's transcripts."""
+    tests/lab/test_parakeet_profile.py checks that decoding these gives transcribe's transcripts."""
     audios = [scorer._pad_short(a) for a in audios]
     order = sorted(range(len(audios)), key=lambda i: len(audios[i]))
     out = []

@@ -109,7 +109,7 @@ class PiperGenerator(Generator):
         opts = onnxruntime.SessionOptions()
         # No CPU memory arena nor memory pattern: onnxruntime keeps every block they grow to,
         # and each new text length grew them, so a warm worker's RSS rose ~4 MiB a group
-        # (tests/test_soak.py). Without them every buffer goes back when a take is done; the
+        # (tests/worker/test_soak.py). Without them every buffer goes back when a take is done; the
         # audio is the same (allocation does not change the arithmetic).
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False

@@ -8,9 +8,9 @@ on 8 threads), which counts in every group's period. The scorers' input type is 
 The filter is the one Sidon's ``resample: torch`` runs (``bestofn.backends.resample.
 resample_torch``: Kaiser-windowed sinc, one strided ``conv1d``, TF32 off). Up to 0.8 of the lower
 Nyquist frequency it matches soxr's 'HQ' to over 100 dB SNR for 48 or 24 -> 16 kHz
-(tests/test_audio_gpu.py holds it to 90 dB); nearer the cutoff, and in the first and last ~20 ms
-(edge handling), the two differ more. It is not bit-identical to soxr, so choosing it is a
-`bestofn ab` dial (config/ab_thresholds_resampler.yaml). Selected per scorer by
+(tests/backends/test_audio_gpu.py holds it to 90 dB); nearer the cutoff, and in the first and
+last ~20 ms (edge handling), the two differ more. It is not bit-identical to soxr, so choosing
+it is a `bestofn ab` dial (config/ab_thresholds_resampler.yaml). Selected per scorer by
 ``runtime.resampler`` (auto: torch on CUDA, soxr on CPU).
 """
 

@@ -15,7 +15,7 @@ LayerNorm), and the per-position work itself does fewer ops:
 - position 0 attends to itself only, so its attention output is its V (no attention call);
 - the sampler is ``sample_tokens_fused`` (one cumulative sum, one ``searchsorted``; same draws).
 
-Eager on CPU it gives bit-identical codes to the unfused loop (tests/test_moss_local_loop.py);
+Eager on CPU it gives bit-identical codes to the unfused loop (tests/moss/test_moss_local_loop.py);
 ``bestofn parity`` runs through it by default. moss-fast's runtime option ``fused: false`` (or
 ``model.set_paths(fused=False)``) selects the unfused loop, kept for side-by-side benchmarks.
 """

@@ -34,7 +34,7 @@ and BESTOFN_SNAKEMAKE_PATCHES_SKIP=name,name leaves out the named patches of par
    executor interface still writes it so.
 
 Every guard was checked on the versions in VERIFIED_ON, which pyproject.toml pins exactly;
-tests/test_snakemake_speedups.py fails, naming the guard, when one does not match them."""
+tests/workflow/test_snakemake_speedups.py fails, naming the guard, when one does not match them."""
 
 from __future__ import annotations
 
