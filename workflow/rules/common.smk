@@ -45,7 +45,11 @@ def group_params(wildcards):
 
 def clear_load_failures():
     """A new run starts workers again: forget the models that could not load in a run before."""
-    from bestofn.worker.client.group_job import Runtime, clear_load_failure, default_state_dir
+    from bestofn.worker.client.group_job import (
+        Runtime,
+        clear_load_failure,
+        default_state_dir,
+    )
 
     rt = Runtime.from_config(config.get("runtime"))
     clear_load_failure(rt.state_dir or default_state_dir())
