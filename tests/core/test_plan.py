@@ -340,7 +340,10 @@ def test_runtime_defaults_are_written_once_in_the_schema():
     from bestofn.worker.client.group_job import Runtime
 
     defaults = runtime_defaults()
-    fields = {f.name: f.default for f in dataclasses.fields(Runtime)}
+    fields = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(Runtime)
+    }
     assert fields == defaults
     assert Runtime.from_config(None) == Runtime(**defaults)
     assert defaults["idle_timeout_s"] == 300.0 and defaults["start_timeout_s"] == 900.0

@@ -169,8 +169,8 @@ def interpreted_kernels(triton_interpreter, monkeypatch):
     import sys
 
     monkeypatch.delitem(sys.modules, "bestofn.moss.codec.kernels", raising=False)
-    from bestofn.moss.codec.load import kernels as codec_triton
-    from bestofn.moss.codec.load import layers as codec_layers
+    from bestofn.moss.codec import kernels as codec_triton
+    from bestofn.moss.codec import layers as codec_layers
 
     monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
     heads, attend, add_norm = codec_layers.layer_pieces("compiled")

@@ -118,7 +118,7 @@ class Runtime:
     parallel_load: bool = _DEFAULT["parallel_load"]
     cache_dir: str | None = _DEFAULT["cache_dir"]
     warm_up: bool | str = _DEFAULT["warm_up"]
-    experimental: dict = field(default_factory=dict)
+    experimental: dict = field(default_factory=lambda: dict(_DEFAULT["experimental"]))
 
     @classmethod
     def from_config(cls, runtime: dict | None) -> Runtime:
