@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes import moss_codec
+from bestofn.moss.codec import kernels as codec_triton
 from bestofn.moss.codec.config import AudioTokenizerConfig
 from bestofn.moss.codec.layers import sliding_window_attention
-from bestofn.moss.codec import kernels as codec_triton
 from lab.probes.decode_kernel_check import per_call_us
 
 
