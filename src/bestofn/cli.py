@@ -30,50 +30,66 @@ def _verify(args) -> int:
     return 1 if problems or not per_group else 0
 
 
-def _check(args) -> int:
+def _load_plan(args, *more_errors):
+    """The plan of ``args.config`` (groups, checked config), or None after printing the error:
+    every command that reads a config fails the same way, exit status 2."""
     from bestofn.core.plan import PlanError, build_plan, load_config
-    from bestofn.select.selection import SelectionError
-    from bestofn.workflow_glue import check_selection_for
 
     try:
-        plan = build_plan(load_config(args.config), args.base)
-        check_selection_for(plan.config)
-    except (PlanError, SelectionError) as e:
+        return build_plan(load_config(args.config), args.base)
+    except (PlanError, *more_errors) as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def _results(args, plan) -> str:
+    return getattr(args, "results", None) or os.path.join(args.base, plan.config["results"])
+
+
+def _check(args) -> int:
+    from bestofn.select.selection import SelectionError
+    from bestofn.weights.lock import lock_state
+    from bestofn.workflow_glue import check_selection_for
+
+    plan = _load_plan(args)
+    try:
+        if plan is not None:
+            check_selection_for(plan.config)
+    except SelectionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        plan = None
+    if plan is None:
         return 2
     for warning in plan.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    from bestofn.weights.lock import lock_state
-
     print(f"weights: {lock_state(plan.config, args.base)}")  # verified by build_plan when one
     print(f"ok: {len(plan.groups)} groups x {plan.config['takes']} takes")
     return 0
 
 
 def _plan(args) -> int:
-    from bestofn.core.plan import PlanError, build_plan, load_config
     from bestofn.ops.cost import format_report, remaining
 
-    try:
-        plan = build_plan(load_config(args.config), args.base)
-    except PlanError as e:
-        print(f"error: {e}", file=sys.stderr)
+    if (plan := _load_plan(args)) is None:
         return 2
-    results = args.results or os.path.join(args.base, plan.config["results"])
-    print(format_report(remaining(plan, results), per_emotion_limit=args.limit))
+    print(format_report(remaining(plan, _results(args, plan)), per_emotion_limit=args.limit))
     return 0
 
 
 def _doctor(args) -> int:
-    from bestofn.ops.doctor import main as doctor_main
+    from bestofn.ops.doctor import report
 
-    return doctor_main(args)
+    if (plan := _load_plan(args)) is None:
+        return 2
+    return report(plan, args.base, pilot=not args.no_pilot)
 
 
 def _status(args) -> int:
-    from bestofn.ops.status import main as status_main
+    from bestofn.ops.status import watch
 
-    return status_main(args)
+    if (plan := _load_plan(args)) is None:
+        return 2
+    return watch(plan, _results(args, plan), every_s=args.watch)
 
 
 def _run_group(args) -> int:

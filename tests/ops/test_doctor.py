@@ -10,6 +10,7 @@ import pytest
 import yaml
 from helpers import BIN, REPO, tiny_config
 
+from bestofn.cli import main as bestofn
 from bestofn.core.plan import build_plan, load_config
 from bestofn.ops import doctor
 
@@ -50,8 +51,7 @@ def test_doctor_on_cpu_then_plan_reads_the_pilot(project):
 def test_a_failed_check_skips_the_pilot_and_fails_the_doctor(project, monkeypatch, capsys):
     monkeypatch.setattr(doctor, "_free_bytes", lambda path: 1000)
     monkeypatch.chdir(project)
-    args = type("A", (), {"config": "config/config.yaml", "base": ".", "no_pilot": False})
-    assert doctor.main(args) == 1
+    assert bestofn(["doctor", "--config", "config/config.yaml"]) == 1
     out = capsys.readouterr().out
     assert "fail     disk: 0.0 MiB free under results" in out
     assert "skipped  pilot: a check above failed" in out

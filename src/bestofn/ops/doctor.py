@@ -302,20 +302,13 @@ def doctor(plan, base: Path, pilot: bool = True) -> tuple[list[Check], dict]:
     return checks, record
 
 
-def main(args) -> int:
+def report(plan, base: str | Path = ".", pilot: bool = True) -> int:
+    """Run the checks, print a verdict per check and the doctor's own; 1 on any failure."""
     import logging
-    import sys
-
-    from bestofn.core.plan import PlanError, build_plan, load_config
 
     logging.basicConfig(level=logging.WARNING)
-    base = Path(args.base)
-    try:
-        plan = build_plan(load_config(args.config), base)
-    except PlanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    checks, _ = doctor(plan, base, pilot=not args.no_pilot)
+    base = Path(base)
+    checks, _ = doctor(plan, base, pilot=pilot)
     for c in checks:
         print(c.line())
     failed = [c.name for c in checks if c.verdict == "fail"]

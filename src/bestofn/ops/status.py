@@ -124,21 +124,13 @@ def format_status(st: Status, window_s: float = WINDOW_S, listed: int = 10) -> s
     return "\n".join(lines)
 
 
-def main(args) -> int:
-    import sys
-
-    from bestofn.core.plan import PlanError, build_plan, load_config
-
-    try:
-        plan = build_plan(load_config(args.config), args.base)
-    except PlanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    results = args.results or os.path.join(args.base, plan.config["results"])
+def watch(plan, results: str, every_s: float | None = None) -> int:
+    """Print the status once, or every ``every_s`` seconds until no group is left; 1 while any
+    group's last attempt failed."""
     while True:
         st = read_status(plan, results)
         print(time.strftime("%H:%M:%S"), format_status(st), sep="\n", flush=True)
-        if not args.watch or st.left == 0:
+        if not every_s or st.left == 0:
             return 1 if st.failed else 0
-        time.sleep(args.watch)
+        time.sleep(every_s)
         print()
