@@ -47,8 +47,9 @@ def _list(args) -> int:
         import yaml
 
         entries = entries_for_config(yaml.safe_load(Path(args.config).read_text()))
+    width = max((len(e.name) for e in entries), default=0)
     for e in entries:
-        print(f"{e.name:24} {e.repo_id}@{e.revision} -> {e.folder}/ ({_size(e.size_bytes)}) "
+        print(f"{e.name:{width}} {e.repo_id}@{e.revision} -> {e.folder}/ ({_size(e.size_bytes)}) "
               f"files {', '.join(e.allow_patterns)}")  # fmt: skip
     known = [e.size_bytes for e in entries if e.size_bytes is not None]
     print(f"{len(entries)} entries; known sizes add up to {_size(sum(known))} "

@@ -44,7 +44,7 @@ def weights_root(config: dict, base: str | Path = ".") -> Path | None:
     if not root.is_dir():
         raise WeightsRootError(
             f"config field weights_root: {value!r} ({root.absolute()}) is not a directory; "
-            "fetch the weights there (bestofn weights fetch --root DIR) or change the field"
+            "fetch the weights there (bestofn weights fetch --config CONFIG) or change the field"
         )
     return root.absolute()
 
