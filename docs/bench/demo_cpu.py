@@ -68,7 +68,10 @@ def main() -> None:
 
     base = Path(args.src).resolve() if args.src else REPO
     sys.path.insert(0, str(base / "src"))
-    from bestofn.worker.client.group_job import default_state_dir
+    try:
+        from bestofn.worker.client.group_job import default_state_dir
+    except ImportError:  # a --src tree whose worker client is the module bestofn.worker.client
+        from bestofn.worker.client import default_state_dir
 
     run_dir = Path(tempfile.mkdtemp(prefix="bestofn-demo-"))
     shutil.copytree(base / "config", run_dir / "config")
