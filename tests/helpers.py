@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -271,7 +272,8 @@ class Hub(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _route(self, head=False):
-        path = self.path.split("?")[0]
+        # the hub quotes file names (Empathic-Insight's heads hold '&'); the listing does not
+        path = urllib.parse.unquote(self.path.split("?")[0])
         self.requests.append((self.command, path))
         for repo, files in self.files.items():
             if path.startswith(f"/api/models/{repo}/revision/"):

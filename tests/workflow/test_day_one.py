@@ -109,15 +109,9 @@ def fetch(project: Path, hub: Path, argv: list[str]) -> None:
     stand-in on loopback (tests/helpers.py) serving the fake weights."""
     from http.server import ThreadingHTTPServer
     from threading import Thread
-    from urllib.parse import unquote
-
-    class Unquoting(Hub):  # file names with '&' (Empathic-Insight's heads) come quoted
-        def _route(self, head=False):
-            self.path = unquote(self.path)
-            return super()._route(head)
 
     Hub.files, Hub.requests = hub_repos(hub), []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Unquoting)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     Thread(target=server.serve_forever, daemon=True).start()
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}",
            "HF_HOME": str(project.parent / "hf-home"), "HF_HUB_OFFLINE": "0"}  # fmt: skip

@@ -217,7 +217,7 @@ def check_selection(
             raise SelectionError(
                 f"selection: norm({col}): {col!r} is {known[col.lower()]}, not a number"
             )
-    # norm() bound with a stand-in range: the run's own is only known once it is scored
+    # norm() bound with a unit range to check the SQL: the run's own is known once it is scored
     unit = {c.lower(): (0.0, 1.0) for c in normed_columns(filter_sql, score_sql)}
     filter_sql, score_sql = expand_norm(filter_sql, unit, "filter"), expand_norm(score_sql, unit)
     try:
