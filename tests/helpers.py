@@ -115,20 +115,20 @@ def verify(project: Path) -> str:
 # --- hand-made scores.parquet ------------------------------------------------------------------
 
 
-def group_parquet(tmp_path, group_id, wers, quality):
-    """One group's scores.parquet with a ``wer`` and a ``quality`` column, outside a results
-    folder."""
-    n = len(wers)
+def scores_parquet(tmp_path, group_id, columns: dict):
+    """One group's scores.parquet outside a results folder: the columns every group has, with
+    ``columns`` (name -> one value per take) after ``duration_s``."""
+    n = len(next(iter(columns.values())))
+    emotion, prompt_id = group_id.split("/")
     table = pa.table(
         {
             "group_id": [group_id] * n,
-            "emotion": [group_id.split("/")[0]] * n,
-            "prompt_id": [group_id.split("/")[1]] * n,
+            "emotion": [emotion] * n,
+            "prompt_id": [prompt_id] * n,
             "take": pa.array(range(n), pa.int32()),
             "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
             "duration_s": [2.0] * n,
-            "wer": wers,
-            "quality": quality,
+            **columns,
             "device": ["cpu"] * n,
             **{
                 f"group_{s}_s": [1.0] * n
@@ -142,6 +142,11 @@ def group_parquet(tmp_path, group_id, wers, quality):
     path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
     pq.write_table(table, path)
     return path
+
+
+def group_parquet(tmp_path, group_id, wers, quality):
+    """One group's scores.parquet with a ``wer`` and a ``quality`` column."""
+    return scores_parquet(tmp_path, group_id, {"wer": wers, "quality": quality})
 
 
 SR = 8000  # the sample rate of write_group's takes

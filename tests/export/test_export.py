@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import yaml
-from helpers import REPO, tiny_config, write_tsv
+from helpers import REPO, make_tiny_project, tiny_config
 from readme_snippets import code_blocks
 
 from bestofn.cli import main as cli
@@ -35,20 +35,8 @@ EXPORT_CONFIG = {
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """conftest's project (2 emotions x 2 prompts) with 3 takes a group, run through snakemake."""
-    root = tmp_path_factory.mktemp("export_demo")
-    (root / "config/voices").mkdir(parents=True)
-    shutil.copy(REPO / "config/voices/joe_reference.flac", root / "config/voices/ref.flac")
-    write_tsv(
-        root / "config/emotions.tsv",
-        ["emotion", "description", "reference_audio"],
-        [["calm", "A calm voice.", "config/voices/ref.flac"], ["happy", "A happy voice.", ""]],
-    )
-    write_tsv(
-        root / "config/prompts.tsv",
-        ["prompt_id", "text"],
-        [["p1", "Good morning to you."], ["p2", "It is nine o'clock."]],
-    )
+    """The tiny project (2 emotions x 2 prompts) with 3 takes a group, run through snakemake."""
+    root = make_tiny_project(tmp_path_factory.mktemp("export_demo"))
     config = tiny_config(takes=3, export=EXPORT_CONFIG)
     (root / "config/config.yaml").write_text(yaml.safe_dump(config))
     snakemake(root)

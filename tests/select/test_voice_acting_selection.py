@@ -3,11 +3,9 @@ under the speaker floor or the WER gate never does; norm() is min-max over the w
 checked before any GPU work."""
 
 import duckdb
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, scores_parquet
 
 from bestofn.select.selection import (
     BASE_COLUMNS,
@@ -26,37 +24,14 @@ def takes(tmp_path, group_id, rows):
     """A group's parquet: rows of (ei_anger, ei_sadness, ei_target, wer, spk_sim, blend, genu)."""
     n = len(rows)
     cols = list(zip(*rows, strict=True))
-    emotion, prompt = group_id.split("/")
-    table = pa.table(
-        {
-            "group_id": [group_id] * n,
-            "emotion": [emotion] * n,
-            "prompt_id": [prompt] * n,
-            "take": pa.array(range(n), pa.int32()),
-            "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
-            "duration_s": [2.0] * n,
-            "truncated": [False] * n,
-            "stop_reason": ["eos"] * n,
-            "ei_anger": cols[0],
-            "ei_sadness": cols[1],
-            "ei_target": cols[2],
-            "wer": cols[3],
-            "spk_sim": cols[4],
-            "vc_blend": cols[5],
-            "vc_genuineness": cols[6],
-            "device": ["cpu"] * n,
-            **{
-                f"group_{s}_s": [1.0] * n
-                for s in ("generate", "restore", "score", "load", "write", "wall")
-            },
-            "worker_idle_s": [0.0] * n,
-            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
-            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
-        }
-    )
-    path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
-    pq.write_table(table, path)
-    return path
+    names = ("ei_anger", "ei_sadness", "ei_target", "wer", "spk_sim", "vc_blend",
+             "vc_genuineness")  # fmt: skip
+    columns = {
+        "truncated": [False] * n,
+        "stop_reason": ["eos"] * n,
+        **dict(zip(names, cols, strict=True)),
+    }
+    return scores_parquet(tmp_path, group_id, columns)
 
 
 def selected(tmp_path, files) -> dict[str, int]:
