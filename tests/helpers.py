@@ -115,19 +115,20 @@ def verify(project: Path) -> str:
 # --- hand-made scores.parquet ------------------------------------------------------------------
 
 
-def scores_parquet(tmp_path, group_id, columns: dict):
-    """One group's scores.parquet outside a results folder: the columns every group has, with
-    ``columns`` (name -> one value per take) after ``duration_s``."""
+def scores_table(group_id, columns: dict, results: str = "results", duration_s=2.0, text=None):
+    """One group's scores table: the columns every group has, with ``columns`` (name -> one
+    value per take) after ``duration_s``; a ``text`` column where given."""
     n = len(next(iter(columns.values())))
     emotion, prompt_id = group_id.split("/")
-    table = pa.table(
+    return pa.table(
         {
             "group_id": [group_id] * n,
             "emotion": [emotion] * n,
             "prompt_id": [prompt_id] * n,
             "take": pa.array(range(n), pa.int32()),
-            "flac_path": [f"results/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
-            "duration_s": [2.0] * n,
+            **({"text": [text] * n} if text is not None else {}),
+            "flac_path": [f"{results}/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
+            "duration_s": [duration_s] * n,
             **columns,
             "device": ["cpu"] * n,
             **{
@@ -139,8 +140,12 @@ def scores_parquet(tmp_path, group_id, columns: dict):
             "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
         }
     )
+
+
+def scores_parquet(tmp_path, group_id, columns: dict):
+    """One group's scores.parquet (``scores_table``) outside a results folder."""
     path = tmp_path / f"{group_id.replace('/', '_')}.parquet"
-    pq.write_table(table, path)
+    pq.write_table(scores_table(group_id, columns), path)
     return path
 
 
@@ -164,26 +169,8 @@ def write_group(results: Path, group_id: str, columns: dict, flac: bool = False)
         for i in range(n):
             sf.write(gdir / "takes" / f"{i:03d}.flac", 0.2 * np.sin(2 * np.pi * 220 * (i + 1) * t),
                      SR, subtype="PCM_16")  # fmt: skip
-    table = pa.table(
-        {
-            "group_id": [group_id] * n,
-            "emotion": [emotion] * n,
-            "prompt_id": [prompt_id] * n,
-            "take": pa.array(range(n), pa.int32()),
-            "text": [f"Prompt {prompt_id} & <friends>."] * n,
-            "flac_path": [f"{results.name}/groups/{group_id}/takes/{i:03d}.flac" for i in range(n)],
-            "duration_s": [0.3] * n,
-            **columns,
-            "device": ["cpu"] * n,
-            **{
-                f"group_{s}_s": [1.0] * n
-                for s in ("generate", "restore", "score", "load", "write", "wall")
-            },
-            "worker_idle_s": [0.0] * n,
-            "started_at": pa.array([0] * n, pa.timestamp("s", tz="UTC")),
-            "finished_at": pa.array([10] * n, pa.timestamp("s", tz="UTC")),
-        }
-    )
+    table = scores_table(group_id, columns, results.name, duration_s=0.3,
+                         text=f"Prompt {prompt_id} & <friends>.")  # fmt: skip
     pq.write_table(table, gdir / "scores.parquet")
     return gdir / "scores.parquet"
 

@@ -23,20 +23,6 @@ N_LAYERS = 2
 R, ALPHA = 4, 16
 
 
-def _weight_normed_decoder(seed=1):
-    """A tiny DAC decoder whose convolutions carry weight norm, as DAC trains and saves them."""
-    torch.manual_seed(seed)
-    dec = sidon.DACDecoder(32, 32, sidon.DECODER_RATES)
-    for m in list(dec.modules()):
-        if isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
-            torch.nn.utils.weight_norm(m)
-    with torch.no_grad():  # give Snake alphas non-trivial values
-        for name, p in dec.named_parameters():
-            if name.endswith("alpha"):
-                p.uniform_(0.5, 1.5)
-    return dec.eval()
-
-
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
     from safetensors.torch import save_file
@@ -75,7 +61,7 @@ def release(tmp_path_factory):
             lora[f"{key}.lora_B.weight"] = torch.randn(lin.out_features, R, generator=g) * 0.1
     save_file(lora, str(adapter / "adapter_model.safetensors"))
 
-    decoder = _weight_normed_decoder()
+    decoder = fake_sidon.weight_normed_decoder(32, 32, seed=1)
     torch.save(decoder.state_dict(), adapter / "decoder_state_dict.pt")
     return {
         "root": root,

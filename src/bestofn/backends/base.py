@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -48,8 +49,24 @@ class Backend:
         """Model ids/paths, hashes and settings that made this backend's output."""
         return {"backend": self.name}
 
+    def weights_sha256(self) -> dict:
+        """sha256 of the weight files this backend read (``self._weight_files``), computed once
+        per process (they can be many GB) and through the worker cache's memo
+        (``self._hash_memo``, see ``hash_memo_dir``) across processes."""
+        if not hasattr(self, "_hashes"):
+            from bestofn.util.hashing import hash_files
+
+            self._hashes = hash_files(self._weight_files, self._hash_memo)
+        return self._hashes
+
     def close(self) -> None:  # release GPU memory etc.; optional
         pass
+
+
+def hash_memo_dir(cache_dir) -> Path | None:
+    """Where a backend memoises its weight files' hashes: under the worker's cache directory
+    (``runtime.cache_dir``), none without one."""
+    return Path(cache_dir).expanduser() / "hash-memo" if cache_dir else None
 
 
 class Generator(Backend):

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from bestofn.backends.base import Scorer
+from bestofn.backends.base import Scorer, hash_memo_dir
 from bestofn.util.audio import resample, to_mono
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
@@ -291,7 +291,7 @@ class EmpathicInsightScorer(Scorer):
         )
         self._weight_files = sorted(p for p in enc_dir.iterdir() if p.is_file()) + files
         self._paths = {"encoder_path": str(enc_dir), "heads_path": str(heads_dir)}
-        self._hash_memo = Path(cache_dir).expanduser() / "hash-memo" if cache_dir else None
+        self._hash_memo = hash_memo_dir(cache_dir)
 
     @classmethod
     def from_modules(
@@ -422,14 +422,10 @@ class EmpathicInsightScorer(Scorer):
         return result
 
     def provenance(self) -> dict:
-        if not hasattr(self, "_hashes"):  # ~17 GB of heads: hashed once per process (or memo)
-            from bestofn.util.hashing import hash_files
-
-            self._hashes = hash_files(self._weight_files, self._hash_memo)
         return {
             "backend": self.name,
             **self._paths,
-            "weights_sha256": self._hashes,
+            "weights_sha256": self.weights_sha256(),
             "dtype": self.dtype,
             "heads": {
                 n: {"column": self.column_of[n], "input": self.head_kind[n]}

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bestofn.backends.base import Scorer
+from bestofn.backends.base import Scorer, hash_memo_dir
 from bestofn.util.audio import load_audio, resample, to_mono
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
@@ -137,7 +137,7 @@ class SpeakerScorer(Scorer):
         self._setup(model, fe, device, dtype)
         self._weight_files = sorted(q for q in folder.iterdir() if q.is_file())
         self._paths = {"model_path": str(folder)}
-        self._hash_memo = Path(cache_dir).expanduser() / "hash-memo" if cache_dir else None
+        self._hash_memo = hash_memo_dir(cache_dir)
 
     @classmethod
     def from_modules(cls, model, feature_extractor, device: str = "cpu", dtype: str = "float32"):
@@ -194,14 +194,10 @@ class SpeakerScorer(Scorer):
         return {"spk_sim": [float(s) for s in sims.cpu()], "spk_ref": [label] * len(audios)}
 
     def provenance(self) -> dict:
-        if not hasattr(self, "_hashes"):
-            from bestofn.util.hashing import hash_files
-
-            self._hashes = hash_files(self._weight_files, self._hash_memo)
         return {
             "backend": self.name,
             **self._paths,
-            "weights_sha256": self._hashes,
+            "weights_sha256": self.weights_sha256(),
             "dtype": self.dtype,
             "batched": self.batched,
             "spk_sim": "cos(x-vector, reference voice's) or cos(x-vector, group centroid)",

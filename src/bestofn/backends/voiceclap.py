@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from bestofn.backends.base import Scorer
+from bestofn.backends.base import Scorer, hash_memo_dir
 from bestofn.util.audio import resample, to_mono
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
@@ -269,7 +269,7 @@ class VoiceCLAPScorer(Scorer):
             "genuineness_path": str(genu_file),
             "blend_path": str(blend_file),
         }
-        self._hash_memo = Path(cache_dir).expanduser() / "hash-memo" if cache_dir else None
+        self._hash_memo = hash_memo_dir(cache_dir)
 
     @classmethod
     def from_modules(
@@ -341,14 +341,10 @@ class VoiceCLAPScorer(Scorer):
         return out
 
     def provenance(self) -> dict:
-        if not hasattr(self, "_hashes"):
-            from bestofn.util.hashing import hash_files
-
-            self._hashes = hash_files(self._weight_files, self._hash_memo)
         return {
             "backend": self.name,
             **self._paths,
-            "weights_sha256": self._hashes,
+            "weights_sha256": self.weights_sha256(),
             "dtype": self.dtype,
             "window_samples": self.window,
             "prompt_sim": "cos(audio, emotion_description or emotion) "
