@@ -519,3 +519,45 @@ def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
         got = np.concatenate(parts[i])
         assert got.shape == take.shape == (gen.budget.frames(s.text) * 3840, 2)
         np.testing.assert_allclose(got, take, rtol=0, atol=1e-5 * np.abs(take).max())
+
+
+def test_codec_decoded_beside_the_decode_loop_gives_the_same_chunks(ckpt):
+    """``overlap_codec`` (the CUDA default) runs the decode loop a block ahead in a thread of
+    its own while the caller decodes audio: the same chunks, in the same order per request,
+    as taking turns; closing the render mid-stream stops that thread."""
+    import threading
+
+    import torch
+
+    from bestofn.fakes.moss import always_continue_, build
+    from bestofn.moss.stream import stream_batch
+    from bestofn.util.spec import GroupSpec
+
+    gen = build("cpu", size="tiny", min_frames=6, max_frames=40, codec_dir=str(ckpt),
+                codec_compute_dtype="fp32")  # fmt: skip
+    with torch.no_grad():
+        always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)
+    specs = [
+        GroupSpec("calm", "api", "one two three four five", 1, 7),
+        GroupSpec("calm", "api", "Hi.", 1, 8),
+        GroupSpec("calm", "api", "six seven eight", 1, 9),
+    ]
+
+    def chunks(overlap: bool):
+        per: dict[int, list] = {}
+        for i, audio, last in stream_batch(gen, specs, overlap_codec=overlap):
+            per.setdefault(i, []).append((audio, last))
+        return per
+
+    alone, ahead = chunks(False), chunks(True)
+    assert sorted(alone) == sorted(ahead) == [0, 1, 2]
+    for i in alone:
+        assert [last for _, last in alone[i]] == [last for _, last in ahead[i]]
+        for (a, _), (b, _) in zip(alone[i], ahead[i], strict=True):
+            assert np.array_equal(a, b)
+    before = {t.name for t in threading.enumerate()}
+    it = stream_batch(gen, specs, overlap_codec=True)
+    next(it)
+    assert "bestofn-decode-ahead" in {t.name for t in threading.enumerate()}
+    it.close()  # a client that leaves: the thread ends with the render
+    assert {t.name for t in threading.enumerate()} <= before

@@ -1,0 +1,143 @@
+"""Where the speech service's time goes inside the worker: the product's own streaming render
+(``bestofn.core.speech.stream_batch`` on a moss-fast generator, exactly what the worker's
+speech batcher calls), with B requests at once, timed in three parts:
+
+- ``decode_loop_s``: inside the continuous decoder (frame steps, the host sync every
+  ``STEP_FRAMES`` frames, joins);
+- ``codec_s``: the codec's streaming decode of the new frames (CUDA-synchronised);
+- the rest (Python around them, the host copies of the audio).
+
+No HTTP, no encoding: ``audio_s_per_s`` here is the ceiling of ``bestofn serve`` at that
+concurrency; the gap to the served figure is the server's. The first render of each batch size
+is a warm-up (compiles, CUDA-graph captures) and is reported apart.
+
+    PYTHONPATH=src python3 -m lab.probes.speech_profile \
+        --model-dir W/MOSS-TTS-Local-Transformer-v1.5 --codec-dir W/MOSS-Audio-Tokenizer-v2 \
+        --batches 1,64,128 [--out FILE]
+CPU smoke: ``--device cpu --batches 1,2`` on ``bestofn fake-weights --size tiny``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+TEXT = "The train leaves at nine, so please be on time and bring the tickets with you."
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def render(gen, batch: int, device: str, seed0: int) -> dict:
+    """One ``stream_batch`` of ``batch`` requests, timed by part."""
+    from bestofn.core import speech
+    from bestofn.moss import continuous
+    from bestofn.util.spec import GroupSpec
+
+    timers = {"decode_loop_s": 0.0, "codec_s": 0.0}
+    decoder = continuous.decoder_for(gen.engine)
+    codec = gen._codec()
+    real_run, real_stream = decoder.run, getattr(codec, "stream_decoder", None)
+
+    def timed_run(*a, **k):
+        it = real_run(*a, **k)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                block = next(it)
+            except StopIteration:
+                return
+            finally:
+                timers["decode_loop_s"] += time.perf_counter() - t0
+            yield block
+
+    def timed_stream(*a, **k):
+        streamer = real_stream(*a, **k)
+        inner = streamer.decode
+
+        def decode(new):
+            _sync(device)
+            t0 = time.perf_counter()
+            out = inner(new)
+            _sync(device)
+            timers["codec_s"] += time.perf_counter() - t0
+            return out
+
+        streamer.decode = decode
+        return streamer
+
+    decoder.run = timed_run
+    if real_stream is not None:
+        codec.stream_decoder = timed_stream
+    specs = [
+        GroupSpec(emotion="calm", prompt_id=f"p{i}", text=TEXT, n_takes=1, base_seed=seed0 + i)
+        for i in range(batch)
+    ]
+    first: dict[int, float] = {}
+    samples = 0
+    try:
+        _sync(device)
+        t0 = time.perf_counter()
+        for i, audio, _last in speech.stream_batch(gen, specs):
+            if isinstance(audio, BaseException):
+                raise audio
+            a = np.asarray(audio)
+            if a.shape[0] and i not in first:
+                first[i] = time.perf_counter() - t0
+            samples += a.shape[0]
+        wall = time.perf_counter() - t0
+    finally:
+        decoder.run = real_run
+        if real_stream is not None:
+            codec.stream_decoder = real_stream
+    audio_s = samples / gen.sample_rate
+    rest = wall - timers["decode_loop_s"] - timers["codec_s"]
+    return {
+        "batch": batch,
+        "wall_s": round(wall, 4),
+        "audio_s": round(audio_s, 2),
+        "audio_s_per_s": round(audio_s / wall, 1) if wall else None,
+        "ttfa_mean_ms": round(1000 * sum(first.values()) / max(1, len(first)), 1),
+        **{k: round(v, 4) for k, v in timers.items()},
+        "other_s": round(rest, 4),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--codec-dir", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batches", default="1,64,128")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", help="write the rows as JSON lines here too")
+    args = ap.parse_args(argv)
+    from bestofn.backends import registry
+
+    opts = {"model_dir": args.model_dir, "codec_dir": args.codec_dir}
+    t0 = time.perf_counter()
+    gen = registry.build("generator", "moss-fast", opts, device=args.device)
+    print(json.dumps({"load_s": round(time.perf_counter() - t0, 2)}), flush=True)
+    rows = []
+    for b in (int(x) for x in args.batches.split(",")):
+        warm = render(gen, b, args.device, seed0=10_000)
+        rows.append({**warm, "warmup": True})
+        print(json.dumps(rows[-1]), flush=True)
+        for r in range(args.repeats):
+            rows.append(render(gen, b, args.device, seed0=1000 * r))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
