@@ -18,9 +18,7 @@ alone, in a batch, or joined mid-flight it gets the same frames."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -31,7 +29,6 @@ STEP_FRAMES = 4  # engine hands out codes this often (one host sync each)
 FIRST_CHUNK_FRAMES = 4  # 0.32 s of audio at 12.5 Hz: the first chunk of each request
 CHUNK_FRAMES = 16  # then 1.28 s per chunk
 OVERLAP_FRAMES = 8  # left context decoded again before each chunk (its audio dropped)
-_END = object()  # the decode loop ended
 
 
 def decode_window(codec, windows: list[torch.Tensor], skip: list[int]) -> list[np.ndarray]:
@@ -54,7 +51,6 @@ def stream_batch(
     overlap: int = OVERLAP_FRAMES,
     step: int = STEP_FRAMES,
     max_batch: int | None = None,
-    overlap_codec: bool | None = None,
 ) -> Iterator[tuple[int, np.ndarray, bool]]:
     """``bestofn.core.speech.stream_batch`` for a ``MossFastGenerator``: (index, audio, last).
 
@@ -114,121 +110,57 @@ def stream_batch(
     # exact streaming: one cache slot per request in flight (at most max_batch at a time)
     streamer = codec.stream_decoder(max_batch) if hasattr(codec, "stream_decoder") else None
     free_slots, slot_of = list(range(max_batch)), {}
-
-    def chunks_of(block) -> list[tuple[int, np.ndarray, bool]]:
-        """The codec's audio for the requests of ``block`` with a chunk's worth of new frames
-        (or that finished)."""
-        ready, windows, skip, done = [], [], [], []
-        for u in block:
-            b = u.key
-            if u.codes.shape[0]:
-                codes[b] = torch.cat([codes[b], u.codes])
-            total = codes[b].shape[0]
-            need = first_chunk if emitted[b] == 0 else chunk
-            if not u.finished and total - emitted[b] < need:
-                continue
-            ready.append(b)
-            done.append(u.finished)
-            w0 = max(0, emitted[b] - overlap)
-            windows.append(codes[b][w0:total])
-            skip.append(emitted[b] - w0)
-        if not ready:
-            return []
-        todo_ix = [i for i, b in enumerate(ready) if codes[b].shape[0] > emitted[b]]
-        audios: list = [empty] * len(ready)
-        if todo_ix and streamer is not None:
-            new = {}
-            for i in todo_ix:
-                b = ready[i]
-                if b not in slot_of:
-                    if not free_slots and cancelled is not None:
-                        # requests cancelled mid-stream end without a last update
-                        for k in [k for k in slot_of if cancelled(k)]:
-                            free_slots.append(slot_of.pop(k))
-                    slot_of[b] = free_slots.pop()
-                    streamer.reset(slot_of[b])
-                new[slot_of[b]] = codes[b][emitted[b] :]
-            decoded = streamer.decode(new)
-            for i in todo_ix:
-                audio = decoded[slot_of[ready[i]]]
-                audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
-        elif todo_ix:
-            decoded = decode_window(
-                codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
-            )
-            for i, audio in zip(todo_ix, decoded, strict=True):
-                audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
-        out = []
-        for b, audio, finished in zip(ready, audios, done, strict=True):
-            emitted[b] = codes[b].shape[0]
-            if finished:
-                codes[b] = codes[b][:0]  # its frames are no longer needed
-                if b in slot_of:
-                    free_slots.append(slot_of.pop(b))
-            out.append((b, audio, finished))
-        return out
-
     updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch)
-    on_cuda = torch.device(gen.device).type == "cuda"
-    if overlap_codec is None:
-        overlap_codec = on_cuda
-    blocks = _ahead(updates) if overlap_codec else updates
-    # the codec's kernels on a stream of their own, beside the decode loop's (no-op: None)
-    codec_stream = torch.cuda.Stream(gen.device) if overlap_codec and on_cuda else None
     try:
-        for block in blocks:
+        for block in updates:
             yield from report_failed()
-            with torch.cuda.stream(codec_stream):
-                out = chunks_of(block)
-            yield from out
+            ready, windows, skip, done = [], [], [], []
+            for u in block:
+                b = u.key
+                if u.codes.shape[0]:
+                    codes[b] = torch.cat([codes[b], u.codes])
+                total = codes[b].shape[0]
+                need = first_chunk if emitted[b] == 0 else chunk
+                if not u.finished and total - emitted[b] < need:
+                    continue
+                ready.append(b)
+                done.append(u.finished)
+                w0 = max(0, emitted[b] - overlap)
+                windows.append(codes[b][w0:total])
+                skip.append(emitted[b] - w0)
+            if not ready:
+                continue
+            todo_ix = [i for i, b in enumerate(ready) if codes[b].shape[0] > emitted[b]]
+            audios: list = [empty] * len(ready)
+            if todo_ix and streamer is not None:
+                new = {}
+                for i in todo_ix:
+                    b = ready[i]
+                    if b not in slot_of:
+                        if not free_slots and cancelled is not None:
+                            # requests cancelled mid-stream end without a last update
+                            for k in [k for k in slot_of if cancelled(k)]:
+                                free_slots.append(slot_of.pop(k))
+                        slot_of[b] = free_slots.pop()
+                        streamer.reset(slot_of[b])
+                    new[slot_of[b]] = codes[b][emitted[b] :]
+                decoded = streamer.decode(new)
+                for i in todo_ix:
+                    audio = decoded[slot_of[ready[i]]]
+                    audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
+            elif todo_ix:
+                decoded = decode_window(
+                    codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
+                )
+                for i, audio in zip(todo_ix, decoded, strict=True):
+                    audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
+            for b, audio, finished in zip(ready, audios, done, strict=True):
+                emitted[b] = codes[b].shape[0]
+                if finished:
+                    codes[b] = codes[b][:0]  # its frames are no longer needed
+                    if b in slot_of:
+                        free_slots.append(slot_of.pop(b))
+                yield b, audio, finished
         yield from report_failed()
     finally:
-        blocks.close()
-
-
-def _ahead(updates: Iterator, depth: int = 2) -> Generator:
-    """``updates`` (the continuous decoder's blocks) run in a thread of their own, up to
-    ``depth`` blocks ahead of the caller: the frame steps of the next block go on while the
-    caller decodes this block's audio. The decode loop replays CUDA graphs (little host work)
-    and the streaming codec is launch-bound host work, so the two overlap on the GPU instead of
-    taking turns. Output bits are the same: each side runs the same kernels on the same inputs,
-    in the same order. Closing the returned generator stops the thread at its next block."""
-    blocks: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def produce():
-        try:
-            for block in updates:
-                while not stop.is_set():
-                    try:
-                        blocks.put(block, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    break
-            item = _END
-        except BaseException as e:  # handed to the caller, raised there
-            item = e
-        finally:
-            updates.close()
-        while not stop.is_set():
-            try:
-                blocks.put(item, timeout=0.05)
-                return
-            except queue.Full:
-                continue
-
-    thread = threading.Thread(target=produce, name="bestofn-decode-ahead", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = blocks.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
+        updates.close()
