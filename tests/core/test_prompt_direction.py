@@ -113,6 +113,7 @@ def test_a_prompts_language_reaches_the_group_and_the_generators_tag(project):
     langs = {p: plan.groups[("calm", p)].language for p in ("p1", "p2", "p3")}
     assert langs == {"p1": "fr", "p2": "de", "p3": "es"}
     assert [language_tag(v) for v in langs.values()] == ["French", "German", "Spanish"]
+    assert (language_tag("pt-BR"), language_tag("en_GB")) == ("Portuguese", "English")
     moved = {p: plan.group_identity("calm", p) for p in langs}
     sheets(project, [["p1", "C’est un os. Un vrai.", "", "", "en"],
                      ["p2", "Scheiße, hinter mir, bitte nicht.", "", "", "de"],
@@ -135,3 +136,18 @@ def test_an_english_only_asr_refuses_other_languages(project):
         build_plan(config_for(project, scorers=whisper), project)
     sheets(project, [["p1", "Good morning to you all.", "", "", "en"]])
     build_plan(config_for(project, scorers=whisper), project)  # English: fine
+
+
+def test_the_moss_prompt_carries_the_groups_language_and_direction(project):
+    """A plan's group, handed to moss-fast (tiny random weights, byte tokenizer): its prompt's
+    Language and Instruction fields are the prompt row's."""
+    from bestofn.fakes.moss import build
+
+    sheets(project, [["p1", "C’est un os. Un vrai.", "", "gasp", "fr"]],
+           [["Fear", "Afraid.", "", "fear, dread"]])  # fmt: skip
+    spec = build_plan(config_for(project), project).groups[("Fear", "p1")]
+    gen = build("cpu", size="tiny", instruction="none")
+    ids = gen.prompt(spec)[:, 0].tolist()
+    body = bytes(t for t in ids if t < 256).decode("utf-8")
+    assert "- Instruction:\nextremely fear, dread. includes this vocal burst: gasp.\n" in body
+    assert "- Language:\nFrench\n- Text:\nC’est un os. Un vrai.\n" in body
