@@ -18,8 +18,18 @@ import pytest
 import yaml
 from helpers import Hub, sha
 
+from bestofn.backends.base import Generator
 from bestofn.cli import main as bestofn
 from bestofn.core.plan import build_plan, read_sheet
+
+
+class InstructedGenerator(Generator):
+    """A generator that takes an ``instruction`` option, as the MOSS ones do (never run)."""
+
+    name = "instructed"
+
+    def __init__(self, device: str = "cpu", instruction="none"):
+        self.instruction = instruction
 
 
 def scene(i, language, emotions, prompt, key="emotions_sampled"):
@@ -150,7 +160,7 @@ def hub(tmp_path):
     tar = emotion_prompts_tar(tmp_path / "g.tar", EMOTION_FILES)
     Hub.files = {
         "laion/voice-acting-prompts": {"geminittsprompts-output-en.tar": tar.read_bytes(),
-                                        "README.md": b"# card\n"},
+                                        "other-set.tar": b"not fetched", "README.md": b"# card\n"},
         "laion/voice-acting-instructions": {"casting/part-000.csv": casting_csv()},
     }  # fmt: skip
     Hub.requests = []
@@ -171,12 +181,15 @@ def cli(env, *argv):
 def test_voice_acting_prompts_through_the_hub(tmp_path, hub):
     out = tmp_path / "sheets"
     proc = cli(hub, "prompts", "import", "laion/voice-acting-prompts", "--out", str(out),
-               "--revision", "main")  # fmt: skip
+               "--revision", "main", "--include", "geminittsprompts-output-en.tar")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "1 skipped" in proc.stdout and "4 written" in proc.stdout
     info = json.loads((out / "import.json").read_text())
     assert info["commit"] == sha("laion/voice-acting-prompts") and info["revision"] == "main"
-    assert info["files"] == ["geminittsprompts-output-en.tar"]  # the README is not fetched
+    assert info["files"] == ["geminittsprompts-output-en.tar"]  # not the other archive
+    fetched = {p for method, p in Hub.requests if method == "GET" and "/resolve/" in p}
+    assert fetched == {f"/datasets/laion/voice-acting-prompts/resolve/{info['commit']}/"
+                       "geminittsprompts-output-en.tar"}  # at the resolved commit  # fmt: skip
     prompts = sheet(out / "prompts.tsv")
     hope = prompts["alice-Hope_Optimism-nervous_laugh-0"]
     assert hope["text"] == "We made it, we actually made it through the storm!"  # tag stripped
@@ -225,6 +238,22 @@ def test_a_local_copy_of_a_hub_set(tmp_path, capsys):
     assert row["language"] == "de"  # the archive's -de suffix
 
 
+def test_a_local_casting_file_with_languages(tmp_path, capsys):
+    rows = [{"instruction": "Une voix douce.", "text": "Je t’attendrai ici, c’est promis.",
+             "language": "French"},
+            {"instruction": "A calm voice.", "text": "I will wait for you right here.",
+             "language": "en"}]  # fmt: skip
+    _write(tmp_path / "c/part.parquet", parquet_bytes(rows))
+    rc, out, err = run(["prompts", "import", str(tmp_path / "c"), "--out", str(tmp_path / "s")],
+                       capsys)  # fmt: skip
+    assert rc == 0, err
+    langs = {r["text"]: r["language"] for r in sheet(tmp_path / "s/prompts.tsv").values()}
+    assert langs == {
+        "Je t’attendrai ici, c’est promis.": "fr",
+        "I will wait for you right here.": "en",
+    }
+
+
 def parquet_bytes(rows):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -271,6 +300,8 @@ BAD_INPUTS = {
     "parquet": (one_file("rows.parquet", b"PAR1 not really"), "rows.parquet", "malformed parquet"),
     "parquet-empty-text": (one_file("rows.parquet", parquet_bytes(ROWS)), "rows.parquet row 1",
                            "empty text"),
+    "csv-language": (one_file("rows.csv", b"instruction,text,language\nA.,One two three.,xx\n"),
+                     "rows.csv row 2", "language 'xx' is none of en (English)"),
     "tar-json": (one_tar({"a/Anger/growl.json": "x"}, corrupt=True), MEMBER + "Anger/growl.json",
                  "malformed JSON"),
     "tar-head": (one_tar({"a/Boredom/sigh.json": ["One two three four."]}),
@@ -311,7 +342,7 @@ def test_the_imported_sheets_plan_with_language_and_direction(tmp_path, capsys):
     assert run(["prompts", "import", str(clone), "--out", str(tmp_path / "config")], capsys)[0] == 0
     config = {
         "emotions": "config/emotions.tsv", "prompts": "config/prompts.tsv", "takes": 2,
-        "models": {"generator": {"backend": "test_prompt_direction:InstructedGenerator",
+        "models": {"generator": {"backend": "test_prompt_import:InstructedGenerator",
                                  "options": {"instruction": "extremely {emotion_synonyms}."}},
                    "restorer": {"backend": "identity"}, "scorers": [{"backend": "duration"}]},
         "selection": {"filter": "true", "score": "1"},

@@ -5,14 +5,24 @@ SYNTHETIC_DATA_RECIPE.md section 1c: "124,349 CSV rows"; text keeps inline burst
 
 NOT published: the files' names and folders, and whether a Parquet conversion sits beside the
 CSVs. This reader takes every ``*.csv`` and ``*.parquet`` in the snapshot; a ``language``
-column, where a file has one, gives each row's language (else English)."""
+column, where a file has one, gives each row's language (English, French, Spanish or German,
+by name or code; else English)."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
-from bestofn.prompts.sheets import Parsed, Prompt, SourceError, add, safe_id, strip_tags
+from bestofn.prompts.sheets import (
+    LANGUAGES,
+    Parsed,
+    Prompt,
+    SourceError,
+    add,
+    language_code,
+    safe_id,
+    strip_tags,
+)
 
 REPO = "laion/voice-acting-instructions"
 PATTERNS = ["*.csv", "**/*.csv", "*.parquet", "**/*.parquet"]
@@ -32,10 +42,17 @@ def parse(folder: Path) -> Parsed:
             text = strip_tags(str(row.get("text") or ""))
             if not text:
                 raise SourceError(f"{path} row {n}: empty text")
+            named = str(row.get("language") or "en")
+            language = language_code(named)
+            if language is None:
+                raise SourceError(
+                    f"{path} row {n}: language {named!r} is none of "
+                    f"{', '.join(f'{v} ({k.title()})' for k, v in LANGUAGES.items())}"
+                )
             add(parsed, Prompt(
                 prompt_id=safe_id("vai", stem, str(n)), text=text, head=None,
                 instruction=" ".join(str(row.get("instruction") or "").split()),
-                language=str(row.get("language") or "en").strip().lower(),
+                language=language,
             ))  # fmt: skip
     return parsed
 

@@ -34,6 +34,11 @@ def add_parser(sub) -> None:
     q.add_argument("--seed", type=int, default=0, help="seed of the draw (default 0)")
     q.add_argument("--revision", default="main",
                    help="hub revision (branch, tag or commit) of a hub SOURCE")  # fmt: skip
+    q.add_argument(
+        "--include", action="append", metavar="GLOB",
+        help="fetch only the hub files matching GLOB (repeatable), e.g. "
+        "geminittsprompts-output-en.tar; default: every file of the set's kind",
+    )  # fmt: skip
     q.add_argument("--set", choices=SETS, dest="set_name",
                    help="which set a local folder holds (default: told by its files)")  # fmt: skip
     q.set_defaults(func=_import)
@@ -66,10 +71,16 @@ def _which(source: str, folder: Path | None, set_name: str | None) -> str:
 
 
 def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revision: str,
-               set_name: str | None = None) -> dict:  # fmt: skip
+               set_name: str | None = None, include: list[str] | None = None) -> dict:  # fmt: skip
     """Parse, draw and write; the sidecar's contents. SourceError: nothing written."""
     from bestofn.prompts import casting, dramabox, emotion_prompts
-    from bestofn.prompts.sheets import SourceError, draw, unique_ids, write_outputs
+    from bestofn.prompts.sheets import (
+        MIN_DIALOGUE_WORDS,
+        SourceError,
+        draw,
+        unique_ids,
+        write_outputs,
+    )
 
     if per_emotion is not None and per_emotion < 1:
         raise SourceError(f"--per-emotion: {per_emotion} is not a positive count")
@@ -87,20 +98,22 @@ def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revis
             raise SourceError(f"{source}: DramaBox is read from a local clone, not the hub")
         from bestofn.prompts.hub import fetch_dataset
 
-        folder, commit = fetch_dataset(source, revision, module.PATTERNS)
+        folder, commit = fetch_dataset(source, revision, include or module.PATTERNS)
     parsed = module.parse(folder)
     chosen = unique_ids(draw(parsed.prompts, per_emotion, seed))
     if not chosen:
         raise SourceError(
-            f"{folder}: no prompt has {4} or more dialogue words ({parsed.skipped_short} skipped)"
+            f"{folder}: no prompt has {MIN_DIALOGUE_WORDS} or more dialogue words "
+            f"({parsed.skipped_short} skipped)"
         )
-    _check_rows(chosen)
+    _check_rows(chosen, source)
     sidecar = {
         "set": kind,
         "source": source,
         "revision": revision if commit else None,
         "commit": commit,
         "files": parsed.files,
+        "include": include,
         "seed": seed,
         "per_emotion": per_emotion,
         "prompts_read": len(parsed.prompts) + parsed.skipped_short,
@@ -111,7 +124,7 @@ def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revis
     return sidecar
 
 
-def _check_rows(prompts) -> None:
+def _check_rows(prompts, source: str) -> None:
     """Each row as the prompts sheet's schema wants it, before anything is written."""
     import jsonschema
 
@@ -124,8 +137,8 @@ def _check_rows(prompts) -> None:
         for err in validator.iter_errors(cells):
             field = ".".join(map(str, err.absolute_path)) or "row"
             raise SourceError(
-                f"prompt {cells['prompt_id']}: field {field!r} ({cells.get(field, '')!r}) "
-                f"{err.message}"
+                f"{source}: prompt {cells['prompt_id']}: field {field!r} "
+                f"({cells.get(field, '')!r}) {err.message}"
             )
 
 
@@ -134,7 +147,7 @@ def _import(args) -> int:
 
     try:
         info = run_import(args.source, Path(args.out), args.per_emotion, args.seed,
-                          args.revision, args.set_name)  # fmt: skip
+                          args.revision, args.set_name, args.include)  # fmt: skip
     except SourceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

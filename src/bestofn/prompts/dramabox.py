@@ -17,9 +17,16 @@ import json
 from pathlib import Path
 
 from bestofn.prompts.heads import EMOTION_HEADS, head_for
-from bestofn.prompts.sheets import Parsed, Prompt, SourceError, add, quoted_dialogue, safe_id
-
-LANGUAGES = {"english": "en", "french": "fr", "spanish": "es", "german": "de"}
+from bestofn.prompts.sheets import (
+    LANGUAGES,
+    Parsed,
+    Prompt,
+    SourceError,
+    add,
+    language_code,
+    quoted_dialogue,
+    safe_id,
+)
 
 
 def files(folder: Path) -> list[Path]:
@@ -55,7 +62,7 @@ def _scene(path: Path, subset: str, i: int, item) -> Prompt:
     if not isinstance(prompt, str) or not prompt.strip():
         raise SourceError(f"{where}: empty or missing dramabox_prompt")
     name = str(item.get("language") or "")
-    language = LANGUAGES.get(name.strip().lower())
+    language = language_code(name)
     if language is None:
         raise SourceError(
             f"{where}: language {name!r} is none of {', '.join(s.title() for s in LANGUAGES)}"

@@ -10,7 +10,7 @@ import os
 import random
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bestofn.prompts.heads import emotion_id
@@ -21,6 +21,16 @@ _BRACKET_TAG = re.compile(r"\[[^\]]*\]")
 _PARENTHETICAL = re.compile(r"\([^)]*\)")
 _QUOTED = re.compile(r'"([^"]*)"')
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+# the language names the sets write -> the ISO 639-1 codes of the prompts sheet
+LANGUAGES = {"english": "en", "french": "fr", "spanish": "es", "german": "de"}
+
+
+def language_code(value: str) -> str | None:
+    """``French`` or ``fr`` -> ``fr``; None for a name not in LANGUAGES."""
+    value = value.strip().lower()
+    return LANGUAGES.get(value) or (value if value in LANGUAGES.values() else None)
 
 
 class SourceError(ValueError):
@@ -100,7 +110,7 @@ def unique_ids(prompts: list[Prompt]) -> list[Prompt]:
         n = seen.get(p.prompt_id, 0)
         seen[p.prompt_id] = n + 1
         if n:
-            p = Prompt(**{**p.__dict__, "prompt_id": f"{p.prompt_id}.{n}"})
+            p = replace(p, prompt_id=f"{p.prompt_id}.{n}")
         out.append(p)
     return out
 
