@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 from helpers import snakemake, verify
@@ -61,9 +62,26 @@ def test_imported_sheets_run_through_snakemake(project):
     assert planned_groups(project) == groups  # each prompt with its own emotion only
     snakemake(project)
     verify(project)  # every take row against its FLAC
+    langs = {}
     for g in groups:
-        assert (project / "results/groups" / g / "scores.parquet").is_file()
+        table = pq.read_table(project / "results/groups" / g / "scores.parquet")
+        langs[g] = set(table.column("language").to_pylist())
+    assert langs == dict(zip(groups, [{"fr"}, {"en"}, {"de"}], strict=True))
     assert planned_groups(project) == []
+    # exported as lhotse cuts, each supervision in its take's language
+    proc = subprocess.run(
+        [str(BIN / "bestofn"), "export", "results", "--config", "config/config.yaml", "--out",
+         "export", "--format", "lhotse", "--which", "all"],
+        cwd=project, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from lhotse import SupervisionSet
+
+    sups = [s for f in (project / "export").glob("supervisions_*.jsonl.gz")
+            for s in SupervisionSet.from_file(f)]  # fmt: skip
+    assert {s.id.rsplit("/", 1)[0]: s.language for s in sups} == {
+        g: lang for g, (lang,) in langs.items()
+    }
 
     # The generator (piper) takes no instruction: a new instruction or burst changes no take.
     rows = read_sheet(project / "imported/prompts.tsv", "prompts")
