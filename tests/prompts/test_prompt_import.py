@@ -105,6 +105,22 @@ def test_dramabox_from_a_local_clone(tmp_path, capsys):
     assert info["set"] == "dramabox" and info["commit"] is None and info["skipped_short"] == 2
 
 
+def test_long_prompts_are_noted_or_left_out(tmp_path, capsys):
+    line = " ".join(["word"] * 90)
+    fear = "Fear (clearly present)"
+    scenes = [scene(1, "English", fear, f'A man. "{line}"'),
+              scene(2, "English", fear, 'A man. "Four short words here."')]  # fmt: skip
+    clone = dramabox_clone(tmp_path / "clone", scenes, [])
+    rc, out, err = run(["prompts", "import", str(clone), "--out", str(tmp_path / "a")], capsys)
+    assert rc == 0 and "note: 1 written prompts have more than 80 words" in err
+    assert len(sheet(tmp_path / "a/prompts.tsv")) == 2
+    argv = ["prompts", "import", str(clone), "--out", str(tmp_path / "b"), "--max-words", "80"]
+    rc, out, err = run(argv, capsys)
+    assert rc == 0 and "1 prompts left out: more than --max-words 80" in out and not err
+    assert list(sheet(tmp_path / "b/prompts.tsv")) == ["db-sit_situation-2"]
+    assert json.loads((tmp_path / "b/import.json").read_text())["skipped_long"] == 1
+
+
 def test_the_draw_is_reproducible_by_seed(tmp_path, capsys):
     scenes = [scene(i, "English", "Fear (clearly present)", f'A man. "Line number {i} is here."')
               for i in range(40)]  # fmt: skip

@@ -39,6 +39,11 @@ def add_parser(sub) -> None:
         help="fetch only the hub files matching GLOB (repeatable), e.g. "
         "geminittsprompts-output-en.tar; default: every file of the set's kind",
     )  # fmt: skip
+    q.add_argument(
+        "--max-words", type=int, metavar="N",
+        help="leave out (and count) prompts of more than N words; default: keep them and say "
+        "how many exceed the config's default max_words, which the plan refuses",
+    )  # fmt: skip
     q.add_argument("--set", choices=SETS, dest="set_name",
                    help="which set a local folder holds (default: told by its files)")  # fmt: skip
     q.set_defaults(func=_import)
@@ -71,7 +76,8 @@ def _which(source: str, folder: Path | None, set_name: str | None) -> str:
 
 
 def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revision: str,
-               set_name: str | None = None, include: list[str] | None = None) -> dict:  # fmt: skip
+               set_name: str | None = None, include: list[str] | None = None,
+               max_words: int | None = None) -> dict:  # fmt: skip
     """Parse, draw and write; the sidecar's contents. SourceError: nothing written."""
     from bestofn.prompts import casting, dramabox, emotion_prompts
     from bestofn.prompts.sheets import (
@@ -81,9 +87,11 @@ def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revis
         unique_ids,
         write_outputs,
     )
+    from bestofn.schemas import schema
 
-    if per_emotion is not None and per_emotion < 1:
-        raise SourceError(f"--per-emotion: {per_emotion} is not a positive count")
+    for flag, n in (("--per-emotion", per_emotion), ("--max-words", max_words)):
+        if n is not None and n < 1:
+            raise SourceError(f"{flag}: {n} is not a positive count")
     path = Path(source).expanduser()
     folder = path if path.exists() else None
     if folder is not None and not folder.is_dir():
@@ -100,11 +108,15 @@ def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revis
 
         folder, commit = fetch_dataset(source, revision, include or module.PATTERNS)
     parsed = module.parse(folder)
-    chosen = unique_ids(draw(parsed.prompts, per_emotion, seed))
+    # the plan refuses a prompt of more than the config's max_words (schema default unless set)
+    limit = max_words or schema("config")["properties"]["max_words"]["default"]
+    kept = [p for p in parsed.prompts if not max_words or len(p.text.split()) <= limit]
+    skipped_long = len(parsed.prompts) - len(kept)
+    chosen = unique_ids(draw(kept, per_emotion, seed))
     if not chosen:
         raise SourceError(
-            f"{folder}: no prompt has {MIN_DIALOGUE_WORDS} or more dialogue words "
-            f"({parsed.skipped_short} skipped)"
+            f"{folder}: no prompt left ({parsed.skipped_short} of fewer than "
+            f"{MIN_DIALOGUE_WORDS} dialogue words, {skipped_long} of more than --max-words)"
         )
     _check_rows(chosen, source)
     sidecar = {
@@ -118,6 +130,9 @@ def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revis
         "per_emotion": per_emotion,
         "prompts_read": len(parsed.prompts) + parsed.skipped_short,
         "skipped_short": parsed.skipped_short,
+        "max_words": limit,
+        "skipped_long": skipped_long,
+        "over_max_words": 0 if max_words else sum(len(p.text.split()) > limit for p in chosen),
         "prompts_written": len(chosen),
     }
     write_outputs(out, chosen, sidecar)
@@ -147,11 +162,20 @@ def _import(args) -> int:
 
     try:
         info = run_import(args.source, Path(args.out), args.per_emotion, args.seed,
-                          args.revision, args.set_name, args.include)  # fmt: skip
+                          args.revision, args.set_name, args.include, args.max_words)  # fmt: skip
     except SourceError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     at = f" at {info['commit']}" if info["commit"] else ""
+    if info["skipped_long"]:
+        print(f"{info['skipped_long']} prompts left out: more than --max-words {args.max_words}")
+    if info["over_max_words"]:
+        print(
+            f"note: {info['over_max_words']} written prompts have more than {info['max_words']} "
+            "words, the config's default max_words: raise max_words in the config, or import "
+            f"with --max-words {info['max_words']} to leave them out",
+            file=sys.stderr,
+        )
     print(
         f"{info['set']}{at}: {info['prompts_read']} prompts read, {info['skipped_short']} "
         f"skipped (fewer than 4 dialogue words), {info['prompts_written']} written to "
