@@ -151,3 +151,12 @@ def test_the_moss_prompt_carries_the_groups_language_and_direction(project):
     body = bytes(t for t in ids if t < 256).decode("utf-8")
     assert "- Instruction:\nextremely fear, dread. includes this vocal burst: gasp.\n" in body
     assert "- Language:\nFrench\n- Text:\nC’est un os. Un vrai.\n" in body
+
+
+def test_direction_a_generator_cannot_take_is_noted(project):
+    """piper takes no instruction: the plan runs, and says the column is unused."""
+    sheets(project, [["p1", "Good morning to you all.", "Whisper it.", "sigh", ""]])
+    config = yaml.safe_load((project / "config/config.yaml").read_text())
+    plan = build_plan(config, project)
+    assert "instruction" not in plan.groups[("calm", "p1")].extra
+    assert any("the 'instruction' column is unused: generator 'piper'" in w for w in plan.warnings)
