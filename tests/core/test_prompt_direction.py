@@ -74,6 +74,11 @@ def test_precedence_prompt_then_emotion_then_option(project):
     assert instr[("Anger", "p1")] == "Seethe, then explode."  # the emotion's cell beats the option
     assert instr[(hope, "p2")] == instr[("Anger", "p2")] == "Whisper it, cold as ice."  # prompt
     assert instr[(hope, "p3")] == instr[("Anger", "p3")] == ""  # the prompt says none
+    assert not any("vocal_burst" in w for w in plan.warnings)  # p2, p3 have their own text
+    sheets(project, [["p1", "We made it through the storm.", "", "", ""]], EMOTIONS)
+    plan = build_plan(config_for(project), project)
+    assert any("reads {vocal_burst}, but prompt(s) p1 have no vocal_burst" in w
+               for w in plan.warnings)  # fmt: skip
 
 
 def test_a_changed_template_replans_only_the_groups_whose_text_changed(project):

@@ -322,6 +322,7 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         raise PlanError(errors[0])
     if takes_instruction:
         notes += voice_acting.same_for_every_emotion(groups, epath)
+        notes += voice_acting.missing_bursts(instruction, prompts, ppath)
     elif any(p.get("instruction") for p in prompts):
         notes.append(
             f"note: {ppath}: the 'instruction' column is unused: generator "

@@ -63,6 +63,24 @@ def group_extra(emotion: dict, prompt: dict, takes_instruction: bool, option) ->
     return extra
 
 
+def missing_bursts(option, prompts: list[dict], sheet: Path) -> list[str]:
+    """A note when the option's template reads ``{vocal_burst}`` and prompts that take their
+    Instruction from it have no burst: their text would say "vocal burst: ." with nothing."""
+    if not isinstance(option, str) or "{vocal_burst}" not in option:
+        return []
+    bare = [
+        p["prompt_id"] for p in prompts
+        if not (p.get("vocal_burst") or "").strip() and not (p.get("instruction") or "").strip()
+    ]  # fmt: skip
+    if not bare:
+        return []
+    more = f" and {len(bare) - 5} more" if len(bare) > 5 else ""
+    return [
+        f"note: {sheet}: the instruction template reads {{vocal_burst}}, but prompt(s) "
+        f"{', '.join(bare[:5])}{more} have no vocal_burst: their instruction leaves it empty"
+    ]
+
+
 # ASR backends that read one language only, and that language
 ENGLISH_ONLY_ASR = {"whisper-asr": "faster-whisper tiny.en"}
 
