@@ -243,6 +243,19 @@ def test_a_set_the_hub_does_not_have_is_named(tmp_path, hub):
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+def test_an_unreachable_hub_is_named(tmp_path, hub):
+    import socket
+
+    with socket.socket() as closed:  # a port nothing listens on once this block ends
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {**hub, "HF_ENDPOINT": f"http://127.0.0.1:{port}"}
+    proc = cli(env, "prompts", "import", "laion/voice-acting-prompts", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: laion/voice-acting-prompts@main: cannot fetch")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_local_copy_of_a_hub_set(tmp_path, capsys):
     folder = tmp_path / "copy"
     folder.mkdir()

@@ -14,12 +14,19 @@ def fetch_dataset(repo_id: str, revision: str, patterns: list[str]) -> tuple[Pat
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
+    unreachable: tuple = (OSError,)  # requests' connection errors (huggingface_hub < 1.0)
+    try:
+        import httpx  # huggingface_hub >= 1.0 talks through httpx; its errors are not OSErrors
+
+        unreachable += (httpx.HTTPError,)
+    except ImportError:
+        pass
     try:
         commit = HfApi().dataset_info(repo_id, revision=revision).sha
         folder = snapshot_download(
             repo_id, repo_type="dataset", revision=commit, allow_patterns=patterns
         )
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
+    except (HfHubHTTPError, LocalEntryNotFoundError, *unreachable) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SourceError(f"{repo_id}@{revision}: cannot fetch the dataset: {first}") from None
     if not commit:
