@@ -59,10 +59,20 @@ ARCHETYPES = [  # the archetype files name their emotions under sample_info.emot
 ]  # fmt: skip
 
 
-def dramabox_clone(root: Path, scenes=SCENES, archetypes=ARCHETYPES) -> Path:
+PHYSICAL = [  # the acting-challenge and extreme-physical files name no emotion
+    {"id": 1, "language": "English", "sample_info": {"challenge_title": "The Last Thin Air"},
+     "dramabox_prompt": 'A boy.\n\n(gasping) "Can\'t breathe, the tank is gone, move!"'},
+    {"id": 13, "language": "English", "sample_info": {}, "dramabox_prompt": "A "},  # cut off
+    {"id": 14, "sample_info": {}, "dramabox_prompt": ""},  # empty; no language: the file's
+]  # fmt: skip
+
+
+def dramabox_clone(root: Path, scenes=SCENES, archetypes=ARCHETYPES, physical=()) -> Path:
     (root / "data").mkdir(parents=True)
     (root / "data/dramabox_sit_situation.json").write_text(json.dumps(scenes, ensure_ascii=False))
     (root / "data/dramabox_cc2c_archetype_de.json").write_text(json.dumps(archetypes))
+    if physical:
+        (root / "data/dramabox_extreme_physical.json").write_text(json.dumps(physical))
     (root / "data/archetypes.json").write_text("{}")  # other data files are not read
     return root
 
@@ -78,10 +88,10 @@ def sheet(path):
 
 
 def test_dramabox_from_a_local_clone(tmp_path, capsys):
-    clone = dramabox_clone(tmp_path / "Voice-Acting-Pipeline")
+    clone = dramabox_clone(tmp_path / "Voice-Acting-Pipeline", physical=PHYSICAL)
     rc, out, err = run(["prompts", "import", str(clone), "--out", str(tmp_path / "s")], capsys)
     assert rc == 0, err
-    assert "2 skipped" in out and "6 written" in out  # 8 scenes, one cut off, one of 2 words
+    assert "4 skipped" in out and "7 written" in out  # 11 scenes: 3 cut off, one of 2 words
     prompts = sheet(tmp_path / "s/prompts.tsv")
     first = prompts["db-sit_situation-1"]
     assert first["text"] == "Let go of it. You don't get to dig it up again. This ends tonight."
@@ -98,11 +108,14 @@ def test_dramabox_from_a_local_clone(tmp_path, capsys):
     assert prompts["db-cc2c_archetype_de-1"]["emotions"] == (
         "Intoxication_Altered_States_of_Consciousness"
     )
+    assert prompts["db-extreme_physical-1"]["emotions"] == "unlabelled"
     emotions = {r["emotion"]: r for r in read_sheet(tmp_path / "s/emotions.tsv", "emotions")}
     assert emotions["Jealousy_Envy"]["ei_head"] == "Jealousy_&_Envy"
+    assert emotions["unlabelled"]["ei_head"] == ""
     assert set(emotions) == {p["emotions"] for p in prompts.values()}
     info = json.loads((tmp_path / "s/import.json").read_text())
-    assert info["set"] == "dramabox" and info["commit"] is None and info["skipped_short"] == 2
+    assert info["set"] == "dramabox" and info["commit"] is None and info["skipped_short"] == 4
+    assert len(info["files"]) == 3
 
 
 def test_long_prompts_are_noted_or_left_out(tmp_path, capsys):
@@ -227,9 +240,9 @@ def test_voice_acting_instructions_through_the_hub(tmp_path, hub):
     captain = prompts["vai-part-000-2"]
     assert captain["instruction"] == "A gruff sea captain, weathered and loud."
     assert captain["text"] == "(SIGH) Hoist the sails, we leave at dawn."  # cues kept (WER skips)
-    assert {p["emotions"] for p in prompts.values()} == {"casting"}  # no emotion labels
+    assert {p["emotions"] for p in prompts.values()} == {"unlabelled"}  # no emotion labels
     emotions = read_sheet(out / "emotions.tsv", "emotions")
-    assert [e["emotion"] for e in emotions] == ["casting"] and emotions[0]["ei_head"] == ""
+    assert [e["emotion"] for e in emotions] == ["unlabelled"] and emotions[0]["ei_head"] == ""
 
 
 def test_a_set_the_hub_does_not_have_is_named(tmp_path, hub):
@@ -318,7 +331,9 @@ BAD_INPUTS = {
     "json": (one_file("data/dramabox_x.json", b'[{"id": 1,'), "dramabox_x.json", "malformed JSON"),
     "head": (one_scene("Boredom (clearly present)"), "dramabox_sit_situation.json item 0 (id 1)",
              "'Boredom' maps to no Empathic-Insight head"),
-    "empty": (one_scene(prompt=" "), "item 0 (id 1)", "empty or missing dramabox_prompt"),
+    "no-prompt": (lambda d: dramabox_clone(d / "c", [{"id": 1, "language": "English"}], []),
+                  "item 0 (id 1)", "no dramabox_prompt text"),
+    "emotions": (one_scene(emotions=["Fear"]), "item 0 (id 1)", "emotions are not text"),
     "language": (one_scene(lang="Klingon"), "item 0 (id 1)", "language 'Klingon'"),
     "csv": (one_file("rows.csv", b'instruction,text\n"a gruff,"x" y\n'), "rows.csv line",
             "malformed CSV"),

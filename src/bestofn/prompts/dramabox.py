@@ -5,8 +5,10 @@ Published layout (LAION-AI/Voice-Acting-Pipeline ``data/dramabox_*.json``): a JS
 objects with ``id``, ``language`` (English, French, Spanish, German), ``dramabox_prompt`` and
 ``sample_info``, whose emotions are ``emotions_sampled`` (the sit_situation file) or
 ``emotions`` (the archetype files), e.g. ``Jealousy & Envy (clearly present), Pleasure/Ecstasy
-(clearly present)``. Parsing per LAION-AI/laion-moss-local-1.5-voice-acting-4.55b
-SYNTHETIC_DATA_RECIPE.md section 1a: text = every double-quoted segment joined (tags stripped),
+(clearly present)``; the acting-challenge and extreme-physical files name none (their scenes go
+to the sheets' one unlabelled emotion). Some prompts are cut off before any dialogue
+(``"dramabox_prompt": "A "``): skipped and counted. Parsing per
+LAION-AI/laion-moss-local-1.5-voice-acting-4.55b SYNTHETIC_DATA_RECIPE.md section 1a: text = every double-quoted segment joined (tags stripped),
 instruction = the whole prompt, dialogue included. A scene names up to three emotions; its
 group is scored by the first one named (our choice: the recipe ranks DramaBox groups without a
 target emotion)."""
@@ -59,25 +61,30 @@ def _scene(path: Path, subset: str, i: int, item) -> Prompt:
         raise SourceError(f"{path} item {i}: expected an object, got {type(item).__name__}")
     where = f"{path} item {i} (id {item.get('id', '?')})"
     prompt = item.get("dramabox_prompt")
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise SourceError(f"{where}: empty or missing dramabox_prompt")
-    name = str(item.get("language") or "")
+    if not isinstance(prompt, str):
+        raise SourceError(f"{where}: no dramabox_prompt text")
+    # no "language": the file's _de suffix says German, else English (an assumption)
+    name = str(item.get("language") or ("German" if subset.endswith("_de") else "English"))
     language = language_code(name)
     if language is None:
         raise SourceError(
             f"{where}: language {name!r} is none of {', '.join(s.title() for s in LANGUAGES)}"
         )
-    info = item.get("sample_info") or {}
-    named = info.get("emotions_sampled") or info.get("emotions") if isinstance(info, dict) else None
-    if not isinstance(named, str) or not named.strip():
-        raise SourceError(f"{where}: no sample_info.emotions_sampled (nor sample_info.emotions)")
-    first = named.split(",")[0].split("(")[0].strip()
-    head = head_for(first)
-    if head is None:
-        raise SourceError(
-            f"{where}: emotion {first!r} maps to no Empathic-Insight head (heads: "
-            f"{', '.join(EMOTION_HEADS)})"
-        )
+    info = item.get("sample_info")
+    info = info if isinstance(info, dict) else {}
+    named = info.get("emotions_sampled") or info.get("emotions")
+    head = None  # the acting-challenge and extreme-physical files name no emotion
+    if named is not None:
+        if not isinstance(named, str):
+            raise SourceError(f"{where}: sample_info emotions are not text: {named!r}")
+        first = named.split(",")[0].split("(")[0].strip()
+        head = head_for(first)
+        if head is None:
+            raise SourceError(
+                f"{where}: emotion {first!r} maps to no Empathic-Insight head (heads: "
+                f"{', '.join(EMOTION_HEADS)})"
+            )
+    # an empty or cut-off prompt has no dialogue: skipped and counted with the short ones
     return Prompt(
         prompt_id=safe_id("db", subset, str(item.get("id", i))),
         text=quoted_dialogue(prompt),

@@ -115,7 +115,7 @@ def unique_ids(prompts: list[Prompt]) -> list[Prompt]:
     return out
 
 
-NO_LABEL_EMOTION = "casting"  # the one emotion of a set without emotion labels
+NO_LABEL_EMOTION = "unlabelled"  # the one emotion of prompts their set gives no emotion
 
 EMOTION_COLUMNS = ["emotion", "description", "ei_head", "synonyms"]
 PROMPT_COLUMNS = ["prompt_id", "text", "emotions", "instruction", "vocal_burst", "language"]
@@ -134,7 +134,7 @@ def sheet_rows(prompts: list[Prompt]) -> tuple[list[list[str]], list[list[str]]]
         if p.head is None:
             eid = NO_LABEL_EMOTION
             emotions.setdefault(
-                eid, [eid, "as each prompt's instruction directs (the set has no emotion labels)",
+                eid, [eid, "as each prompt's instruction directs (its set names no emotion)",
                       "", ""],
             )  # fmt: skip
         else:
