@@ -8,8 +8,9 @@ objects with ``id``, ``language`` (English, French, Spanish, German), ``dramabox
 (clearly present)``; the acting-challenge and extreme-physical files name none (their scenes go
 to the sheets' one unlabelled emotion). Some prompts are cut off before any dialogue
 (``"dramabox_prompt": "A "``): skipped and counted. Parsing per
-LAION-AI/laion-moss-local-1.5-voice-acting-4.55b SYNTHETIC_DATA_RECIPE.md section 1a: text = every double-quoted segment joined (tags stripped),
-instruction = the whole prompt, dialogue included. A scene names up to three emotions; its
+LAION-AI/laion-moss-local-1.5-voice-acting-4.55b SYNTHETIC_DATA_RECIPE.md section 1a: text =
+every double-quoted segment joined (tags stripped), instruction = the whole prompt, dialogue
+included. A scene names up to three emotions; its
 group is scored by the first one named (our choice: the recipe ranks DramaBox groups without a
 target emotion)."""
 
