@@ -171,6 +171,17 @@ EMOTION_FILES = {
 }
 
 
+def emotion_prompts_tar_with_manifest(path: Path) -> Path:
+    """The published layout, plus a JSON file above it (not a prompt file)."""
+    emotion_prompts_tar(path, EMOTION_FILES)
+    with tarfile.open(path, "a") as tar:
+        data = b'{"files": 3}'
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
 def casting_csv() -> bytes:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -186,7 +197,7 @@ def casting_csv() -> bytes:
 @pytest.fixture
 def hub(tmp_path):
     """The hub stand-in serving the two hub datasets; the env that points huggingface_hub at it."""
-    tar = emotion_prompts_tar(tmp_path / "g.tar", EMOTION_FILES)
+    tar = emotion_prompts_tar_with_manifest(tmp_path / "g.tar")
     Hub.files = {
         "laion/voice-acting-prompts": {"geminittsprompts-output-en.tar": tar.read_bytes(),
                                         "other-set.tar": b"not fetched", "README.md": b"# card\n"},

@@ -42,10 +42,16 @@ def parse(folder: Path) -> Parsed:
         language = lang.group(1) if lang else "en"
         try:
             with tarfile.open(path) as tar:
+                # speaker/emotion/vocal_burst.json, under any wrapping folder; a JSON file
+                # higher up (a manifest, a card) is not a prompt file
                 members = sorted(
-                    (m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")),
+                    (
+                        m for m in tar.getmembers()
+                        if m.isfile() and m.name.endswith(".json")
+                        and len(PurePosixPath(m.name).parts) >= 3
+                    ),
                     key=lambda m: m.name,
-                )
+                )  # fmt: skip
                 for m in members:
                     where = f"{path}:{m.name}"
                     data = tar.extractfile(m).read()
