@@ -379,6 +379,14 @@ def test_bad_input_is_named_and_writes_nothing(tmp_path, capsys, name):
     assert not out.exists()
 
 
+def test_an_out_that_is_a_file_is_named(tmp_path, capsys):
+    clone = dramabox_clone(tmp_path / "clone")
+    (tmp_path / "out").write_text("mine")
+    rc, _, err = run(["prompts", "import", str(clone), "--out", str(tmp_path / "out")], capsys)
+    assert rc == 2 and err.startswith(f"error: {tmp_path / 'out'}: --out is a file")
+    assert (tmp_path / "out").read_text() == "mine"
+
+
 def test_a_failed_import_leaves_earlier_sheets_whole(tmp_path, capsys):
     clone = dramabox_clone(tmp_path / "clone")
     out = tmp_path / "s"

@@ -135,7 +135,12 @@ def run_import(source: str, out: Path, per_emotion: int | None, seed: int, revis
         "over_max_words": 0 if max_words else sum(len(p.text.split()) > limit for p in chosen),
         "prompts_written": len(chosen),
     }
-    write_outputs(out, chosen, sidecar)
+    if out.exists() and not out.is_dir():
+        raise SourceError(f"{out}: --out is a file, not a folder")
+    try:
+        write_outputs(out, chosen, sidecar)
+    except OSError as e:
+        raise SourceError(f"{out}: cannot write the sheets ({e.strerror or e})") from None
     return sidecar
 
 
