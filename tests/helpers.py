@@ -267,6 +267,8 @@ class Hub(BaseHTTPRequestHandler):
         # the hub quotes file names (Empathic-Insight's heads hold '&'); the listing does not
         path = urllib.parse.unquote(self.path.split("?")[0])
         self.requests.append((self.command, path))
+        # a dataset repo is served as a model repo is, under its own URL prefixes
+        path = path.replace("/api/datasets/", "/api/models/", 1).removeprefix("/datasets")
         for repo, files in self.files.items():
             if path.startswith(f"/api/models/{repo}/revision/"):
                 return self._send(json.dumps({"id": repo, "sha": sha(repo)}).encode(), head=head)

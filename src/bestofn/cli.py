@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     from bestofn.weights.command import add_parser as add_weights_parser
 
     add_weights_parser(sub)
+    from bestofn.prompts.command import add_parser as add_prompts_parser
+
+    add_prompts_parser(sub)
 
     p = sub.add_parser(
         "plan", help="groups remaining per emotion and the GPU-hours left at the measured rate"

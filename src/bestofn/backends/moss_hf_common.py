@@ -22,7 +22,7 @@ import numpy as np
 from bestofn.backends.base import Generator, Take
 from bestofn.moss.budget import FrameBudget
 from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option, group_instruction
-from bestofn.moss.prompt import LANGUAGE_TAGS  # the same tags as moss-fast
+from bestofn.moss.prompt import language_tag  # the same tags as moss-fast
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
@@ -268,7 +268,7 @@ class MossHFBase(Generator):
 
     def prompt(self, spec: GroupSpec):
         """(input_ids [1, L, 1+n_vq], attention_mask [1, L]) for one group, via the processor."""
-        language = self.options["language"] or LANGUAGE_TAGS.get(spec.language, spec.language)
+        language = self.options["language"] or language_tag(spec.language)
         reference = [self.reference_codes(spec.reference_audio)] if spec.reference_audio else None
         message = self.processor.build_user_message(
             text=spec.text,

@@ -474,7 +474,7 @@ class ParakeetScorer(Scorer):
         and gives the columns (the same as ``score``'s)."""
         n = len(audios)
         parts = [
-            (idx, self._text_pool.submit(asr_columns, spec.text, texts))
+            (idx, self._text_pool.submit(asr_columns, spec.text, texts, spec.language))
             for idx, texts in self._batches(audios, sample_rate)
         ]
 

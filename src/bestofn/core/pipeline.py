@@ -491,6 +491,7 @@ def _rows(
         "take": pa.array(range(n), pa.int32()),
         "seed": pa.array([tk.seed for tk in takes], pa.int64()),
         "text": pa.array([spec.text] * n),
+        "language": pa.array([spec.language] * n),
         "flac_path": pa.array([str(takes_dir / take_name(i)) for i in range(n)]),
         "duration_s": pa.array([a.shape[0] / sr for a in audios], pa.float64()),
         "sample_rate": pa.array([sr] * n, pa.int32()),

@@ -291,14 +291,17 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         raise PlanError(str(e)) from None
     groups: dict[tuple[str, str], GroupSpec] = {}
     for e in emotions:
-        # the emotion's Instruction text and Empathic-Insight head: part of its groups' identity
-        emotion_extra = voice_acting.emotion_extra(e, takes_instruction, instruction)
         allowed = set(_split_ids(e.get("prompts", ""))) or prompt_ids
         for p in prompts:
             only = set(_split_ids(p.get("emotions", "")))
             if p["prompt_id"] not in allowed or (only and e["emotion"] not in only):
                 continue
             ref = p.get("reference_audio") or e.get("reference_audio") or None
+            # The voice's content is part of the group's identity: a changed reference file
+            # reruns exactly the groups that use it (it is no Snakemake input).
+            extra = {"reference_audio_blake2b": checked[ref]} if ref else {}
+            # the Instruction text (prompt, else emotion, else option) and the EI head
+            extra.update(voice_acting.group_extra(e, p, takes_instruction, instruction))
             groups[(e["emotion"], p["prompt_id"])] = GroupSpec(
                 emotion=e["emotion"],
                 prompt_id=p["prompt_id"],
@@ -308,18 +311,23 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
                 reference_audio=ref,
                 emotion_description=e["description"],
                 negative_description=e.get("negative_description", ""),
-                # The voice's content is part of the group's identity: a changed reference
-                # file reruns exactly the groups that use it (it is no Snakemake input).
-                extra={"reference_audio_blake2b": checked[ref]} if ref else {},
+                language=p.get("language") or "en",
+                extra=extra,
             )
-            groups[(e["emotion"], p["prompt_id"])].extra.update(emotion_extra)
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
     errors, notes = voice_acting.check_targets(config, groups, epath, base)
+    errors = voice_acting.check_languages(config["models"], groups, ppath) + errors
     if errors:
         raise PlanError(errors[0])
     if takes_instruction:
         notes += voice_acting.same_for_every_emotion(groups, epath)
+        notes += voice_acting.missing_bursts(instruction, prompts, ppath)
+    elif any(p.get("instruction") for p in prompts):
+        notes.append(
+            f"note: {ppath}: the 'instruction' column is unused: generator "
+            f"{config['models']['generator']['backend']!r} takes no instruction"
+        )
     memo_dir = weights_lock.memo_dir_for(config, base)
     return Plan(config, groups, tuple(slow_settings(config) + notes), memo_dir)
 

@@ -30,29 +30,86 @@ def generator_instruction(models: dict) -> tuple[bool, object]:
     return True, value
 
 
-def emotion_extra(row: dict, takes_instruction: bool, option) -> dict:
-    """What an emotion adds to its groups' identity (GroupSpec.extra): its Instruction text
-    (``""``: none, where the option would have given one) and its ``ei_head``."""
+def group_extra(emotion: dict, prompt: dict, takes_instruction: bool, option) -> dict:
+    """What an emotion and a prompt add to their group's identity (GroupSpec.extra): the
+    Instruction text (``""``: none, where the option would have given one) and the emotion's
+    ``ei_head``. The Instruction is the prompt sheet's ``instruction`` cell, else the emotion
+    sheet's, else the option (a template's ``{vocal_burst}`` is the prompt's, its
+    ``{emotion_synonyms}`` the emotion's); a cell ``none`` means none. Only the resolved text
+    enters the identity: a changed template replans exactly the groups whose text changed."""
     extra: dict = {}
-    if row.get("ei_head"):
-        extra["ei_head"] = row["ei_head"]
+    if emotion.get("ei_head"):
+        extra["ei_head"] = emotion["ei_head"]
     if not takes_instruction:
         return extra
-    cell = (row.get("instruction") or "").strip()
     derived = instruction_text(
-        option, row["emotion"], row.get("description", ""), row.get("negative_description", "")
-    )
-    if cell.lower() == NO_INSTRUCTION:
-        text = None
-    elif cell:
-        text = " ".join(cell.split())
-    else:
-        text = derived
+        option, emotion["emotion"], emotion.get("description", ""),
+        emotion.get("negative_description", ""), vocal_burst=prompt.get("vocal_burst") or "",
+        synonyms=emotion.get("synonyms") or "",
+    )  # fmt: skip
+    text = derived
+    for row in (prompt, emotion):
+        cell = (row.get("instruction") or "").strip()
+        if cell.lower() == NO_INSTRUCTION:
+            text = None
+            break
+        if cell:
+            text = " ".join(cell.split())
+            break
     if text is not None:
         extra["instruction"] = text
     elif derived is not None:
-        extra["instruction"] = ""  # the sheet says none: cloning a voice, as the recipe does
+        extra["instruction"] = ""  # a sheet says none: cloning a voice, as the recipe does
     return extra
+
+
+def missing_bursts(option, prompts: list[dict], sheet: Path) -> list[str]:
+    """A note when the option's template reads ``{vocal_burst}`` and prompts that take their
+    Instruction from it have no burst: their text would say "vocal burst: ." with nothing."""
+    if not isinstance(option, str) or "{vocal_burst}" not in option:
+        return []
+    bare = [
+        p["prompt_id"] for p in prompts
+        if not (p.get("vocal_burst") or "").strip() and not (p.get("instruction") or "").strip()
+    ]  # fmt: skip
+    if not bare:
+        return []
+    more = f" and {len(bare) - 5} more" if len(bare) > 5 else ""
+    return [
+        f"note: {sheet}: the instruction template reads {{vocal_burst}}, but prompt(s) "
+        f"{', '.join(bare[:5])}{more} have no vocal_burst: their instruction leaves it empty"
+    ]
+
+
+# ASR backends that read one language only, and that language
+ENGLISH_ONLY_ASR = {"whisper-asr": "faster-whisper tiny.en"}
+
+
+def check_languages(models: dict, groups: dict, sheet: Path) -> list[str]:
+    """Errors for prompts in a language an ASR scorer cannot read: whisper-asr runs Whisper
+    tiny.en, an English-only model, which writes English-sounding words for French or German
+    speech, so every such take's WER would be near 1 and the selection would drop good takes
+    as unintelligible. Parakeet TDT 0.6B v3 is multilingual (25 European languages)."""
+    from bestofn.util.textnorm import is_english
+
+    foreign = sorted(
+        {(s.prompt_id, s.language) for s in groups.values() if not is_english(s.language)}
+    )
+    if not foreign:
+        return []
+    errors = []
+    for scorer in models.get("scorers", []):
+        model = ENGLISH_ONLY_ASR.get(scorer.get("backend"))
+        if model is None:
+            continue
+        listed = ", ".join(f"{p} ({lang})" for p, lang in foreign[:5])
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        errors.append(
+            f"{sheet}: prompt(s) {listed}{more} are not English, and scorer {scorer['backend']} "
+            f"runs {model}, which reads English only (their WER would measure nothing); use "
+            "the parakeet scorer (multilingual) or keep those prompts out"
+        )
+    return errors
 
 
 def same_for_every_emotion(groups: dict, sheet: Path) -> list[str]:

@@ -60,7 +60,7 @@ class LhotseWriter:
                 duration=rec.duration,
                 channel=channels[0] if len(channels) == 1 else channels,
                 text=row.pop("text"),
-                language=language,
+                language=row.pop("language", None) or language,  # the take's, else the card's
                 custom={k: row.pop(k) for k in SUPERVISION_CUSTOM},
             )
             cut_cls, channel = (MonoCut, 0) if len(channels) == 1 else (MultiCut, channels)

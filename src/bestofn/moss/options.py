@@ -71,7 +71,10 @@ def check_engine_options(options: dict, who: str = "moss-fast") -> None:
 # recipe leaves it empty when a reference voice is cloned (every wording lowered speaker
 # similarity). Sources and the fine-tunes' styles: docs/notes/moss-facts.md, "Voice acting".
 INSTRUCTION_MODES = ("none", "emotion", "emotion_description")
-TEMPLATE_FIELDS = ("emotion", "emotion_words", "description", "negative_description")
+TEMPLATE_FIELDS = (
+    "emotion", "emotion_words", "emotion_synonyms", "description", "negative_description",
+    "vocal_burst",
+)  # fmt: skip
 NO_INSTRUCTION = "none"  # an emotion sheet's ``instruction`` cell: this emotion gets none
 
 
@@ -98,18 +101,29 @@ def check_instruction_option(value, who: str = "moss") -> None:
         )
 
 
-def instruction_text(option, emotion: str, description: str = "", negative: str = ""):
-    """The Instruction text of the option (a mode or a template) for one emotion; None: none."""
+def emotion_words(emotion: str) -> str:
+    """An emotion id as words: ``Astonishment_Surprise`` -> ``astonishment surprise``."""
+    return " ".join(emotion.replace("_", " ").replace("-", " ").split()).lower()
+
+
+def instruction_text(
+    option, emotion: str, description: str = "", negative: str = "", *,
+    vocal_burst: str = "", synonyms: str = "",
+):  # fmt: skip
+    """The Instruction text of the option (a mode or a template) for one emotion and prompt:
+    ``vocal_burst`` is the prompt's, ``synonyms`` the emotion sheet's (else the emotion's
+    words: LAION's recipe says "extremely {emotion synonyms from the dir name}" without the
+    exact wording, docs/notes/prompt-sources.md). None: none."""
     if option == "emotion":
         return emotion or None
     if option == "emotion_description":
         return description or None
     if option in (None, "none"):
         return None
-    words = " ".join(emotion.replace("_", " ").replace("-", " ").split()).lower()
     text = option.format(
-        emotion=emotion, emotion_words=words, description=description,
-        negative_description=negative,
+        emotion=emotion, emotion_words=emotion_words(emotion),
+        emotion_synonyms=synonyms or emotion_words(emotion), description=description,
+        negative_description=negative, vocal_burst=vocal_burst,
     )  # fmt: skip
     return " ".join(text.split()) or None
 

@@ -29,9 +29,12 @@ LANGUAGE_TAGS = {
 
 
 def language_tag(language: str | None) -> str | None:
+    """The template's tag of an ISO code (``fr`` -> ``French``; a regional code by its language:
+    ``pt-BR`` -> ``Portuguese``); a name the table does not know passes as given."""
     if not language:
         return None
-    return LANGUAGE_TAGS.get(language.lower(), language)
+    key = language.lower().replace("_", "-")
+    return LANGUAGE_TAGS.get(key) or LANGUAGE_TAGS.get(key.split("-")[0], language)
 
 
 def _field(value) -> str:

@@ -1,6 +1,12 @@
-"""English text normalisation before WER/CER.
+"""Text normalisation before WER/CER, per the group's language.
 
-"nine" vs "9" or "Hello," vs "hello" is not an error."""
+"nine" vs "9" or "Hello," vs "hello" is not an error. English text goes through Whisper's
+English normaliser (numbers, spellings, contractions). Any other language goes through its
+basic normaliser with the accents kept (they spell different words: French "ou" / "où",
+Spanish "si" / "sí"), casefolded (German "Straße" = "STRASSE"), with apostrophes and other
+punctuation made word breaks (French "c'est" and "c’est" both read "c est"). Both keep
+(parentheticals) and [bracket tags] out, as the voice-acting recipe's WER does (LAION-AI/
+laion-moss-local-1.5-voice-acting-4.55b SYNTHETIC_DATA_RECIPE.md section 5)."""
 
 from __future__ import annotations
 
@@ -8,22 +14,43 @@ from functools import lru_cache
 
 import jiwer
 
+ENGLISH = "en"
+
 
 @lru_cache(maxsize=1)
-def _normalizer():
+def _english():
     from whisper_normalizer.english import EnglishTextNormalizer
 
     return EnglishTextNormalizer()
 
 
+@lru_cache(maxsize=1)
+def _basic():
+    from whisper_normalizer.basic import BasicTextNormalizer
+
+    return BasicTextNormalizer(remove_diacritics=False)
+
+
+def is_english(language: str | None) -> bool:
+    """An ISO 639 code (``en``, ``en-GB``) or None: English is the default language."""
+    return not language or language.lower().split("-")[0].split("_")[0] in (ENGLISH, "eng")
+
+
 def normalize_en(text: str) -> str:
-    return " ".join(_normalizer()(text or "").split())
+    return " ".join(_english()(text or "").split())
 
 
-def wer_cer(reference: str, hypothesis: str) -> tuple[float, float]:
+def normalize(text: str, language: str | None = ENGLISH) -> str:
+    """The words WER counts, for a text in ``language`` (ISO 639-1 code; None: English)."""
+    if is_english(language):
+        return normalize_en(text)
+    return " ".join(_basic()(text or "").casefold().split())
+
+
+def wer_cer(reference: str, hypothesis: str, language: str | None = ENGLISH) -> tuple[float, float]:
     """WER and CER after normalising both sides. An empty reference scores 0 only if the
     hypothesis is empty too, else 1 (jiwer refuses empty references)."""
-    ref, hyp = normalize_en(reference), normalize_en(hypothesis)
+    ref, hyp = normalize(reference, language), normalize(hypothesis, language)
     if not ref:
         return (0.0, 0.0) if not hyp else (1.0, 1.0)
     if not hyp:
@@ -31,9 +58,11 @@ def wer_cer(reference: str, hypothesis: str) -> tuple[float, float]:
     return float(jiwer.wer(ref, hyp)), float(jiwer.cer(ref, hyp))
 
 
-def asr_columns(reference: str, transcripts: list[str]) -> dict[str, list]:
+def asr_columns(
+    reference: str, transcripts: list[str], language: str | None = ENGLISH
+) -> dict[str, list]:
     """The columns every ASR scorer writes: transcript, wer, cer."""
-    errors = [wer_cer(reference, t) for t in transcripts]
+    errors = [wer_cer(reference, t, language) for t in transcripts]
     return {
         "transcript": list(transcripts),
         "wer": [w for w, _ in errors],
