@@ -215,3 +215,29 @@ def test_folds_keep_a_group_whole_and_the_math():
     left = (rng.random(400) < 0.8).astype(float)
     model = fit(diffs, left, l2=1.0)
     assert model.left_bias > 1.0 and np.all(np.abs(model.weights) < 0.3)
+
+
+def test_imported_votes_are_the_default_and_the_reward_lands_in_results(tmp_path, results, capsys):
+    """`bestofn listen import` keeps the votes in RESULTS/votes/; `reward fit` without --votes
+    reads them there and writes RESULTS/rewards/NAME.yaml."""
+    import shutil
+
+    own = tmp_path / "results"
+    shutil.copytree(results, own)
+    votes = write_votes(tmp_path, own, groups=30)
+    files = sorted(str(p) for p in votes.glob("*.json"))
+    assert main(["listen", "import", *files, "--results", str(own)]) == 0
+    capsys.readouterr()
+    config = config_file(tmp_path, own)
+    assert main(["reward", "fit", "--config", str(config), "--name", "panel"]) == 0
+    printed = capsys.readouterr().out
+    assert "votes: 90 counted" in printed, printed
+    written = yaml.safe_load((own / "rewards" / "panel.yaml").read_text())
+    assert list(written["selection"]["rewards"]) == ["panel"]
+    assert not list((own / "rewards").glob(".*tmp"))  # written beside, then renamed
+    # a name that cannot be a reward's, and a results directory without a database
+    assert main(["reward", "fit", "--config", str(config), "--name", "9 lives"]) == 2
+    assert "--name '9 lives'" in capsys.readouterr().err
+    (own / "bestofn.duckdb").unlink()
+    assert main(["reward", "fit", "--config", str(config)]) == 2
+    assert "bestofn.duckdb: no results database" in capsys.readouterr().err
