@@ -91,6 +91,12 @@ def test_windows_are_weighted_by_their_length(folder):
     whole = scorer.axes([clip])[0]
     first, rest = scorer.axes([clip[:cut], clip[cut:]])
     np.testing.assert_allclose(whole, (1.0 * first + 0.25 * rest) / 1.25, atol=1e-5)
+    # an empty take has no score (NaN), and does not disturb the others'
+    empty = np.zeros(0, np.float32)
+    both = scorer.axes([empty, clip])
+    assert np.isnan(both[0]).all()
+    np.testing.assert_allclose(both[1], whole, atol=1e-5)
+    assert np.isnan(scorer.axes([empty])).all()
 
 
 def test_checkpoint_form_gives_the_same_scores(folder, tmp_path):

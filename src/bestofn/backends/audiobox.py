@@ -31,8 +31,11 @@ weights' shapes. Two layouts load (``model_path``):
 Unknown here (no public listing seen): which of the two the hub repo holds today, its revision
 and sizes, and whether its ``config.json`` spells every field (missing ones take the package's
 dataclass defaults, ``target_transform`` must be there). Known differences from the package's
-own inference: it resamples with torchaudio, the pipeline here with soxr; the frame mask of a
-padded window follows the package's rule (a frame is padding when all its samples are).
+own inference: it resamples with torchaudio, the pipeline here with soxr; ``dtype: bfloat16``
+casts the whole model (the package runs in its config's precision, float32, with the first
+layer's group norm in float32 always): ours, not checked against the package. The frame mask of
+a padded window follows the package's rule (a frame is padding when all its samples are); the
+encoder matches the package's at float32 (lab/probes/audiobox_parity.py).
 """
 
 from __future__ import annotations
@@ -349,10 +352,17 @@ def load_model(path: str | None, field: str = "model_path") -> tuple[AestheticsM
 def windows(audios16k: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
     """10 s windows of 16 kHz mono clips (the last one zero-padded), their valid-sample masks,
     the clip of each window and each window's weight (its valid share)."""
+    if not any(len(a) for a in audios16k):
+        return (
+            np.zeros((0, WINDOW_S * SAMPLE_RATE), np.float32),
+            np.zeros((0, 0), bool),
+            [],
+            np.zeros(0),
+        )
     size = WINDOW_S * SAMPLE_RATE
     wavs, masks, owner, weight = [], [], [], []
     for i, a in enumerate(audios16k):
-        for start in range(0, max(len(a), 1), size):
+        for start in range(0, len(a), size):  # an empty clip has no window
             piece = a[start : start + size]
             wav = np.zeros(size, np.float32)
             wav[: len(piece)] = piece
@@ -410,7 +420,7 @@ class AudioboxAestheticsScorer(Scorer):
 
     @torch.inference_mode()
     def axes(self, audios16k: list[np.ndarray]) -> np.ndarray:
-        """[clips, 4] scores (CE, CU, PC, PQ) of 16 kHz mono clips."""
+        """[clips, 4] scores (CE, CU, PC, PQ) of 16 kHz mono clips; NaN for an empty clip."""
         wavs, masks, owner, weight = windows(audios16k)
         preds = []
         dtype = next(self.model.parameters()).dtype
@@ -418,12 +428,13 @@ class AudioboxAestheticsScorer(Scorer):
             wav = torch.from_numpy(wavs[s : s + self.batch_size]).to(self.device, dtype)
             mask = torch.from_numpy(masks[s : s + self.batch_size]).to(self.device)
             preds.append(self.model(wav, mask).cpu().double().numpy())
-        per_window = np.concatenate(preds)
-        out = np.zeros((len(audios16k), len(AXES)))
-        owner = np.array(owner)
+        per_window = np.concatenate(preds) if preds else np.zeros((0, len(AXES)))
+        out = np.full((len(audios16k), len(AXES)), np.nan)  # an empty take: NaN, no score
+        owner = np.array(owner, dtype=int)
         for i in range(len(audios16k)):
             w = weight[owner == i]
-            out[i] = (per_window[owner == i] * w[:, None]).sum(0) / max(w.sum(), 1e-12)
+            if len(w):
+                out[i] = (per_window[owner == i] * w[:, None]).sum(0) / w.sum()
         return out
 
     def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec):
