@@ -32,6 +32,7 @@ BACKENDS = {  # the random-weight builders (bestofn.fakes), one module per backe
     "wavlm-speaker": "bestofn.fakes.speaker",
     "sidon": "bestofn.fakes.sidon",
     "parakeet": "bestofn.fakes.parakeet",
+    "audiobox-aesthetics": "bestofn.fakes.audiobox",
 }
 
 

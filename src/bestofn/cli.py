@@ -395,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     export_arguments(p)
     p.set_defaults(func=_export)
 
+    from bestofn.ops.reward_fit import add_parser as add_reward_parser
+
+    add_reward_parser(sub)
+
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
     args = ap.parse_args(argv)
     return args.func(args)

@@ -210,8 +210,10 @@ def test_shipped_scorers_declare_the_old_directions():
 
     declared = scorer_directions({"scorers": [{"backend": b} for b in REGISTRY["scorer"]]})
     # the old directions unchanged; the voice-acting columns since (the target emotion's head,
-    # speaker similarity to the reference) are higher-is-better too
+    # speaker similarity to the reference, Audiobox's axes but production complexity) are
+    # higher-is-better too
     new = {"ei_score_*": "higher", "ei_target": "higher", "spk_sim": "higher"}
+    new |= {"aes_ce": "higher", "aes_cu": "higher", "aes_pq": "higher"}
     assert declared == OLD_DIRECTIONS | new
 
 

@@ -30,6 +30,7 @@ REGISTRY: dict[str, dict[str, str]] = {
         "parakeet": "bestofn.backends.parakeet:ParakeetScorer",
         "voiceclap": "bestofn.backends.voiceclap:VoiceCLAPScorer",
         "empathic-insight": "bestofn.backends.empathic:EmpathicInsightScorer",
+        "audiobox-aesthetics": "bestofn.backends.audiobox:AudioboxAestheticsScorer",
     },
 }
 
@@ -50,6 +51,7 @@ PRELOAD: dict[str, tuple[str, ...]] = {
     ),
     "voiceclap": ("transformers:AutoModel",),
     "wavlm-speaker": ("transformers:WavLMForXVector,Wav2Vec2FeatureExtractor",),
+    "audiobox-aesthetics": ("safetensors.torch", "transformers:WavLMModel"),
     "whisper-asr": ("faster_whisper",),
 }
 

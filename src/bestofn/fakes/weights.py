@@ -20,6 +20,8 @@ complete production config that points at them.
     DIR/voiceclap-commercial/, voiceclap-heads/ VoiceCLAP: published file set (our remote code)
     DIR/BUD-E-Whisper/, Empathic-Insight-Voice-Plus/
     DIR/wavlm-base-plus-sv/                     speaker similarity (WavLMForXVector)
+    DIR/audiobox-aesthetics/                    optional audio-quality scorer (not in
+                                                config.yaml's scorers; a comment there says how)
 
 ``tiny`` runs the whole workflow on a CPU in about a minute (the CI test); ``real`` has the
 published sizes (about 40 GB on disk, mostly the 59 Empathic-Insight heads and the 8.5 GB v2
@@ -132,6 +134,10 @@ models:
     - backend: wavlm-speaker
       options:
         model_path: {speaker_path}
+    # optional audio quality (Audiobox Aesthetics: aes_ce, aes_cu, aes_pc, aes_pq):
+    # - backend: audiobox-aesthetics
+    #   options:
+    #     model_path: {audiobox_path}
 
 runtime:
   queue_depth: {queue_depth}
@@ -182,6 +188,9 @@ model paths relative to it, in the layout of `bestofn weights fetch`).
   {n_heads} head files `model_<Name>_best.pth`.
 - `wavlm-base-plus-sv/` (wavlm-speaker): a WavLMForXVector checkpoint (config.json,
   preprocessor_config.json, model.safetensors).
+- `audiobox-aesthetics/` (audiobox-aesthetics, optional: commented out in `config.yaml`):
+  config.json (the model's fields, made-up target_transform) + model.safetensors under the
+  published tensor names (WavLM-Base encoder, four axis heads).
 {delay}"""
 DELAY_README = """\
 - `MOSS-TTS-Delay-v1.5/` (moss-fast picks its Delay engine from config.json; moss-hf{moss_hf}):
@@ -233,7 +242,8 @@ def write_reference_voice(path: Path) -> Path:
 
 # The backends' writers, in the order a serial write runs them (see _write_backend).
 WRITERS = ("moss-tts-local + codec", "moss-audio-tokenizer", "moss-tts-delay", "sidon",
-           "parakeet", "voiceclap", "empathic-insight", "wavlm-speaker")  # fmt: skip
+           "parakeet", "voiceclap", "empathic-insight", "wavlm-speaker",
+           "audiobox-aesthetics")  # fmt: skip
 
 
 def _set_threads(n: int) -> None:
@@ -246,6 +256,7 @@ def _write_backend(name, out, size, seed, moss_code, delay_code, p_stop):
     """Write one backend's checkpoint under ``out``: (its config options, seconds). A
     module-level function so that a worker process can run it."""
     from bestofn.fakes import (
+        audiobox,
         empathic,
         moss,
         moss_audio_tokenizer,
@@ -268,6 +279,7 @@ def _write_backend(name, out, size, seed, moss_code, delay_code, p_stop):
         "voiceclap": lambda: voiceclap.write(out, size, seed),
         "empathic-insight": lambda: empathic.write(out, size, seed),
         "wavlm-speaker": lambda: speaker.write(out, size, seed),
+        "audiobox-aesthetics": lambda: audiobox.write(out, size, seed),
     }
     t0 = time.perf_counter()
     options = writers[name]()
@@ -360,6 +372,7 @@ def write_all(
             voiceclap_options=voiceclap_options,
             **{k: _yaml(v, out) for k, v in opts["empathic-insight"].items()},
             speaker_path=_yaml(opts["wavlm-speaker"]["model_path"], out),
+            audiobox_path=_yaml(opts["audiobox-aesthetics"]["model_path"], out),
             **RUN[size],
         )
     )

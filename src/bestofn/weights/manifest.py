@@ -20,6 +20,9 @@ docs/notes/*.md):
   ``model_<Name>_best.pth`` heads, 55 of them 295 MB), docs/notes/scorers-facts.md.
 - Speaker similarity: microsoft/wavlm-base-plus-sv (config.json, preprocessor_config.json,
   weights; bestofn.backends.speaker says why WavLM and not speechbrain's ECAPA).
+- Audiobox Aesthetics (optional scorer): facebook/audiobox-aesthetics, config.json +
+  model.safetensors as the package's ``from_pretrained`` reads them (PyPI audiobox-aesthetics
+  0.0.4, model/aes.py; docs/notes/scorers-facts.md).
 
 Revisions: no public source seen gives a full commit sha of any of these repos (the one short
 sha seen, Empathic-Insight-Voice-Plus 441d220 in its README history, is not a revision the hub
@@ -130,6 +133,14 @@ MANIFEST: tuple[WeightEntry, ...] = (
         ("config.json", "preprocessor_config.json", "*.safetensors", "pytorch_model.bin"),
         "wavlm-base-plus-sv", None, "wavlm-speaker",
         "WavLMForXVector; the published folder may hold pytorch_model.bin (the loader reads it)",
+    ),
+    WeightEntry(
+        "audiobox-aesthetics", "facebook/audiobox-aesthetics", UNKNOWN,
+        ("config.json", "model.safetensors", "checkpoint.pt"), "audiobox-aesthetics", None,
+        "audiobox-aesthetics",
+        "optional scorer; WavLM-Base + four axis heads; the hub export (config.json + "
+        "model.safetensors) and the package's checkpoint.pt: which the repo holds is unknown, "
+        "the loader reads either (safetensors first)",
     ),
 )  # fmt: skip
 
