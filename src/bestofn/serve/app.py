@@ -483,4 +483,5 @@ def build_app(service: Service, state: State, limits: Limits) -> Starlette:
         routes=routes, lifespan=lifespan,
         exception_handlers={HTTPException: http_error, ApiError: api_error},
     )  # fmt: skip
+    app.router.redirect_slashes = False  # "/health/" is no endpoint: a JSON 404, not a redirect
     return Gate(app, service, state, limits)
