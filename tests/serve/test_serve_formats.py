@@ -1,6 +1,6 @@
 """OpenAI's response formats from `bestofn serve` (piper: 22.05 kHz mono): every format decoded
 back, its duration checked against the WAV of the same request; mp3 is the default and streams;
-and the mp3/Opus encoder alone: rates it must resample, the pitch kept."""
+and the mp3/Opus/AAC encoder alone: rates it must resample, the pitch kept."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import http.client
 import io
 import json
 
+import av
 import numpy as np
 import pytest
 import soundfile as sf
 from helpers import Server, make_project
 
 from bestofn.serve.encode import StreamEncoder, mp3_frame_length
-
-av = pytest.importorskip("av", reason="PyAV decodes mp3 streams here (faster-whisper brings it)")
 
 TEXT = "Good morning. The train leaves at nine. Please bring the tickets."
 
@@ -75,6 +74,11 @@ def test_every_format_decodes_to_the_same_duration(server):
     audio, r = decode_av(b"".join(opus))
     assert audio.shape[1] / r == pytest.approx(seconds, abs=0.01)
 
+    resp, aac = render(server, response_format="aac")
+    assert resp.getheader("Content-Type") == "audio/aac" and len(aac) >= 2
+    audio, r = decode_av(b"".join(aac))
+    assert r == 22050 and seconds <= audio.shape[1] / r <= seconds + 0.15  # priming, padding
+
     # mp3 is the default, as OpenAI's: no response_format
     resp, mp3 = render(server)
     assert resp.getheader("Content-Type") == "audio/mpeg"
@@ -103,7 +107,8 @@ def test_sse_carries_an_encoded_stream(server):
 
 @pytest.mark.parametrize(("fmt", "rate", "encoded"),
                          [("opus", 22050, 48000), ("opus", 24000, 24000), ("mp3", 44100, 44100),
-                          ("mp3", 96000, 48000), ("opus", 48000, 48000)])  # fmt: skip
+                          ("mp3", 96000, 48000), ("opus", 48000, 48000), ("aac", 22050, 22050),
+                          ("aac", 7000, 48000)])  # fmt: skip
 @pytest.mark.parametrize("channels", [1, 2])
 def test_encoder_resamples_only_where_it_must_and_keeps_the_pitch(fmt, rate, encoded, channels):
     t = np.arange(int(rate * 1.5)) / rate
@@ -116,7 +121,7 @@ def test_encoder_resamples_only_where_it_must_and_keeps_the_pitch(fmt, rate, enc
     assert enc.seconds == pytest.approx(1.5)
     decoded, r = decode_av(out)
     assert decoded.shape[0] == channels
-    assert 1.5 <= decoded.shape[1] / r <= 1.5 + (0.15 if fmt == "mp3" else 0.01)
+    assert 1.5 <= decoded.shape[1] / r <= 1.5 + (0.01 if fmt == "opus" else 0.15)
     spectrum = np.abs(np.fft.rfft(decoded[0]))
     peak = np.fft.rfftfreq(decoded.shape[1], 1 / r)[spectrum.argmax()]
     assert peak == pytest.approx(440.0, abs=3.0)  # the rate changed, the pitch did not

@@ -1,5 +1,6 @@
-"""mp3 and Ogg Opus for `bestofn serve`, encoded here from the worker's streamed WAV, chunk by
-chunk, with libsndfile (through soundfile): LAME for mp3, libopus for Opus.
+"""mp3, Ogg Opus and AAC for `bestofn serve`, encoded here from the worker's streamed WAV, chunk
+by chunk: LAME (mp3) and libopus through libsndfile (soundfile); AAC, which libsndfile lacks,
+with FFmpeg's native encoder through PyAV, in ADTS frames (a stream format: no index, no tag).
 
 - Streamed: each chunk's bytes are sent as soon as the encoder gives them. libsndfile writes
   files, not streams: on close it goes back to an mp3's first frame to fill in the LAME/Xing
@@ -8,18 +9,21 @@ chunk, with libsndfile (through soundfile): LAME for mp3, libopus for Opus.
   (as from a radio), without the tag's gapless trim. An Ogg file is written front to back
   only.
 - Sample rates: Opus takes 8, 12, 16, 24 or 48 kHz; mp3 (MPEG-1/2/2.5) the nine rates in
-  ``MP3_RATES``. Audio at another rate is resampled to 48 kHz first (soxr, one stream per
-  response). Resampling changes the sample rate, never the pitch or the duration.
+  ``MP3_RATES``; AAC those in ``AAC_RATES``. Audio at another rate is resampled to 48 kHz
+  first (soxr, one stream per response). Resampling changes the sample rate, never the pitch
+  or the duration.
 - Mono or stereo, as the generator renders (both formats take at most 2 channels)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-FORMATS = ("mp3", "opus")
-CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus"}
+FORMATS = ("mp3", "opus", "aac")
+CONTENT_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg; codecs=opus", "aac": "audio/aac"}
 OPUS_RATES = (8000, 12000, 16000, 24000, 48000)
 MP3_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)
+AAC_RATES = (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
+AAC_FRAME = 1024  # samples per AAC frame: the encoder takes exactly this many at a time
 FALLBACK_RATE = 48000
 _LAYOUT = {"mp3": ("MP3", "MPEG_LAYER_III", MP3_RATES), "opus": ("OGG", "OPUS", OPUS_RATES)}
 
@@ -32,6 +36,12 @@ class _AppendOnly:
         self.data = bytearray()  # written, not yet taken
         self.end = 0  # bytes appended in all
         self.pos = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
 
     def write(self, data) -> int:
         n = len(data)
@@ -78,18 +88,50 @@ def mp3_frame_length(header: bytes) -> int:
     return (144 if version == 3 else 72) * kbps * 1000 // rate[rate_index] + padding
 
 
+class _AdtsWriter:
+    """AAC in ADTS frames through PyAV: ``write(audio)`` with float32 (frames, channels)."""
+
+    def __init__(self, sink: _AppendOnly, rate: int, channels: int):
+        import av
+
+        self._av = av
+        self._layout = "mono" if channels == 1 else "stereo"
+        self._container = av.open(sink, mode="w", format="adts")
+        self._stream = self._container.add_stream("aac", rate=rate, layout=self._layout)
+        self._fifo = av.AudioFifo()
+        self._rate = rate
+
+    def _encode(self, frame) -> None:
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def write(self, audio: np.ndarray) -> None:
+        planar = np.ascontiguousarray(audio.reshape(audio.shape[0], -1).T, dtype=np.float32)
+        frame = self._av.AudioFrame.from_ndarray(planar, format="fltp", layout=self._layout)
+        frame.sample_rate = self._rate
+        self._fifo.write(frame)
+        while self._fifo.samples >= AAC_FRAME:
+            self._encode(self._fifo.read(AAC_FRAME))
+
+    def close(self) -> None:
+        rest = self._fifo.read()
+        if rest is not None:
+            self._encode(rest)
+        self._encode(None)  # flush the encoder's look-ahead
+        self._container.close()
+
+
 class StreamEncoder:
     """float32 chunks at ``sample_rate`` (frames,) or (frames, channels) -> the bytes of one
-    mp3 or Ogg Opus stream, as they come. ``seconds``: the audio put in (before encoding)."""
+    mp3, Ogg Opus or AAC stream, as they come. ``seconds``: the audio put in (before
+    encoding)."""
 
     def __init__(self, fmt: str, sample_rate: int, channels: int):
-        import soundfile as sf
-
         if fmt not in FORMATS:
             raise ValueError(f"format {fmt!r}; encoded here: {', '.join(FORMATS)}")
         if not 1 <= channels <= 2:
             raise ValueError(f"{fmt} takes 1 or 2 channels, not {channels}")
-        container, subtype, rates = _LAYOUT[fmt]
+        rates = AAC_RATES if fmt == "aac" else _LAYOUT[fmt][2]
         self.fmt, self.in_rate, self.channels = fmt, int(sample_rate), int(channels)
         self.rate = self.in_rate if self.in_rate in rates else FALLBACK_RATE
         self._resampler = None
@@ -100,10 +142,16 @@ class StreamEncoder:
                 self.in_rate, self.rate, self.channels, dtype="float32"
             )
         self._sink = _AppendOnly()
-        self._file = sf.SoundFile(
-            self._sink, "w", samplerate=self.rate, channels=self.channels, format=container,
-            subtype=subtype,
-        )  # fmt: skip
+        if fmt == "aac":
+            self._file = _AdtsWriter(self._sink, self.rate, self.channels)
+        else:
+            import soundfile as sf
+
+            container, subtype, _ = _LAYOUT[fmt]
+            self._file = sf.SoundFile(
+                self._sink, "w", samplerate=self.rate, channels=self.channels,
+                format=container, subtype=subtype,
+            )  # fmt: skip
         self._skip: int | None = None if fmt == "mp3" else 0  # the mp3 tag frame, once known
         self._held = b""
         self.frames = 0  # input frames

@@ -34,11 +34,11 @@ STREAM_FORMATS = ("audio", "sse")
 DEFAULT_VOICE = "default"
 API_KEY_ENV = "BESTOFN_API_KEY"
 UPSTREAM_TIMEOUT_S = 600.0  # one read from the worker (it may be finishing a group first)
-# OpenAI's response formats: the worker encodes wav, flac and pcm; mp3 and opus are encoded
-# here from the worker's wav (``bestofn.serve.encode``). mp3 is the default, as OpenAI's is.
+# OpenAI's response formats: the worker encodes wav, flac and pcm; mp3, opus and aac are
+# encoded here from the worker's wav (``bestofn.serve.encode``). mp3 is the default, as
+# OpenAI's is.
 DEFAULT_FORMAT = "mp3"
-SERVED_FORMATS = ("mp3", "opus", "wav", "flac", "pcm")
-UNSERVED_FORMATS = {"aac": "no AAC encoder here (libsndfile has none)"}
+SERVED_FORMATS = (*encode.FORMATS, *speech_io.FORMATS)
 CONTENT_TYPES = {**speech_io.CONTENT_TYPES, **encode.CONTENT_TYPES}
 
 
@@ -364,9 +364,8 @@ class Service:
         voice = self._voice(body.get("voice"), snap)
         fmt = body.get("response_format", DEFAULT_FORMAT)
         if fmt not in SERVED_FORMATS:
-            why = f" ({UNSERVED_FORMATS[fmt]})" if fmt in UNSERVED_FORMATS else ""
             raise ApiError(
-                400, f"response_format {fmt!r} is not supported{why}; use one of "
+                400, f"response_format {fmt!r} is not supported; use one of "
                 f"{', '.join(SERVED_FORMATS)}", "response_format",
             )  # fmt: skip
         stream_format = body.get("stream_format", "audio")
