@@ -89,7 +89,7 @@ class State:
     limiter: anyio.CapacityLimiter | None = None  # threads for the blocking service calls
 
 
-def error_response(e: ApiError, head_only: bool = False) -> JSONResponse:
+def error_response(e: ApiError) -> JSONResponse:
     headers = dict(e.headers)
     if e.status == 401:
         headers.setdefault("WWW-Authenticate", "Bearer")
@@ -104,10 +104,11 @@ def endpoint_label(path: str) -> str:
 async def drain(request: Request, limits: Limits) -> bool:
     """Read a body that will not be used, so the connection stays in step; False: too big or
     too slow (then the answer closes the connection)."""
-    if request.headers.get("content-length") in (None, "0") and not request.headers.get(
-        "transfer-encoding"
-    ):
+    declared = request.headers.get("content-length")
+    if declared in (None, "0") and not request.headers.get("transfer-encoding"):
         return True
+    if declared is not None and int(declared) > MAX_BODY:
+        return False
     n = 0
     try:
         with anyio.fail_after(limits.body_timeout_s):
@@ -312,7 +313,7 @@ class Speech:
         raise AssertionError("unreachable")
 
     async def _relay(self, up: Upstream, fmt, stream_format, rec, t0, receive, send) -> None:
-        """Send the worker's audio to the client as it comes (encoding mp3/opus here). A
+        """Send the worker's audio to the client as it comes (encoding mp3, opus, aac here). A
         client that leaves or stops reading ends it; a worker stream that breaks is cut, with
         no last chunk: the client sees the answer is incomplete."""
         sse = stream_format == "sse"
