@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 
+import anyio
 import pytest
 import soundfile as sf
 from helpers import Server, make_project, speak
@@ -148,6 +149,63 @@ def test_slow_clients_are_cut_in_bounded_time(server):
     finally:
         for s in socks:
             s.close()
+
+
+class _Worker:
+    """A stand-in for the worker's answer: pcm chunks for ever, or a stream that breaks."""
+
+    headers = {"x-sample-rate": "24000", "x-channels": "1"}
+
+    def __init__(self, breaks: bool = False):
+        self.breaks, self.closed = breaks, False
+
+    async def chunks(self):
+        from bestofn.serve.upstream import UpstreamBroken
+
+        for _ in range(10_000):
+            yield b"\x00\x01" * 2400
+            await anyio.sleep(0.001)
+            if self.breaks:
+                raise UpstreamBroken("cut")
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("case", ["stops_reading", "worker_breaks"])
+def test_relay_cuts_a_client_that_stops_reading_and_a_broken_worker_stream(case):
+    """A client whose socket takes nothing more (the kernel's buffers between can hold a whole
+    render, so this runs on the relay itself): its answer is cut after the write timeout and it
+    counts as gone. A worker stream that breaks: the answer gets no last chunk, status 502."""
+    from bestofn.serve.app import Limits, Speech, State
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+        if case == "stops_reading" and message["type"] == "http.response.body":
+            await anyio.sleep_forever()  # the client reads nothing: the write never ends
+
+    async def receive():
+        await anyio.sleep_forever()  # connected, silent
+
+    speech = Speech(None, State(), Limits(write_timeout_s=0.5))
+    rec = {"ttfa_s": None, "outcome": "error", "status": None, "audio_s": 0.0}
+    t0 = time.monotonic()
+    upstream = _Worker(breaks=case == "worker_breaks")
+
+    async def relay():
+        with anyio.fail_after(10):  # bounded even if the relay never gave up
+            await speech._relay(upstream, "pcm", "audio", rec, time.perf_counter(), receive, send)
+
+    anyio.run(relay)
+    assert time.monotonic() - t0 < 5
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    assert not any(m.get("more_body") is False for m in sent), "no last chunk: visibly cut"
+    if case == "stops_reading":
+        assert rec["outcome"] == "client_left" and len(sent) == 2
+    else:
+        assert rec["status"] == 502 and rec["outcome"] == "error"
 
 
 @pytest.mark.parametrize(
