@@ -349,6 +349,9 @@ class Speech:
             del pcm_tail[:usable]
             return a.reshape(-1, channels) if channels > 1 else a
 
+        def encode_chunk(data: bytes) -> bytes:
+            return encoder.chunk(to_float(data))
+
         async def pump(scope: anyio.CancelScope) -> None:
             nonlocal skip
             try:
@@ -358,11 +361,17 @@ class Speech:
                         if skip:
                             cut = min(skip, len(data))
                             skip, data = skip - cut, data[cut:]
-                        data = encoder.chunk(to_float(data))
+                        # in a thread: the encoders release the GIL, so many streams encode
+                        # on several cores while the event loop keeps relaying
+                        data = await anyio.to_thread.run_sync(
+                            encode_chunk, data, limiter=self.state.limiter
+                        )
                     await out(data)
                 scope.cancel()  # the worker is done: stop watching the client
                 if encoder is not None:
-                    await out(encoder.finish())
+                    await out(
+                        await anyio.to_thread.run_sync(encoder.finish, limiter=self.state.limiter)
+                    )
                     audio_s = encoder.seconds
                 elif fmt == "flac":
                     audio_s = float(up.headers.get("x-audio-seconds") or 0.0)
