@@ -291,7 +291,20 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: the config's runtime.speech_max_batch)")  # fmt: skip
     p.add_argument("--batch-window-ms", type=float, help="batching window of a worker it "
                    "starts (default: the config's runtime.speech_batch_window_ms)")  # fmt: skip
-    p.add_argument("--max-concurrency", type=int, default=256, help="requests in flight")
+    p.add_argument("--max-concurrency", type=int, default=256,
+                   help="speech requests in flight; more get 429 with Retry-After")  # fmt: skip
+    p.add_argument("--ssl-certfile", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--ssl-keyfile", help="the certificate's private key (PEM)")
+    p.add_argument("--keep-alive", type=float, default=5.0,
+                   help="seconds an idle connection stays open between requests")  # fmt: skip
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds for a request's line and headers to arrive")  # fmt: skip
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds for a request's body to arrive")  # fmt: skip
+    p.add_argument("--write-timeout", type=float, default=60.0,
+                   help="seconds a client may leave the answer unread (then cut)")  # fmt: skip
+    p.add_argument("--graceful-timeout", type=float, default=30.0,
+                   help="on SIGTERM: seconds for requests in flight to end (new: 503)")  # fmt: skip
     p.set_defaults(func=_serve)
 
     p = sub.add_parser(

@@ -121,7 +121,7 @@ def test_eight_concurrent_requests_are_batched_and_batch_independent(server):
         ({"voice": "alloy"}, 400, "unknown voice 'alloy'"),
         ({"voice": "config/voices/ref.flac"}, 400, "looks like a file path"),
         ({"voice": "/etc/passwd"}, 400, "looks like a file path"),
-        ({"response_format": "mp3"}, 400, "use one of wav, flac, pcm"),
+        ({"response_format": "ogg"}, 400, "use one of mp3, opus, aac, wav, flac, pcm"),
         ({"model": "tts-1"}, 400, "not served here"),
         ({"speed": 2.0}, 400, "only 1.0"),
         ({"extra_body": {"seed": -1}}, 400, "seed"),
@@ -215,7 +215,8 @@ def test_unknown_paths_auth_and_head_answer_json_on_any_method(server):
 @pytest.mark.parametrize(
     ("line", "status"),
     [(b"GARBAGE", 400), (b"GET / HTTP/x.y", 400), (b"GET / HTTP/9.9", 505),
-     (b"GET /" + b"a" * 70000 + b" HTTP/1.1", 414), (b"\x00\xff junk here now", 400)],
+     (b"GET /" + b"a" * 70000 + b" HTTP/1.1", 414), (b"GET /" + b"a" * 10000, 400),
+     (b"GET / HTTP/1.1\r\nX: " + b"b" * 70000, 431), (b"\x00\xff junk here now", 400)],
 )  # fmt: skip
 def test_a_request_line_the_parser_refuses_is_answered_in_json(server, line, status):
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
@@ -226,7 +227,7 @@ def test_a_request_line_the_parser_refuses_is_answered_in_json(server, line, sta
     assert resp.status == status, data
     assert resp.getheader("Content-Type") == "application/json"
     assert resp.getheader("Connection") == "close"
-    assert error_message(resp.status, data)
+    assert error_message(resp.status, data) and len(data) < 1000
 
 
 def test_client_leaving_mid_stream_does_not_wedge_the_worker(server):
@@ -478,13 +479,3 @@ def test_speech_job_end_is_sticky():
     for _ in range(2):
         with pytest.raises(RuntimeError, match="boom"):
             failed.get(worker)
-
-
-def test_listen_backlog_admits_every_allowed_concurrent_connection():
-    from bestofn.serve.http import SpeechServer
-
-    srv = SpeechServer("127.0.0.1", 0, service=None, api_key=None, max_concurrency=512)
-    try:  # socketserver's default backlog of 5 reset connections at concurrency 64 and 128
-        assert srv.request_queue_size >= 512
-    finally:
-        srv.server_close()

@@ -1,4 +1,4 @@
-"""The speech service behind `bestofn serve` (``bestofn.serve.http`` is its HTTP front): the config
+"""The speech service behind `bestofn serve` (``bestofn.serve.app`` is its HTTP front): the config
 and its voices, the warm worker it needs, the request checks, and the metrics.
 
 A request is checked as a sheet row is (empty text, more than ``max_words`` words, an unknown
@@ -16,13 +16,14 @@ import ipaddress
 import logging
 import statistics
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
 
 from bestofn.core import speech as speech_io
+from bestofn.serve import encode
 
-log = logging.getLogger("bestofn.serve.http")
+log = logging.getLogger("bestofn.serve")
 
 MAX_BODY = 64 * 1024  # a speech request is a small JSON document
 KNOWN_FIELDS = (
@@ -33,15 +34,22 @@ STREAM_FORMATS = ("audio", "sse")
 DEFAULT_VOICE = "default"
 API_KEY_ENV = "BESTOFN_API_KEY"
 UPSTREAM_TIMEOUT_S = 600.0  # one read from the worker (it may be finishing a group first)
-CLIENT_TIMEOUT_S = 60.0  # one read from / write to a client
+# OpenAI's response formats: the worker encodes wav, flac and pcm; mp3, opus and aac are
+# encoded here from the worker's wav (``bestofn.serve.encode``). mp3 is the default, as
+# OpenAI's is.
+DEFAULT_FORMAT = "mp3"
+SERVED_FORMATS = (*encode.FORMATS, *speech_io.FORMATS)
+CONTENT_TYPES = {**speech_io.CONTENT_TYPES, **encode.CONTENT_TYPES}
 
 
 class ApiError(Exception):
     """An error answer in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
-    def __init__(self, status: int, message: str, param: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None):  # fmt: skip
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.headers = dict(headers or {})
 
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
@@ -113,18 +121,40 @@ def _stamp(paths: list[Path]) -> tuple:
     return tuple(out)
 
 
+# Time-to-first-audio histogram buckets (seconds) for /metrics: from a warm streamed render's
+# first chunk to a cold start that loads the models.
+TTFA_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
 class Metrics:
-    """Per-request time to first audio and real-time factor; the last ``keep`` in /health."""
+    """Per-request time to first audio and real-time factor (the last ``keep`` in /health), and
+    the running totals /metrics exports: HTTP answers by endpoint and status, speech requests
+    by outcome, audio seconds, a TTFA histogram."""
 
     def __init__(self, keep: int = 200):
         self.lock = threading.Lock()
         self.recent: deque[dict] = deque(maxlen=keep)
         self.served = self.failed = self.client_left = self.in_flight = 0
         self.audio_s = 0.0
+        self.http_answers: Counter[tuple[str, int]] = Counter()  # (endpoint, status)
+        self.ttfa_counts = {cold: [0] * len(TTFA_BUCKETS) for cold in (False, True)}
+        self.ttfa_sum = {False: 0.0, True: 0.0}
+        self.ttfa_n = {False: 0, True: 0}
+
+    def answered(self, endpoint: str, status: int) -> None:
+        with self.lock:
+            self.http_answers[(endpoint, status)] += 1
 
     def record(self, rec: dict) -> None:
         with self.lock:
             self.recent.append(rec)
+            ttfa, cold = rec.get("ttfa_s"), bool(rec.get("cold"))
+            if rec["outcome"] == "ok" and ttfa is not None:
+                self.ttfa_n[cold] += 1
+                self.ttfa_sum[cold] += ttfa
+                for i, edge in enumerate(TTFA_BUCKETS):
+                    if ttfa <= edge:
+                        self.ttfa_counts[cold][i] += 1
             if rec["outcome"] == "ok":
                 self.served += 1
                 self.audio_s += rec["audio_s"]
@@ -332,12 +362,11 @@ class Service:
                 "model",
             )  # fmt: skip
         voice = self._voice(body.get("voice"), snap)
-        fmt = body.get("response_format", "wav")
-        if fmt not in speech_io.FORMATS:
-            why = " (no encoder for it here)" if fmt in speech_io.REFUSED_FORMATS else ""
+        fmt = body.get("response_format", DEFAULT_FORMAT)
+        if fmt not in SERVED_FORMATS:
             raise ApiError(
-                400, f"response_format {fmt!r} is not supported{why}; use one of "
-                f"{', '.join(speech_io.FORMATS)}", "response_format",
+                400, f"response_format {fmt!r} is not supported; use one of "
+                f"{', '.join(SERVED_FORMATS)}", "response_format",
             )  # fmt: skip
         stream_format = body.get("stream_format", "audio")
         if stream_format not in STREAM_FORMATS:
@@ -346,7 +375,11 @@ class Service:
             )
         speed = body.get("speed", 1.0)
         if not isinstance(speed, int | float) or isinstance(speed, bool) or speed != 1.0:
-            raise ApiError(400, f"speed {speed!r} is not supported; only 1.0", "speed")
+            # the generators have no tempo control, and resampling would change the pitch too
+            raise ApiError(
+                400, f"speed {speed!r} is not supported; only 1.0 (no generator here has a tempo "
+                "control, and resampling would change the pitch as well)", "speed",
+            )  # fmt: skip
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise ApiError(400, "'instructions' must be a string", "instructions")
@@ -356,7 +389,8 @@ class Service:
         if not isinstance(body.get("stream", True), bool):
             raise ApiError(400, "'stream' must be true or false (audio is always streamed)")
         worker_body = {
-            "input": text, "response_format": fmt, "model": "bestofn", "seed": seed,
+            "input": text, "response_format": "wav" if fmt in encode.FORMATS else fmt,
+            "model": "bestofn", "seed": seed,
             "voice": voice.id, "emotion": voice.emotion, "reference_audio": voice.reference_audio,
             "emotion_description": instructions or voice.description,
             "negative_description": voice.negative_description, "worker_key": snap.key,
