@@ -35,7 +35,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from bestofn.serve.http import is_loopback
+from bestofn.serve.service import is_loopback
 
 TEXTS = (
     "The train leaves at nine, so please be on time and bring the tickets with you.",
