@@ -190,6 +190,11 @@ def _parity(args_rest: list[str]) -> int:
     return parity_main(args_rest)
 
 
+def _has_default(value) -> bool:
+    # identity, not equality: a default of 0 is a value to show, False and None are not
+    return not (value is None or value is False or value == argparse.SUPPRESS)
+
+
 class _DefaultsShown(argparse.HelpFormatter):
     """Every option's help ends with its default, when it has one that the help does not state
     already (a default of None or False is no value: the help says what happens then)."""
@@ -198,7 +203,7 @@ class _DefaultsShown(argparse.HelpFormatter):
         text = action.help or ""
         default = action.default
         if (
-            default not in (None, False, argparse.SUPPRESS)
+            _has_default(default)
             and (action.option_strings or action.nargs in ("?", "*"))
             and "default" not in text.lower()
             and not isinstance(action, argparse._VersionAction | argparse._HelpAction)
@@ -218,7 +223,7 @@ class Parser(argparse.ArgumentParser):
     def add_argument(self, *args, **kwargs):
         # argparse prints no help line for an option without help text: one that has a default
         # gets the default as its help
-        if kwargs.get("help") is None and kwargs.get("default") not in (None, False):
+        if kwargs.get("help") is None and _has_default(kwargs.get("default")):
             kwargs["help"] = "(default: %(default)s)"
         return super().add_argument(*args, **kwargs)
 
