@@ -6,19 +6,23 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 EXTRAS ?= embedded,production,export,dev
 
-.PHONY: install demo test lint
+# LOCK pins every other distribution (a constraints file: -c pins, adds nothing); torch and its
+# CUDA libraries are left out of it, so TORCH still chooses the build. `make lock` refreshes it.
+LOCK ?= requirements/lock.txt
 
-$(VENV)/.installed-$(EXTRAS): pyproject.toml
+.PHONY: install demo test lint lock
+
+$(VENV)/.installed-$(EXTRAS): pyproject.toml $(LOCK)
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q -c $(LOCK) "$(TORCH)" -e ".[$(EXTRAS)]"
 	touch $@
 
 install: $(VENV)/.installed-$(EXTRAS)
 
 # The SLURM executor plugins (extra 'slurm'): the tests run profiles/slurm on a real SLURM.
 $(VENV)/.installed-slurm: $(VENV)/.installed-$(EXTRAS)
-	$(PY) -m pip install -q -e ".[slurm]"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[slurm]"
 	touch $@
 
 # Command 1: install and run the main job on the embedded default (CPU, offline).
@@ -38,3 +42,8 @@ lint:
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/snakefmt --check Snakefile workflow/rules
 	$(VENV)/bin/lint-imports --no-cache  # the layers and no-cycles contracts in pyproject.toml
+	$(VENV)/bin/deptry .  # every import declared, every dependency used ([tool.deptry])
+
+# Refresh $(LOCK) after changing pyproject.toml's dependencies (pip-tools: the dev extra).
+lock:
+	$(PY) requirements/refresh_lock.py

@@ -245,10 +245,23 @@ def sha(repo: str) -> str:
 class Hub(BaseHTTPRequestHandler):
     """Serves ``files`` (repo -> {path: bytes}) the way huggingface_hub's snapshot_download
     asks for them: revision info, the tree listing, HEAD and GET of each file; records
-    ``requests``."""
+    ``requests``. ``files`` is each repo's default branch, at commit ``heads[repo]`` (default:
+    ``sha(repo)``); ``history`` (repo -> {commit: {path: bytes}}) adds older commits, fetched by
+    their sha."""
 
     files: dict = {}
+    heads: dict = {}
+    history: dict = {}
     requests: list = []
+
+    @classmethod
+    def serving(cls, files: dict, heads: dict | None = None, history: dict | None = None):
+        """Set what the stand-in serves (class state: one stand-in per test at a time)."""
+        cls.files, cls.heads, cls.history, cls.requests = files, heads or {}, history or {}, []
+        return cls
+
+    def head(self, repo: str) -> str:
+        return self.heads.get(repo, sha(repo))
 
     def log_message(self, *args):  # quiet
         pass
@@ -263,32 +276,51 @@ class Hub(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(body)
 
+    def _commit(self, repo: str, rev: str) -> tuple[str, dict] | None:
+        """(commit, files) that a revision names: an older commit by its sha, else the head."""
+        older = self.history.get(repo, {})
+        if rev in older:
+            return rev, older[rev]
+        if rev in ("main", self.head(repo)):
+            return self.head(repo), self.files[repo]
+        return None
+
     def _route(self, head=False):
         # the hub quotes file names (Empathic-Insight's heads hold '&'); the listing does not
         path = urllib.parse.unquote(self.path.split("?")[0])
         self.requests.append((self.command, path))
         # a dataset repo is served as a model repo is, under its own URL prefixes
         path = path.replace("/api/datasets/", "/api/models/", 1).removeprefix("/datasets")
-        for repo, files in self.files.items():
-            if path.startswith(f"/api/models/{repo}/revision/"):
-                return self._send(json.dumps({"id": repo, "sha": sha(repo)}).encode(), head=head)
-            if path.startswith(f"/api/models/{repo}/tree/"):
-                listing = [
-                    {"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest()}
-                    for p, b in files.items()
-                ]
-                return self._send(json.dumps(listing).encode(), head=head)
-            prefix = f"/{repo}/resolve/"
-            if path.startswith(prefix):
-                name = path[len(prefix) :].split("/", 1)[1]
+        for repo in self.files:
+            if path == f"/api/models/{repo}":  # model_info without a revision: the head
+                body = json.dumps({"id": repo, "sha": self.head(repo)}).encode()
+                return self._send(body, head=head)
+            for prefix in (f"/api/models/{repo}/revision/", f"/api/models/{repo}/tree/",
+                           f"/{repo}/resolve/"):  # fmt: skip
+                if not path.startswith(prefix):
+                    continue
+                rev, _, name = path[len(prefix) :].partition("/")
+                found = self._commit(repo, rev)
+                if found is None:
+                    break
+                commit, files = found
+                if prefix.endswith("/revision/"):
+                    body = json.dumps({"id": repo, "sha": commit}).encode()
+                    return self._send(body, head=head)
+                if prefix.endswith("/tree/"):
+                    listing = [
+                        {"type": "file", "path": p, "size": len(b),
+                         "oid": hashlib.sha1(b).hexdigest()}
+                        for p, b in files.items()
+                    ]  # fmt: skip
+                    return self._send(json.dumps(listing).encode(), head=head)
                 body = files[name]
-                headers = {
-                    "X-Repo-Commit": sha(repo),
-                    "ETag": f'"{hashlib.sha1(body).hexdigest()}"',
-                }
+                headers = {"X-Repo-Commit": commit, "ETag": f'"{hashlib.sha1(body).hexdigest()}"'}
                 return self._send(body, "application/octet-stream", head, headers)
         self.send_response(404)
-        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header(
+            "X-Error-Code", "RevisionNotFound" if self._known(path) else "RepoNotFound"
+        )
         self.end_headers()
 
     def do_GET(self):

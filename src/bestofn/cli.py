@@ -9,7 +9,10 @@ import sys
 
 def _verify(args) -> int:
     from bestofn.ops.verify import quarantine_group, verify_groups
+    from bestofn.util.user_input import UserInputError
 
+    if not os.path.isdir(args.results):
+        raise UserInputError(args.results, "no such results directory")
     per_group, warnings = verify_groups(args.results)
     problems = [p for group_problems in per_group.values() for p in group_problems]
     for w in warnings:
@@ -32,13 +35,18 @@ def _verify(args) -> int:
 
 def _load_plan(args, *more_errors):
     """The plan of ``args.config`` (groups, checked config), or None after printing the error:
-    every command that reads a config fails the same way, exit status 2."""
+    every command that reads a config fails the same way, exit status 2. A missing or malformed
+    config file raises UserInputError (main prints it)."""
     from bestofn.core.plan import PlanError, build_plan, load_config
 
+    config = load_config(args.config)
     try:
-        return build_plan(load_config(args.config), args.base)
+        return build_plan(config, args.base)
     except (PlanError, *more_errors) as e:
-        print(f"error: {e}", file=sys.stderr)
+        # the config's own fields are named by the file; a sheet's or weight's problem names
+        # its own file already
+        where = f"{args.config}: " if str(e).startswith("config ") else ""
+        print(f"error: {where}{e}", file=sys.stderr)
         return None
 
 
@@ -182,13 +190,51 @@ def _parity(args_rest: list[str]) -> int:
     return parity_main(args_rest)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _has_default(value) -> bool:
+    # identity, not equality: a default of 0 is a value to show, False and None are not
+    return not (value is None or value is False or value == argparse.SUPPRESS)
+
+
+class _DefaultsShown(argparse.HelpFormatter):
+    """Every option's help ends with its default, when it has one that the help does not state
+    already (a default of None or False is no value: the help says what happens then)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (
+            _has_default(default)
+            and (action.option_strings or action.nargs in ("?", "*"))
+            and "default" not in text.lower()
+            and not isinstance(action, argparse._VersionAction | argparse._HelpAction)
+        ):
+            text = f"{text.strip()} (default: %(default)s)".lstrip()
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """``bestofn``'s parser: its subparsers (and theirs) are of this class too
+    (``add_subparsers`` builds them with the parent's class), so each shows its defaults."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        # argparse prints no help line for an option without help text: one that has a default
+        # gets the default as its help
+        if kwargs.get("help") is None and _has_default(kwargs.get("default")):
+            kwargs["help"] = "(default: %(default)s)"
+        return super().add_argument(*args, **kwargs)
+
+
+def build_parser() -> Parser:
+    """Every subcommand and its options (the test that walks them all reads them here)."""
+    from bestofn import __version__
     from bestofn.schemas import schema
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["parity"]:
-        return _parity(argv[1:])
-    ap = argparse.ArgumentParser(prog="bestofn", description=__doc__)
+    ap = Parser(prog="bestofn", description=__doc__)
+    ap.add_argument("--version", action="version", version=f"bestofn {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("verify", help="check every parquet row against its FLAC and back")
@@ -388,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         "the page's seed and build, every vote's group and takes. A bad file is refused with "
         "the file and vote named and adds nothing; the others still import. Accepted files are "
         "kept in RESULTS/votes/ and the listener_* tables are recomputed (the database rule "
-        "re-applies them after a rebuild). Exit 1 when any file was refused.",
+        "re-applies them after a rebuild). Exit 2 when every file was refused (then nothing on "
+        "disk changes), 1 when some were.",
     )
     p.add_argument("files", nargs="+", metavar="VOTES.json")
     p.add_argument("--results", default="results", help="results directory (default: results)")
@@ -413,8 +460,29 @@ def main(argv: list[str] | None = None) -> int:
     add_reward_parser(sub)
 
     sub.add_parser("parity", help="moss-fast vs reference code parity check (see --help)")
-    args = ap.parse_args(argv)
-    return args.func(args)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. A file the user gave that is missing, malformed or of the wrong shape
+    (bestofn.util.user_input.UserInputError, raised by any subcommand) ends as
+    ``error: <file>: <what>`` and exit status 2, never a traceback; so does an OSError that
+    names its file."""
+    from bestofn.util.user_input import EXIT_STATUS, UserInputError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["parity"]:
+            return _parity(argv[1:])
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UserInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+    return EXIT_STATUS
 
 
 if __name__ == "__main__":

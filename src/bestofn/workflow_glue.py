@@ -47,6 +47,25 @@ def _empathic_columns(entry: dict) -> dict[str, str] | None:
     return {column_name(n, prefix): "DOUBLE" for n in names}
 
 
+def config_file_problem(path: str, given: list) -> str | None:
+    """What is wrong with the workflow's default config file (the Snakefile's ``configfile:``),
+    as ``<file>: <what>``, or None. Snakemake's own reading of it names no file when it does
+    not parse, so the Snakefile asks here first. ``given``: the ``--configfile`` paths, which
+    Snakemake reads itself before any workflow code runs (its messages, not ours); with one,
+    the default file may be absent."""
+    from bestofn.util.user_input import UserInputError, load_yaml_file
+
+    if not Path(path).exists():
+        if given:
+            return None
+        return f"{path}: no such config (run in the workflow directory, or give --configfile)"
+    try:
+        load_yaml_file(path, "config")
+    except UserInputError as e:
+        return str(e)
+    return None
+
+
 def check_selection_for(config: dict) -> None:
     from bestofn.select.held_out import check_held_out, scorer_directions
 

@@ -124,7 +124,7 @@ def test_missing_thresholds_file_fails_before_any_model_loads(tmp_path, capsys, 
     a = write_config(tmp_path / "a.yaml")
     assert run_cli(tmp_path, a, a, tmp_path / "nope.yaml", tmp_path / "ab.parquet") == 2
     err = capsys.readouterr().err
-    assert "nope.yaml does not exist" in err
+    assert "nope.yaml: no such thresholds file" in err
     assert not (tmp_path / "ab.parquet").exists()
 
 
@@ -135,7 +135,7 @@ def test_missing_thresholds_file_fails_before_any_model_loads(tmp_path, capsys, 
         ("wer: {max_increase: -1}\n", "finite number >= 0"),
         ("wer: {max_increase: x}\n", "must be a number"),
         ("wer: {max_increase: 0.1, max_decrease: 0.1}\n", "expected exactly one of"),
-        ("- wer\n", "expected a mapping"),
+        ("- wer\n", "must be a mapping"),
         ("wer: {max_increase: [0.1\n", "not valid YAML"),
         ("no_such_column: {max_decrease: 0.1}\n", "written by no scorer of A"),
     ],

@@ -44,7 +44,7 @@ def hub_files() -> dict[str, dict[str, bytes]]:
 
 @pytest.fixture
 def hub():
-    Hub.files, Hub.requests = hub_files(), []
+    Hub.serving(hub_files())
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"

@@ -167,7 +167,7 @@ def per_group(project: Path):
 
 def test_six_groups_two_slots_models_load_once_per_worker(project):
     six_group_project(project, slots=2)
-    snakemake(project, "--resources", "gpu=4")
+    snakemake(project, "--resources", "group_slots=4")
     rows = per_group(project)
     assert len(rows) == 6
     slots = {r[1] for r in rows}

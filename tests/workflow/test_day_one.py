@@ -110,7 +110,10 @@ def fetch(project: Path, hub: Path, argv: list[str]) -> None:
     from http.server import ThreadingHTTPServer
     from threading import Thread
 
-    Hub.files, Hub.requests = hub_repos(hub), []
+    from bestofn.weights.manifest import MANIFEST
+
+    # a repo the manifest pins to a commit is served at that commit, as the real hub has it
+    Hub.serving(hub_repos(hub), heads={e.repo_id: e.revision for e in MANIFEST if e.pinned})
     server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     Thread(target=server.serve_forever, daemon=True).start()
     env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}",

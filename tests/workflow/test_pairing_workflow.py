@@ -34,7 +34,7 @@ def _project(root, weights: dict, jobs: int, depth: int):
     config["models"]["generator"] = generator
     config["selection"] = {"filter": "n_frames >= 0", "score": "-n_frames"}
     (root / "config/config.yaml").write_text(yaml.safe_dump(config))
-    return root, ("--resources", f"gpu={jobs}", "--cores", str(max(jobs, 2)))
+    return root, ("--resources", f"group_slots={jobs}", "--cores", str(max(jobs, 2)))
 
 
 def _flacs(project) -> dict[str, str]:

@@ -5,6 +5,7 @@ from snakemake.logging import logger
 
 from bestofn.core.plan import PlanError, build_plan
 from bestofn.select.selection import SelectionError
+from bestofn.util.user_input import UserInputError
 from bestofn.workflow_glue import check_selection_for, run_group_rule
 from bestofn import snakemake_speedups
 
@@ -14,8 +15,15 @@ snakemake_speedups.install(workflow)  # per-job costs of planning cut (see the m
 try:
     PLAN = build_plan(config, base=".")
     check_selection_for(config)
-except (PlanError, SelectionError) as e:
-    raise WorkflowError(str(e)) from None
+except (PlanError, SelectionError, UserInputError) as e:
+    # a config field's problem is named by the config file(s) it came from; a sheet's, a
+    # weight's or a file's names its own file already
+    files = ", ".join(
+        map(str, workflow.overwrite_configfiles or ["config/config.yaml"])
+    )
+    raise WorkflowError(
+        f"{files}: {e}" if str(e).startswith("config ") else str(e)
+    ) from None
 config.update(PLAN.config)  # the defaults the schema declares, for rules and scripts
 for warning in PLAN.warnings:  # settings that run, but slower than meant
     logger.warning(f"bestofn: {warning}")

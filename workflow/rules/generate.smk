@@ -11,7 +11,9 @@ rule group:
     output:
         directory(f"{RESULTS}/groups/{{emotion}}/{{prompt_id}}"),
     resources:
-        gpu=1,
+        # one of the group jobs in flight that the local profiles cap (slots x queue depth);
+        # GPUs are `gpu`, asked for only where a job gets GPUs of its own (profiles/slurm)
+        group_slots=1,
     params:
         # The group's identity: its text, emotion, N, seed, reference voice and the models.
         # Performance knobs live in config['runtime'] and are deliberately not params

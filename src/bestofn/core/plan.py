@@ -14,7 +14,6 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import jsonschema
-import yaml
 
 from bestofn import schemas
 from bestofn.backends.registry import (
@@ -25,6 +24,7 @@ from bestofn.backends.registry import (
 )
 from bestofn.core import voice_acting
 from bestofn.util.spec import GroupSpec
+from bestofn.util.user_input import load_yaml_file
 from bestofn.weights import lock as weights_lock
 from bestofn.weights import paths as weight_paths
 
@@ -103,7 +103,7 @@ def read_sheet(path: Path, kind: str) -> list[dict]:
     Line ends may be LF or CRLF (Excel on Windows): the csv module takes both, and a CR never
     ends up in a value."""
     if not path.is_file():
-        raise PlanError(f"{kind} sheet {path} does not exist")
+        raise PlanError(f"{path}: no such {kind} sheet")
     text = _decode_sheet(path, path.read_bytes())
     reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t")
     header = reader.fieldnames or []
@@ -228,8 +228,9 @@ def check_models(models: dict, base: Path = Path(".")) -> None:
 
 
 def load_config(path: str | Path) -> dict:
-    with open(path) as f:
-        return yaml.safe_load(f)
+    """The config file's mapping; a missing or malformed file, or YAML that is not a mapping,
+    raises UserInputError naming it."""
+    return load_yaml_file(path, "config")
 
 
 def build_plan(config: dict, base: str | Path = ".") -> Plan:

@@ -43,15 +43,11 @@ def add_arguments(p) -> None:
 def load_config(path: str | Path) -> dict:
     """The config, validated against the schema, with its defaults."""
     import jsonschema
-    import yaml
 
     from bestofn import schemas
+    from bestofn.util.user_input import load_yaml_file
 
-    try:
-        with open(path) as f:
-            config = yaml.safe_load(f)
-    except OSError as e:
-        raise ExportError(f"config {path}: {e}") from None
+    config = load_yaml_file(path, "config")  # UserInputError: bestofn.cli prints it
     errors = sorted(
         jsonschema.Draft202012Validator(schemas.schema("config")).iter_errors(config), key=str
     )

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from bestofn.ops.ab_side import ABError, ABSideError, run_side_process
+from bestofn.util.user_input import load_yaml_file
 
 RULES = ("max_increase", "max_decrease")
 # Columns every group's parquet has, whatever the scorers (bestofn.core.pipeline._rows).
@@ -91,20 +91,15 @@ def load_thresholds(path) -> list[Threshold]:
     """The thresholds file, checked: each entry ``column: {max_increase|max_decrease: x}``
     with one rule and a finite number x >= 0."""
     path = Path(path)
-    if not path.is_file():
-        raise ABError(f"thresholds file {path} does not exist (write it before the run)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ABError(f"thresholds file {path}: not valid YAML: {e}") from None
+    data = load_yaml_file(path, "thresholds file", expect=None)  # UserInputError: bestofn.cli
     if not isinstance(data, dict) or not data:
         raise ABError(
-            f"thresholds file {path}: expected a mapping 'column: {{max_increase: x}}' or "
+            f"{path}: the thresholds file must be a mapping 'column: {{max_increase: x}}' or "
             f"'column: {{max_decrease: x}}', got {type(data).__name__}"
         )
     out = []
     for column, entry in data.items():
-        where = f"thresholds file {path}, column {column!r}"
+        where = f"{path}: column {column!r}"
         if not isinstance(entry, dict) or len(entry) != 1 or next(iter(entry)) not in RULES:
             raise ABError(f"{where}: expected exactly one of {list(RULES)}, got {entry!r}")
         rule, limit = next(iter(entry.items()))
@@ -119,17 +114,13 @@ def load_thresholds(path) -> list[Threshold]:
 def _plan(config_path: Path, base: Path, takes: int | None):
     from bestofn.core.plan import PlanError, build_plan, load_config
 
-    if not config_path.is_file():
-        raise ABError(f"config {config_path} does not exist")
-    config = load_config(config_path)
+    config = load_config(config_path)  # UserInputError: missing, malformed, not a mapping
     if takes is not None:
-        if not isinstance(config, dict):
-            raise ABError(f"config {config_path}: not a mapping")
         config = {**config, "takes": int(takes)}
     try:
         return build_plan(config, base)
     except PlanError as e:
-        raise ABError(f"config {config_path}: {e}") from None
+        raise ABError(f"{config_path}: {e}") from None
 
 
 def _known_columns(models: dict) -> set[str] | None:

@@ -169,7 +169,7 @@ def import_main(files: list[str], results_dir: str, db_path: str | None = None) 
     results = Path(results_dir)
     db = Path(db_path) if db_path else results / "bestofn.duckdb"
     if not db.is_file():
-        print(f"error: no results database at {db}", file=sys.stderr)
+        print(f"error: {db}: no results database (the workflow builds it)", file=sys.stderr)
         return 2
     try:
         summary = import_files(db, results, files)
@@ -188,7 +188,8 @@ def import_main(files: list[str], results_dir: str, db_path: str | None = None) 
     con = duckdb.connect(str(db), read_only=True)
     try:
         report = results / "report"  # refreshed here; the next report rule run redoes it
-        out = report if report.is_dir() else None
+        # nothing added: nothing on disk changes, the report's files included
+        out = report if report.is_dir() and summary["added_files"] else None
         md, _ = votes_section(con, results, out)
     finally:
         con.close()
@@ -196,6 +197,8 @@ def import_main(files: list[str], results_dir: str, db_path: str | None = None) 
     print(
         "\n".join(md[2:]).replace(f"![agreement against the score margin]({FILES['plot']})", plot)
     )
+    if summary["errors"] and not summary["added_files"] and not summary["already_imported"]:
+        return 2  # every file refused: bad input, nothing changed
     return 1 if summary["errors"] else 0
 
 

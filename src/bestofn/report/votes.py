@@ -292,14 +292,16 @@ def _canonical(doc: dict) -> bytes:
 
 def import_files(db_path: str | Path, results_dir: str | Path, files: list) -> dict:
     """Check each file, keep the accepted ones in the store, then recompute the tables.
-    A refused file adds nothing; the others still import. Returns a summary."""
+    A refused file adds nothing; the others still import. The files are checked against a
+    read-only connection: when none is added, the database is not opened for writing, so its
+    bytes stay as they were and the workflow's next run redoes nothing. Returns a summary."""
     results_dir = Path(results_dir)
     imported = store_dir(results_dir) / IMPORTED
-    con = duckdb.connect(str(db_path))
+    con = duckdb.connect(str(db_path), read_only=True)
     try:
         ctx = Context.of(con, results_dir)
         before = _counted_keys(results_dir, ctx)
-        added, already, errors = [], [], []
+        accepted, already, errors = [], [], []
         for f in files:
             try:
                 doc, _ = read_votes_file(f, ctx)
@@ -308,23 +310,32 @@ def import_files(db_path: str | Path, results_dir: str | Path, files: list) -> d
                 continue
             data = _canonical(doc)
             dest = imported / f"{hashlib.sha256(data).hexdigest()[:32]}.json"
-            if dest.exists():
+            if dest.exists() or any(dest == d for _, d, _ in accepted):
                 already.append(str(f))
                 continue
-            imported.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_suffix(".tmp")
-            with open(tmp, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dest)
-            added.append(str(f))
+            accepted.append((str(f), dest, data))
+        if not accepted:
+            counts = _counts(compute_votes(con, results_dir))
+            return {"added_files": [], "already_imported": already, "errors": errors,
+                    "new_votes": 0, **counts}  # fmt: skip
+    finally:
+        con.close()
+    for _, dest, data in accepted:
+        imported.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, dest)
+    con = duckdb.connect(str(db_path))
+    try:
         counts = apply_votes(con, results_dir)
         after = _counted_keys(results_dir, ctx)
     finally:
         con.close()
     return {
-        "added_files": added,
+        "added_files": [f for f, _, _ in accepted],
         "already_imported": already,
         "errors": errors,
         "new_votes": len(after - before),
@@ -575,6 +586,10 @@ def apply_votes(con: duckdb.DuckDBPyConnection, results_dir: str | Path) -> dict
     except Exception:
         con.execute("ROLLBACK")
         raise
+    return _counts(rows)
+
+
+def _counts(rows: dict) -> dict:
     votes = rows["listener_votes"]
     return {
         "files": len(rows["listener_files"]),

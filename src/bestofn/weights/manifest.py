@@ -24,10 +24,14 @@ docs/notes/*.md):
   model.safetensors as the package's ``from_pretrained`` reads them (PyPI audiobox-aesthetics
   0.0.4, model/aes.py; docs/notes/scorers-facts.md).
 
-Revisions: no public source seen gives a full commit sha of any of these repos (the one short
-sha seen, Empathic-Insight-Voice-Plus 441d220 in its README history, is not a revision the hub
-resolves). So every ``revision`` is ``UNKNOWN``: fetch takes the repo's default branch and says
-so, and the lock (``bestofn weights lock``) pins what was fetched by content instead.
+Revisions: the commit each entry is fetched at, where public material pins one (full shas,
+each seen pinned the same way in several unrelated public files; docs/notes/weights-revisions.md
+lists them): nvidia/parakeet-tdt-0.6b-v3, facebook/w2v-bert-2.0, microsoft/wavlm-base-plus-sv.
+For the others no public source seen gives a full commit sha (the one short sha seen,
+Empathic-Insight-Voice-Plus 441d220 in its README history, is not a revision the hub resolves):
+their ``revision`` is ``UNKNOWN``, fetch takes the repo's default branch and says so, and the
+lock records the commit it resolved (``bestofn weights fetch --lock`` fetches that commit on
+another machine).
 Sizes: None where no public source states them.
 """
 
@@ -37,6 +41,10 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 UNKNOWN = "unknown"  # no public commit sha seen: fetch uses the default branch and says so
+# the public pins (docs/notes/weights-revisions.md)
+PARAKEET_V3 = "6d590f77001d318fb17a0b5bf7ee329a91b52598"
+W2V_BERT_2 = "da985ba0987f70aaeb84a80f2851cfac8c697a7b"
+WAVLM_BASE_PLUS_SV = "feb593a6c23c1cc3d9510425c29b0a14d2b07b1e"
 GB = 10**9
 
 
@@ -92,7 +100,7 @@ MANIFEST: tuple[WeightEntry, ...] = (
         "the 24 kHz codec of MOSS-TTS Delay",
     ),
     WeightEntry(
-        "w2v-bert-2.0", "facebook/w2v-bert-2.0", UNKNOWN,
+        "w2v-bert-2.0", "facebook/w2v-bert-2.0", W2V_BERT_2,
         ("config.json", "model.safetensors", "preprocessor_config.json"), "w2v-bert-2.0", None,
         "sidon", "Sidon's base encoder (its first 8 layers are used)",
     ),
@@ -102,7 +110,7 @@ MANIFEST: tuple[WeightEntry, ...] = (
         "sidon_raw_weight", None, "sidon", "peft LoRA adapter + DAC decoder state dict",
     ),
     WeightEntry(
-        "parakeet", "nvidia/parakeet-tdt-0.6b-v3", UNKNOWN, ("parakeet-tdt-0.6b-v3.nemo",),
+        "parakeet", "nvidia/parakeet-tdt-0.6b-v3", PARAKEET_V3, ("parakeet-tdt-0.6b-v3.nemo",),
         "parakeet-tdt-0.6b-v3", None, "parakeet",
     ),
     WeightEntry(
@@ -129,7 +137,7 @@ MANIFEST: tuple[WeightEntry, ...] = (
         "quality heads are small (size not stated: the total is a lower bound)",
     ),
     WeightEntry(
-        "wavlm-speaker", "microsoft/wavlm-base-plus-sv", UNKNOWN,
+        "wavlm-speaker", "microsoft/wavlm-base-plus-sv", WAVLM_BASE_PLUS_SV,
         ("config.json", "preprocessor_config.json", "*.safetensors", "pytorch_model.bin"),
         "wavlm-base-plus-sv", None, "wavlm-speaker",
         "WavLMForXVector; the published folder may hold pytorch_model.bin (the loader reads it)",
