@@ -54,7 +54,7 @@ def _check(args) -> int:
     plan = _load_plan(args)
     try:
         if plan is not None:
-            check_selection_for(plan.config)
+            check_selection_for(plan.config, args.base)
     except SelectionError as e:
         print(f"error: {e}", file=sys.stderr)
         plan = None
