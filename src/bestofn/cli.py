@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", help="default: RESULTS/bestofn.duckdb")
     p.set_defaults(func=_listen_import)
 
+    from bestofn.ops.select_command import add_parser as add_select_parser
+
+    add_select_parser(sub)
     p = sub.add_parser(
         "export",
         help="the selection as training data: hf, webdataset, lhotse or nemo",

@@ -152,20 +152,25 @@ def _audio_of(path: Path, row: dict, settings: ExportSettings):
 
 
 def export_results(
-    results: str | Path, settings: ExportSettings, selection: dict, log=print
+    results: str | Path, settings: ExportSettings, selection: dict, log=print, texts=None
 ) -> ExportSummary:
     """Export ``results`` (a results directory with bestofn.duckdb) as ``settings`` asks.
 
     ``selection``: the config's selection section (filter, score, held_out), which must be the
-    one the database was built with. ``log`` gets a line per skipped take and the summary."""
+    one the database was built with. ``log`` gets a line per skipped take and the summary.
+    ``texts`` (format pairs): emotion -> (its Instruction text or None, its direction text)."""
     t0 = time.perf_counter()
     results = Path(results)
     settings.check()
     settings.check_out_dir(results)
     writer = writer_for(settings)  # imports the format's library: fails here if absent
+    if settings.format == "pairs":
+        from bestofn.export.pairs import export_pairs
+
+        return export_pairs(results, settings, selection, writer, log, t0, texts)
     con = open_database(results)
     try:
-        table = select_rows(con, settings, selection["filter"], selection["score"])
+        table = select_rows(con, settings, selection)
         if not table.num_rows:
             raise ExportError(f"no take matches ({settings.which}, --where {settings.where!r})")
         table, sources, stats, skipped = _check_sources(results, table, settings)
@@ -186,7 +191,12 @@ def export_results(
             written, reused = _write_units(writer, units, tmp, meta, sources, settings)
             meta = writer.finish(tmp, meta, units, settings)
             counts = _counts(meta)
-            write_card(tmp / "README.md", con, meta, settings, selection, writer, counts, skipped)
+            card_selection = selection
+            if settings.reward:  # the card names the reward that ranked the takes
+                card_selection = reward_card(selection, settings.reward)
+            write_card(
+                tmp / "README.md", con, meta, settings, card_selection, writer, counts, skipped
+            )
             _write_marker(tmp, settings, selection, units, counts, skipped, meta.num_rows)
             _publish(tmp, settings.out)
         except BaseException:
@@ -261,6 +271,14 @@ def _counts(meta: pa.Table) -> dict:
     }
 
 
+def reward_card(selection: dict, name: str) -> dict:
+    """The card's view of the reward ``name``: its filter and score in the default's place."""
+    from bestofn.select.rewards import reward_named, rewards_of
+
+    r = reward_named(rewards_of(selection), name)
+    return {**selection, "filter": r.filter, "score": f"{r.score} (reward {name}, top {r.top})"}
+
+
 def _write_marker(tmp, settings, selection, units, counts, skipped, rows) -> None:
     doc = {
         "bestofn_version": __version__,
@@ -292,7 +310,7 @@ def _publish(tmp: Path, out: Path) -> None:
 # The writers import their format's library; each is imported only when its format is asked
 # for (and the writers import the shared helpers in formats.py, so this lives here).
 def writer_for(settings: ExportSettings):
-    if settings.format == "hf":
+    if settings.format in ("hf", "pairs"):
         from bestofn.export.hf import HFWriter as cls
     elif settings.format == "webdataset":
         from bestofn.export.wds import WebDatasetWriter as cls

@@ -173,7 +173,7 @@ def picks_sql(r: Reward, source: str = "takes", top: int | None = None) -> str:
 
 
 def _lchoose(a: str, b: str) -> str:
-    return f"(lgamma({a} + 1) - lgamma({b} + 1) - lgamma({a} - {b} + 1))"
+    return f"(lgamma(({a}) + 1) - lgamma(({b}) + 1) - lgamma(({a}) - ({b}) + 1))"
 
 
 def best_of_k_sql(r: Reward, source: str = "takes") -> str:
