@@ -41,7 +41,7 @@ def db_rows(run: Path, sql: str) -> list[tuple]:
 
 def ranked(run: Path, score: str) -> dict[str, list[tuple[int, float]]]:
     """group -> [(take, score)] of its passing takes, best first, recomputed here in Python."""
-    takes = db_rows(run, f"SELECT group_id, take, emotion, words_per_s, duration_s FROM takes")
+    takes = db_rows(run, "SELECT group_id, take, emotion, words_per_s, duration_s FROM takes")
     out: dict[str, list] = {}
     if score == "long":
         import numpy as np
@@ -53,7 +53,9 @@ def ranked(run: Path, score: str) -> dict[str, list[tuple[int, float]]]:
     for gid, take, emotion, wps, dur in takes:
         if not wps > 0.5:
             continue
-        value = -abs(wps - 2.5) if score == "default" else (dur - stats[emotion][0]) / stats[emotion][1]
+        value = (
+            -abs(wps - 2.5) if score == "default" else (dur - stats[emotion][0]) / stats[emotion][1]
+        )
         out.setdefault(gid, []).append((take, value))
     for v in out.values():
         v.sort(key=lambda tv: (-tv[1], tv[0]))
@@ -82,12 +84,17 @@ def test_the_workflow_keeps_both_rewards_top_k_and_dedup(run):
     assert db_rows(run, "SELECT group_id, take FROM selection ORDER BY 1") == sorted(
         (g, v[0][0]) for g, v in default.items()
     )
-    won = dict(((g, t), r) for g, t, r in db_rows(run, "SELECT group_id, take, rewards FROM reward_selection"))
+    won = dict(
+        ((g, t), r)
+        for g, t, r in db_rows(run, "SELECT group_id, take, rewards FROM reward_selection")
+    )
     assert len(won) == len({(g, t) for _, g, t, _ in picks})  # each take once
     for (g, t), rewards in won.items():
         assert rewards == [n for n in ("default", "long") if (n, g, t) in {p[:3] for p in picks}]
     curve = db_rows(run, "SELECT reward, emotion, k FROM best_of_k")
-    assert {(r, e, k) for r in ("default", "long") for e in ("calm", "happy") for k in range(1, 6)} == set(curve)
+    assert {
+        (r, e, k) for r in ("default", "long") for e in ("calm", "happy") for k in range(1, 6)
+    } == set(curve)
 
 
 def test_export_a_named_reward_top_k(run, tmp_path):
@@ -129,7 +136,9 @@ def test_bestofn_select_reruns_selection_from_the_saved_scores(run, tmp_path):
     got = db_rows(project, "SELECT group_id, take FROM selection ORDER BY 1")
     assert got == sorted((g, v[0][0]) for g, v in longest.items())
     # no group was touched: no GPU, no rerun
-    assert groups_before == {p: p.stat().st_mtime_ns for p in (project / "results/groups").rglob("*")}
+    assert groups_before == {
+        p: p.stat().st_mtime_ns for p in (project / "results/groups").rglob("*")
+    }
     assert cli(["select", "--config", config_path, "--base", str(project), "--reward", "nope"]) == 2
 
 
@@ -147,7 +156,9 @@ def test_pairs_load_with_datasets(run, tmp_path):
             if a - b < 0.01:
                 break
             want.append((g, hi, lo))
-    assert sorted((r["group_id"], r["chosen_take"], r["rejected_take"]) for r in rows) == sorted(want)
+    assert sorted((r["group_id"], r["chosen_take"], r["rejected_take"]) for r in rows) == sorted(
+        want
+    )
     assert want
     for r in rows:
         assert r["chosen_score"] - r["rejected_score"] >= 0.01

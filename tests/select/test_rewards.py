@@ -79,18 +79,17 @@ def test_named_rewards_keep_their_top_k_and_dedup_records_every_winner(tmp_path)
         for t in takes
         if t[0] == "calm/p0" and t[3] <= 0.1
     )[:3]
-    assert [take for _, take in want] == [
-        take for rank, take in sorted(per[("nat", "calm/p0")])
-    ]
+    assert [take for _, take in want] == [take for rank, take in sorted(per[("nat", "calm/p0")])]
     # dedup: every picked take once, with every reward it won, in the config's order
     sel = rows(db, "SELECT group_id, take, rewards, ranks FROM reward_selection")
     assert len(sel) == len({(g, t) for _, g, t, _, _ in picks})
     won = {}
     for reward, gid, take, rank, _ in picks:
-        won.setdefault((gid, take), []).append((["default", "nat", "loose"].index(reward), reward))
+        order = ["default", "nat", "loose"].index(reward)
+        won.setdefault((gid, take), []).append((order, reward, rank))
     for gid, take, rewards, ranks in sel:
-        assert rewards == [r for _, r in sorted(won[(gid, take)])]
-        assert len(ranks) == len(rewards)
+        assert rewards == [r for _, r, _ in sorted(won[(gid, take)])]
+        assert ranks == [k for _, _, k in sorted(won[(gid, take)])]
     assert any(len(r) > 1 for _, _, r, _ in sel)  # some take won two rewards: kept once
 
 
@@ -113,7 +112,11 @@ def test_a_named_reward_named_default_is_refused():
 
 def test_check_names_the_reward_whose_sql_is_bad():
     columns = {"group_id": "VARCHAR", "emotion": "VARCHAR", "take": "INTEGER", "wer": "DOUBLE"}
-    selection = {"filter": "wer < 1", "score": "-wer", "rewards": {"r2": {"score": "nope + 1", "top": 2}}}
+    selection = {
+        "filter": "wer < 1",
+        "score": "-wer",
+        "rewards": {"r2": {"score": "nope + 1", "top": 2}},
+    }
     with pytest.raises(SelectionError, match="selection.rewards.r2 SQL does not fit.*nope"):
         check_rewards(selection, columns)
     selection["rewards"]["r2"]["score"] = "z(wer, prompt_id)"
@@ -156,7 +159,9 @@ def test_chunked_statistics_merge_to_the_whole_runs():
     whole.merge(scales.Stats(len(x), x.mean(), x.var() * len(x), x.min(), x.max()))
     for chunk in np.array_split(x, 7):
         parts.merge(
-            scales.Stats(len(chunk), chunk.mean(), chunk.var() * len(chunk), chunk.min(), chunk.max())
+            scales.Stats(
+                len(chunk), chunk.mean(), chunk.var() * len(chunk), chunk.min(), chunk.max()
+            )
         )
     assert parts.n == whole.n and math.isclose(parts.mean, whole.mean)
     assert math.isclose(parts.sd, whole.sd) and parts.low == whole.low and parts.high == whole.high
@@ -194,7 +199,10 @@ def test_class_column_lets_a_filter_exempt_nonverbal_groups(tmp_path):
     db = results / "bestofn.duckdb"
     ctx = Context(classes={"Amusement": "nonverbal", "Anger": "speech"})
     build_database(files, db, "class = 'nonverbal' OR wer <= 0.1", "quality", context=ctx)
-    assert dict(rows(db, "SELECT group_id, take FROM selection")) == {"Amusement/p1": 0, "Anger/p1": 2}
+    assert dict(rows(db, "SELECT group_id, take FROM selection")) == {
+        "Amusement/p1": 0,
+        "Anger/p1": 2,
+    }
     # a sheet without the column: the takes get none (the tables stay as they were)
     build_database(files, db, "wer <= 0.1", "quality")
     assert "class" not in [r[0] for r in rows(db, "DESCRIBE takes")]

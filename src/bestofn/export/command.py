@@ -21,9 +21,7 @@ def add_arguments(p) -> None:
         help="rank by this named reward (selection.rewards; default: the default reward; "
         "export.reward)",
     )
-    p.add_argument(
-        "--top", type=_whole, help="--which selected: the best K per group (export.top)"
-    )
+    p.add_argument("--top", type=_whole, help="--which selected: the best K per group (export.top)")
     p.add_argument(
         "--margin",
         help="pairs: the chosen take's score minus the rejected's, at least (export.pairs.margin)",

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from bestofn.export import core
+from bestofn.export import steps
 from bestofn.export.formats import take_key
 from bestofn.export.hf import AUDIO_TYPE, ROW_GROUP_SIZE, _binary
 from bestofn.export.rows import open_database, select_rows, split_of
@@ -89,7 +89,7 @@ def _pairs_table(table: pa.Table, settings: ExportSettings, texts: dict) -> pa.T
 
 
 def export_pairs(results: Path, settings: ExportSettings, selection: dict, writer, log, t0,
-                 texts: dict | None = None) -> core.ExportSummary:  # fmt: skip
+                 texts: dict | None = None) -> steps.ExportSummary:  # fmt: skip
     """``texts``: emotion -> (the Instruction its takes were generated with or None, its
     direction text), from the emotions sheet (export.command)."""
     from datasets import Audio, Features
@@ -118,7 +118,7 @@ def export_pairs(results: Path, settings: ExportSettings, selection: dict, write
             pa.array([paths[(g, t)] for g, t in zip(view["group_id"].to_pylist(),
                                                     view["take"].to_pylist(), strict=True)]),
         )  # fmt: skip
-        _, srcs, _, _ = core._check_sources(results, view, replace(settings, skip_broken=False))
+        _, srcs, _, _ = steps._check_sources(results, view, replace(settings, skip_broken=False))
         sources[side] = srcs
     key = "prompt_id" if settings.split_by == "prompt" else "group_id"
     splits = split_of(table.column(key).to_pylist(), settings.fractions, settings.split_seed)
@@ -143,18 +143,18 @@ def export_pairs(results: Path, settings: ExportSettings, selection: dict, write
                 _write_shard(tmp / rel, table.take(pa.array(rows, pa.int64())), rows, sources,
                              schema, settings)  # fmt: skip
                 digest = hashlib.sha256((tmp / rel).read_bytes()).hexdigest()
-                units.append(core.Unit(rel, rows, split, digest))
+                units.append(steps.Unit(rel, rows, split, digest))
                 h.update(f"{rel}\0{digest}\n".encode())
         counts = {
             "split": {s: splits.count(s) for s in settings.fractions if s in splits},
         }
         _write_card(tmp / "README.md", table, settings, selection, counts, h.hexdigest())
-        core._write_marker(tmp, settings, selection, units, counts, [], table.num_rows)
-        core._publish(tmp, settings.out)
+        steps._write_marker(tmp, settings, selection, units, counts, [], table.num_rows)
+        steps._publish(tmp, settings.out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    summary = core.ExportSummary(
+    summary = steps.ExportSummary(
         settings.out, table.num_rows, len(units), 0, [], counts["split"], time.perf_counter() - t0
     )
     log(
@@ -172,15 +172,16 @@ def _write_shard(path, part: pa.Table, rows, sources, schema, settings) -> None:
         blobs = []
         for i, (rate, ch, dur) in zip(rows, zip(*meta.to_pydict().values(), strict=True),
                                       strict=True):  # fmt: skip
-            data = core._audio_of(
+            data = steps._audio_of(
                 sources[side][i], {"sample_rate": rate, "channels": ch, "duration_s": dur},
                 settings,
             )  # fmt: skip
             blobs.append(data[0])
         names = [
             f"{take_key(g, t)}.flac"
-            for g, t in zip(part["group_id"].to_pylist(), part[f"{side}_take"].to_pylist(),
-                            strict=True)  # fmt: skip
+            for g, t in zip(
+                part["group_id"].to_pylist(), part[f"{side}_take"].to_pylist(), strict=True
+            )  # fmt: skip
         ]
         cols[f"{side}_audio"] = (blobs, names)
     others = [n for n in schema.names if n not in cols]
@@ -216,7 +217,7 @@ def _write_card(path: Path, table, settings, selection, counts, digest) -> None:
             }
         ],
     }
-    reward = core.reward_card(selection, settings.reward or "default")
+    reward = steps.reward_card(selection, settings.reward or "default")
     body = [
         "---",
         yaml.safe_dump(front, sort_keys=False).rstrip(),
@@ -243,8 +244,9 @@ def _write_card(path: Path, table, settings, selection, counts, digest) -> None:
         'chosen, rate = soundfile.read(io.BytesIO(row["chosen_audio"]["bytes"]))',
         "```",
         "",
-        "Columns: " + ", ".join(f"`{n}`" for n in ["chosen_audio", "rejected_audio",
-                                                   *table.column_names]) + ".",  # fmt: skip
+        "Columns: "
+        + ", ".join(f"`{n}`" for n in ["chosen_audio", "rejected_audio", *table.column_names])
+        + ".",  # fmt: skip
         "",
     ]
     path.write_text("\n".join(body))

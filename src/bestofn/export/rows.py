@@ -101,7 +101,9 @@ def open_database(results: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def select_rows(con: duckdb.DuckDBPyConnection, settings: ExportSettings, selection: dict) -> pa.Table:
+def select_rows(
+    con: duckdb.DuckDBPyConnection, settings: ExportSettings, selection: dict
+) -> pa.Table:
     """The exported takes' rows (no audio), ordered by group finish time, group and take: a
     group that finishes later lands after every row already exported. ``settings.reward``
     (None: the default reward) ranks them; with a reward named, each row also carries
@@ -149,7 +151,9 @@ def select_rows(con: duckdb.DuckDBPyConnection, settings: ExportSettings, select
     if settings.reward:
         won = f", '{name}' AS reward, coalesce(w.rewards, []::VARCHAR[]) AS rewards"
         joined = " LEFT JOIN reward_selection w USING (group_id, take)"
-        keep = ", ".join(f'r."{c}"' for c in cols if c not in THROUGHPUT_COLUMNS or c == "flac_path")
+        keep = ", ".join(
+            f'r."{c}"' for c in cols if c not in THROUGHPUT_COLUMNS or c == "flac_path"
+        )
     return con.sql(
         f"""SELECT {keep}{won},
                    max(finished_at) OVER (PARTITION BY group_id) AS _group_finished

@@ -68,9 +68,8 @@ def reward_named(rewards: list[Reward], name: str, what: str = "--reward") -> Re
     for r in rewards:
         if r.name == name:
             return r
-    raise SelectionError(
-        f"{what} {name!r}: no such reward; the config's rewards: {', '.join(r.name for r in rewards)}"
-    )
+    names = ", ".join(r.name for r in rewards)
+    raise SelectionError(f"{what} {name!r}: no such reward; the config's rewards: {names}")
 
 
 # -- the emotions sheet's part in selection --------------------------------------------------
@@ -248,7 +247,11 @@ def write_reward_tables(
     for pos, (conf, res) in enumerate(zip(configured, resolved_rewards, strict=True)):
         if only is not None and conf.name != only:
             continue
-        for table, key in (("rewards", "name"), ("reward_picks", "reward"), ("best_of_k", "reward")):
+        for table, key in (
+            ("rewards", "name"),
+            ("reward_picks", "reward"),
+            ("best_of_k", "reward"),
+        ):
             con.execute(f"DELETE FROM {table} WHERE {key} = ?", [conf.name])
         con.execute(
             "INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -258,7 +261,9 @@ def write_reward_tables(
             con.execute(f"INSERT INTO reward_picks {picks_sql(res)}")
             con.execute(f"INSERT INTO best_of_k {best_of_k_sql(res)}")
         except Exception as e:  # duckdb.Error: the reward's SQL on the takes
-            raise SelectionError(f"selection reward {conf.name!r} failed on the takes: {e}") from None
+            raise SelectionError(
+                f"selection reward {conf.name!r} failed on the takes: {e}"
+            ) from None
         counts[conf.name] = con.execute(
             "SELECT count(*) FROM reward_picks WHERE reward = ?", [conf.name]
         ).fetchone()[0]

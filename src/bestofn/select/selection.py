@@ -99,7 +99,9 @@ def _resolve_files(files: list[str], all_rewards, context, memory_limit):
         for start in range(0, len(files), MAX_CHUNK_FILES):
             batch = files[start : start + MAX_CHUNK_FILES]
             source = "read_parquet(?, union_by_name = true)"
-            cols = [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [batch]).fetchall()]
+            cols = [
+                r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [batch]).fetchall()
+            ]
             spec = spec or context.spec(cols)
             if columns:
                 scales.merge(ranges, scales.collect(con, source, columns, spec, [batch]))

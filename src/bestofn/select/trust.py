@@ -35,7 +35,6 @@ import duckdb
 import numpy as np
 
 from bestofn.select.arrow_io import arrow_array, filled, insert_arrow
-from bestofn.select.rewards import rank_window
 from bestofn.select.held_out import (
     BASE_COLUMNS,
     HeldOut,
@@ -45,6 +44,7 @@ from bestofn.select.held_out import (
     held_out_columns,
     is_numeric,
 )
+from bestofn.select.rewards import rank_window
 
 __all__ = [
     "TrustTables", "measure_columns", "presentation_order", "quote_ident", "resolve_held_out",
