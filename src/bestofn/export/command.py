@@ -74,7 +74,7 @@ def load_config(path: str | Path) -> dict:
     return schemas.apply_defaults(config)
 
 
-def _emotion_texts(config: dict, base: Path) -> dict:
+def emotion_texts(config: dict, base: Path) -> dict:
     """emotion -> (the Instruction text its takes were generated with, None where the generator
     takes none; its direction text), from the emotions sheet as the plan reads it."""
     from bestofn.core.plan import PlanError, read_sheet
@@ -139,7 +139,7 @@ def main(args) -> int:
             margin=args.margin,
             pairs_per_group=args.pairs_per_group,
         )
-        texts = _emotion_texts(config, Path(args.base)) if settings.format == "pairs" else None
+        texts = emotion_texts(config, Path(args.base)) if settings.format == "pairs" else None
         export_results(results, settings, config["selection"], texts=texts)
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -103,6 +103,11 @@ class ExportSettings:
             raise ExportError(f"--paths {self.paths!r}: 'relative' or 'absolute'")
         if self.top is not None and (not isinstance(self.top, int) or self.top < 1):
             raise ExportError(f"--top {self.top!r}: a whole number, at least 1")
+        if self.top is not None and self.which != "selected":
+            raise ExportError(
+                f"--top {self.top} with --which {self.which}: --top picks the best K of "
+                "--which selected; passing and all export every such take already"
+            )
         try:
             margin = float(self.margin)
         except (TypeError, ValueError):
