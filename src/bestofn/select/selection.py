@@ -92,19 +92,20 @@ def _resolve_files(files: list[str], all_rewards, context, memory_limit):
     """The rewards resolved over the group parquets, MAX_CHUNK_FILES files at a time (their
     footers and the scaled columns only are read)."""
     columns = rewards.scaled_measures(all_rewards)
+    uses_spec = any(scales.uses_spec(f"{r.filter} {r.score}") for r in all_rewards)
+    if not columns and not uses_spec:  # nothing to write out: no file is read
+        return all_rewards
     spec = None
     ranges: scales.Ranges = {}
+    source = "read_parquet(?, union_by_name = true)"
     with closing(duckdb.connect()) as con:
         con.execute("SET memory_limit = ?", [memory_limit])
-        for start in range(0, len(files), MAX_CHUNK_FILES):
+        if uses_spec:  # ei_spec's heads: the columns of the first files (every group has them)
+            described = con.execute(f"DESCRIBE SELECT * FROM {source}", [files[:MAX_CHUNK_FILES]])
+            spec = context.spec([r[0] for r in described.fetchall()])
+        for start in range(0, len(files), MAX_CHUNK_FILES) if columns else ():
             batch = files[start : start + MAX_CHUNK_FILES]
-            source = "read_parquet(?, union_by_name = true)"
-            cols = [
-                r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {source}", [batch]).fetchall()
-            ]
-            spec = spec or context.spec(cols)
-            if columns:
-                scales.merge(ranges, scales.collect(con, source, columns, spec, [batch]))
+            scales.merge(ranges, scales.collect(con, source, columns, spec, [batch]))
     return rewards.resolved(all_rewards, ranges, spec)
 
 
