@@ -62,7 +62,7 @@ def _check(args) -> int:
     plan = _load_plan(args)
     try:
         if plan is not None:
-            check_selection_for(plan.config)
+            check_selection_for(plan.config, args.base)
     except SelectionError as e:
         print(f"error: {e}", file=sys.stderr)
         plan = None
@@ -442,6 +442,9 @@ def build_parser() -> Parser:
     p.add_argument("--database", help="default: RESULTS/bestofn.duckdb")
     p.set_defaults(func=_listen_import)
 
+    from bestofn.ops.select_command import add_parser as add_select_parser
+
+    add_select_parser(sub)
     p = sub.add_parser(
         "export",
         help="the selection as training data: hf, webdataset, lhotse or nemo",

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from bestofn.backends.registry import backend_class
-from bestofn.select.selection import BASE_COLUMNS, check_selection
+from bestofn.select.selection import BASE_COLUMNS, check_rewards
 
 log = logging.getLogger("bestofn")
 
@@ -66,17 +66,20 @@ def config_file_problem(path: str, given: list) -> str | None:
     return None
 
 
-def check_selection_for(config: dict) -> None:
+def check_selection_for(config: dict, base: str | Path = ".") -> None:
     from bestofn.select.held_out import check_held_out, scorer_directions
+    from bestofn.select.rewards import context_of
 
     columns, complete = selection_columns(config["models"])
     sel = config["selection"]
-    check_selection(sel["filter"], sel["score"], columns, strict=complete)
-    # Held-out scorers are never selected on; their names must be takes columns.
-    check_held_out(
-        sel["filter"], sel["score"], sel.get("held_out"), columns if complete else None,
-        directions=scorer_directions(config["models"]),
-    )  # fmt: skip
+    context = context_of(Path(base) / config["emotions"], config["models"])
+    # default and named rewards; held-out scorers are never selected on by any of them, and
+    # their names must be takes columns
+    for reward in check_rewards(sel, columns, strict=complete, context=context):
+        check_held_out(
+            reward.filter, reward.score, sel.get("held_out"), columns if complete else None,
+            directions=scorer_directions(config["models"]),
+        )  # fmt: skip
 
 
 def run_group_job(

@@ -109,3 +109,16 @@ def test_the_forked_selection_half_writes_its_files_and_raises_its_errors(
     monkeypatch.setattr(trust_report, "write_selection_report", _failing_selection_report)
     with pytest.raises(RuntimeError, match="selection half failed"):
         write_report(tmp_path / "db.duckdb", tmp_path / "again")
+
+
+def test_report_plots_the_best_of_k_curve_with_its_knees(report):
+    md = report.read_text()
+    after = md.split("## Best of k: how many takes to buy", 1)[1]
+    rows = [[c.strip() for c in x.strip("|").split("|")] for x in after.splitlines()]
+    table = {r[1]: r for r in rows if r[0] == "default"}
+    # calm: p1 passes takes scored 1, 3, 2 of 4 takes; p2 scored 1, 4 of 3 takes. k = 1: the
+    # mean of each group's passing scores (2, 2.5); k = 3: 2.75 and 4 (enumerated by hand);
+    # k = 4: p1 alone (3). The knee: the first k at 90 % of the rise from 2.25 to 3.
+    assert table["calm"] == ["default", "calm", "4", "2.25", "3", "3.375", "3", "71 %"]
+    assert (report.parent / "best_of_k.png").stat().st_size > 0
+    assert "![best of k](best_of_k.png)" in md

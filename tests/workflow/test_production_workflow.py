@@ -130,7 +130,18 @@ def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
         "SELECT s.group_id, count(*), min(t.n_frames) FROM selection s "
         "JOIN takes t USING (group_id, take) GROUP BY 1 ORDER BY 1"
     ).fetchall()
+    # the named reward on per-emotion scales and ei_spec: its top 2 per group, dedup beside
+    # the default's pick
+    picks = con.execute(
+        "SELECT reward, group_id, list(rank ORDER BY rank) FROM reward_picks GROUP BY ALL"
+    ).fetchall()
+    kept = con.execute("SELECT count(*), sum(len(rewards)) FROM reward_selection").fetchone()
+    n_pass = dict(con.execute("SELECT group_id, n_pass FROM groups").fetchall())
     con.close()
+    emo = [("emo", g, list(range(1, min(2, n_pass[g]) + 1))) for g in GROUPS]
+    assert sorted(picks) == sorted([("default", g, [1]) for g in GROUPS] + emo)
+    assert kept[1] == len(GROUPS) + sum(len(r) for _, _, r in emo)  # every win is listed
+    assert kept[0] <= kept[1]  # a take that won both is one row
     assert [(g, n) for g, n, _ in selection] == [(g, 1) for g in GROUPS]  # one take per group
     assert all(n_frames > 0 for _, _, n_frames in selection)  # the config's filter held
     # the selection is production's: the group's own emotion, the voice, VoiceCLAP's heads

@@ -18,6 +18,11 @@ rule report:
             caption="../report/gain.rst",
             category="Selection",
         ),
+        best_of_k=report(
+            f"{RESULTS}/report/best_of_k.png",
+            caption="../report/best_of_k.rst",
+            category="Selection",
+        ),
         gain_by_score=report(
             f"{RESULTS}/report/gain_by_score.png",
             caption="../report/gain_by_score.rst",

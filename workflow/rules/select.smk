@@ -1,8 +1,10 @@
 from bestofn.select.held_out import scorer_directions
+from bestofn.select.rewards import context_of
 
 
 rule database:
-    """Every take, per-group summaries, the best take per group and throughput, in DuckDB."""
+    """Every take, per-group summaries, the best take per group (and each named reward's top k),
+    throughput, in DuckDB."""
     input:
         group_dirs,
     output:
@@ -12,6 +14,10 @@ rule database:
     params:
         filter=config["selection"]["filter"],
         score=config["selection"]["score"],
+        # Named rewards beside the default (filter/score): bestofn.select.rewards.
+        rewards=config["selection"]["rewards"],
+        # The emotions sheet's class column and Empathic-Insight heads (class, ei_spec).
+        context=context_of(config["emotions"], config["models"]),
         # Held-out scorers and the seed of the random baseline take and listening order.
         held_out=config["selection"]["held_out"],
         seed=config["seed"],

@@ -17,6 +17,8 @@ counts = build_database(
     directions=snakemake.params.directions,
     memory_limit=snakemake.params.memory_limit,
     threads=snakemake.params.threads,
+    named_rewards=snakemake.params.rewards,
+    context=snakemake.params.context,
 )
 logging.info("database: %s", counts)
 # Listener votes live in RESULTS/votes/ (bestofn.report.votes); the rebuilt database gets them back.

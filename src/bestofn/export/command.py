@@ -17,6 +17,19 @@ def add_arguments(p) -> None:
     p.add_argument("--which", help=f"{', '.join(WHICH)} (default: export.which)")
     p.add_argument("--where", help="extra DuckDB filter over the takes columns, score, rank")
     p.add_argument(
+        "--reward",
+        help="rank by this named reward (selection.rewards; default: the default reward; "
+        "export.reward)",
+    )
+    p.add_argument("--top", type=_whole, help="--which selected: the best K per group (export.top)")
+    p.add_argument(
+        "--margin",
+        help="pairs: the chosen take's score minus the rejected's, at least (export.pairs.margin)",
+    )
+    p.add_argument(
+        "--pairs-per-group", help="pairs: at most P pairs per group (export.pairs.per_group)"
+    )
+    p.add_argument(
         "--split",
         help="NAME=SHARE,... summing to 1: e.g. train=0.9,validation=0.05,test=0.05 "
         "(default: export.split.fractions); one name: no split",
@@ -57,6 +70,32 @@ def load_config(path: str | Path) -> dict:
     return schemas.apply_defaults(config)
 
 
+def emotion_texts(config: dict, base: Path) -> dict:
+    """emotion -> (the Instruction text its takes were generated with, None where the generator
+    takes none; its direction text), from the emotions sheet as the plan reads it."""
+    from bestofn.core.plan import PlanError, read_sheet
+    from bestofn.core.voice_acting import emotion_extra, generator_instruction
+
+    try:
+        rows = read_sheet(base / config["emotions"], "emotions")
+        takes_instruction, option = generator_instruction(config["models"])
+    except (PlanError, ValueError) as e:
+        raise ExportError(str(e)) from None
+    out = {}
+    for row in rows:
+        extra = emotion_extra(row, takes_instruction, option)
+        out[row["emotion"]] = (extra.get("instruction"), row["description"])
+    return out
+
+
+def _whole(text: str):
+    """--top: a whole number, checked (with a named error) by ExportSettings.check."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 def _fractions(spec: str | None) -> dict | None:
     if spec is None:
         return None
@@ -91,8 +130,13 @@ def main(args) -> int:
             paths=args.paths,
             skip_broken=args.skip_broken,
             overwrite=args.overwrite,
+            reward=args.reward,
+            top=args.top,
+            margin=args.margin,
+            pairs_per_group=args.pairs_per_group,
         )
-        export_results(results, settings, config["selection"])
+        texts = emotion_texts(config, Path(args.base)) if settings.format == "pairs" else None
+        export_results(results, settings, config["selection"], texts=texts)
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

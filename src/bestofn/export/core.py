@@ -11,23 +11,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bestofn import __version__
 from bestofn.export import audio as taudio
 from bestofn.export.card import write_card
+from bestofn.export.pairs import export_pairs
 from bestofn.export.rows import open_database, select_rows, split_of
 from bestofn.export.settings import MARKER, ExportError, ExportSettings
+from bestofn.export.steps import (
+    ExportSummary,
+    Unit,
+    _audio_of,
+    _check_sources,
+    _link_or_copy,
+    _publish,
+    _write_marker,
+    reward_card,
+)
 from bestofn.util import durable
 
 # Units written at once: two keep both cores of a small box busy (reading the next takes while
@@ -35,77 +42,11 @@ from bestofn.util import durable
 WRITE_THREADS = 2
 
 
-@dataclass
-class Unit:
-    relpath: str
-    rows: list[int]
-    split: str
-    fingerprint: str = ""
-
-
-@dataclass
-class ExportSummary:
-    out: Path
-    rows: int
-    written: int
-    reused: int
-    skipped: list[str] = field(default_factory=list)
-    splits: dict = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def lines(self, fmt: str) -> list[str]:
-        what = "shard(s)" if fmt in ("hf", "webdataset") else "audio file(s)"
-        out = [f"skipped: {s}" for s in self.skipped]
-        splits = ", ".join(f"{k}={v}" for k, v in self.splits.items())
-        out.append(
-            f"export: {self.rows} take(s) as {fmt} in {self.out} ({splits}); wrote "
-            f"{self.written} {what}, reused {self.reused} unchanged; {self.seconds:.1f} s"
-        )
-        return out
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem, or links refused
-        shutil.copyfile(src, dst)
-
-
 def _old_units(out: Path) -> dict[str, str]:
     try:
         return json.loads((out / MARKER).read_text())["units"]
     except (OSError, ValueError, KeyError):
         return {}
-
-
-def _broken(group_id: str, take: int, why: str) -> str:
-    return f"group {group_id} take {take}: {why}"
-
-
-def _check_sources(results: Path, table: pa.Table, settings: ExportSettings):
-    """Every take's FLAC path and identity, after the header check; broken ones stop the export
-    unless --skip-broken (then they are dropped and listed)."""
-    cols = table.select(["group_id", "take", "flac_path", "sample_rate", "channels", "duration_s"])
-    keep, paths, stats, skipped = [], [], [], []
-    root = str(results)
-    for i, (gid, take, flac, rate, ch, dur) in enumerate(
-        zip(*cols.to_pydict().values(), strict=True)
-    ):
-        path = taudio.source_path(root, gid, flac)
-        try:
-            stats.append(taudio.probe(path, taudio.Expected(rate, ch, dur)))
-        except taudio.BrokenTake as e:
-            if not settings.skip_broken:
-                raise ExportError(
-                    f"{_broken(gid, take, str(e))}; nothing was exported. Pass --skip-broken to "
-                    "leave such takes out, or run `bestofn verify --quarantine` and the workflow "
-                    "to regenerate the group"
-                ) from None
-            skipped.append(_broken(gid, take, str(e)))
-            continue
-        keep.append(i)
-        paths.append(path)
-    return table.take(pa.array(keep, pa.int64())), paths, stats, skipped
 
 
 def _plan_units(writer, table: pa.Table, splits: list[str], settings: ExportSettings):
@@ -139,33 +80,24 @@ def _fingerprint(unit: Unit, meta: pa.Table, stats: list[str], key: str, writer)
     return h.hexdigest()
 
 
-def _audio_of(path: Path, row: dict, settings: ExportSettings):
-    """(bytes, rate, channels, frames) of one take as the export holds it."""
-    want = taudio.Expected(row["sample_rate"], row["channels"], row["duration_s"])
-    rate = settings.sample_rate if settings.sample_rate != want.sample_rate else None
-    channels = settings.channels if settings.channels != want.channels else None
-    if rate is None and channels is None:
-        data = taudio.read_checked(path, want)
-        sr, ch, frames = taudio.streaminfo(data[:42])
-        return data, sr, ch, frames
-    return taudio.converted(path, want, rate, channels)
-
-
 def export_results(
-    results: str | Path, settings: ExportSettings, selection: dict, log=print
+    results: str | Path, settings: ExportSettings, selection: dict, log=print, texts=None
 ) -> ExportSummary:
     """Export ``results`` (a results directory with bestofn.duckdb) as ``settings`` asks.
 
     ``selection``: the config's selection section (filter, score, held_out), which must be the
-    one the database was built with. ``log`` gets a line per skipped take and the summary."""
+    one the database was built with. ``log`` gets a line per skipped take and the summary.
+    ``texts`` (format pairs): emotion -> (its Instruction text or None, its direction text)."""
     t0 = time.perf_counter()
     results = Path(results)
     settings.check()
     settings.check_out_dir(results)
     writer = writer_for(settings)  # imports the format's library: fails here if absent
+    if settings.format == "pairs":
+        return export_pairs(results, settings, selection, writer, log, t0, texts)
     con = open_database(results)
     try:
-        table = select_rows(con, settings, selection["filter"], selection["score"])
+        table = select_rows(con, settings, selection)
         if not table.num_rows:
             raise ExportError(f"no take matches ({settings.which}, --where {settings.where!r})")
         table, sources, stats, skipped = _check_sources(results, table, settings)
@@ -186,7 +118,12 @@ def export_results(
             written, reused = _write_units(writer, units, tmp, meta, sources, settings)
             meta = writer.finish(tmp, meta, units, settings)
             counts = _counts(meta)
-            write_card(tmp / "README.md", con, meta, settings, selection, writer, counts, skipped)
+            card_selection = selection
+            if settings.reward:  # the card names the reward that ranked the takes
+                card_selection = reward_card(selection, settings.reward)
+            write_card(
+                tmp / "README.md", con, meta, settings, card_selection, writer, counts, skipped
+            )
             _write_marker(tmp, settings, selection, units, counts, skipped, meta.num_rows)
             _publish(tmp, settings.out)
         except BaseException:
@@ -261,38 +198,10 @@ def _counts(meta: pa.Table) -> dict:
     }
 
 
-def _write_marker(tmp, settings, selection, units, counts, skipped, rows) -> None:
-    doc = {
-        "bestofn_version": __version__,
-        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "settings": settings.recorded(),
-        "selection": {k: selection.get(k) for k in ("filter", "score", "held_out")},
-        "rows": rows,
-        "splits": counts["split"],
-        "skipped": skipped,
-        "units": {u.relpath: u.fingerprint for u in units},
-    }
-    (tmp / MARKER).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    durable.fsync(tmp / MARKER)
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    """Rename the finished export into place; an old one is moved aside first, then removed."""
-    durable.fsync(tmp)
-    if out.exists():
-        aside = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        out.rename(aside)
-        tmp.rename(out)
-        shutil.rmtree(aside)
-    else:
-        tmp.rename(out)
-    durable.fsync(out.parent)
-
-
 # The writers import their format's library; each is imported only when its format is asked
 # for (and the writers import the shared helpers in formats.py, so this lives here).
 def writer_for(settings: ExportSettings):
-    if settings.format == "hf":
+    if settings.format in ("hf", "pairs"):
         from bestofn.export.hf import HFWriter as cls
     elif settings.format == "webdataset":
         from bestofn.export.wds import WebDatasetWriter as cls

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from bestofn.export.settings import ExportError, ExportSettings
+from bestofn.select.rewards import DEFAULT, rank_window, scored_sql
 
 # Per-group timings and worker bookkeeping of the takes table: throughput, not training data.
 # Every other takes column (scores, text, seed, provenance) is exported as it is typed.
@@ -35,14 +36,54 @@ def ranked_sql(filter_sql: str, score_sql: str) -> str:
     """Every take with its score, whether it passes and its rank among the group's passing
     takes (1 = the selected one; NULL when it does not pass), as the selection orders them."""
     return f"""
-        WITH scored AS (
-            SELECT *, ({score_sql})::DOUBLE AS score,
-                   coalesce(({filter_sql})::BOOLEAN, false) AS passes FROM takes
-        )
-        SELECT *, CASE WHEN passes THEN row_number() OVER (
-                      PARTITION BY group_id, passes ORDER BY score DESC NULLS LAST, take)
-                  END::INTEGER AS rank
+        WITH scored AS ({scored_sql(filter_sql, score_sql)})
+        SELECT *, CASE WHEN passes THEN {rank_window("group_id, passes")} END::INTEGER AS rank
         FROM scored"""
+
+
+def _tables(con) -> set[str]:
+    return {
+        r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()
+    }
+
+
+def reward_sql(con, selection: dict, name: str) -> tuple[str, str, int]:
+    """The reward ``name``'s filter and score with their scales written out, and its top: as
+    the database recorded them when the config's SQL is the one it was built with, else (a
+    database from before named rewards; the default reward only) resolved over its takes."""
+    from bestofn.select.rewards import reward_named, rewards_of
+    from bestofn.select.selection import SelectionError, resolve_norm
+
+    try:
+        reward = reward_named(rewards_of(selection), name)
+    except SelectionError as e:
+        raise ExportError(str(e)) from None
+    _one_expression(reward.filter, f"reward {name}: filter")
+    _one_expression(reward.score, f"reward {name}: score")
+    if "rewards" in _tables(con):
+        row = con.execute(
+            "SELECT filter, score, resolved_filter, resolved_score, top FROM rewards "
+            "WHERE name = ?",
+            [name],
+        ).fetchone()
+        if row and (row[0], row[1]) == (reward.filter, reward.score):
+            return row[2], row[3], reward.top
+        if name != DEFAULT:
+            built = f"filter {row[0]!r}, score {row[1]!r}" if row else "no such reward"
+            raise ExportError(
+                f"reward {name!r}: the database was built with {built}; the config has filter "
+                f"{reward.filter!r}, score {reward.score!r}: run `bestofn select` with this "
+                "config first"
+            )
+    elif name != DEFAULT:
+        raise ExportError(
+            f"reward {name!r}: the database has no named rewards: run `bestofn select` first"
+        )
+    try:  # scales: over every take of the run, as the database's selection was built
+        filter_sql, score_sql = resolve_norm(con, "takes", reward.filter, reward.score)
+    except SelectionError as e:
+        raise ExportError(str(e)) from None
+    return filter_sql, score_sql, reward.top
 
 
 def open_database(results: Path) -> duckdb.DuckDBPyConnection:
@@ -61,18 +102,16 @@ def open_database(results: Path) -> duckdb.DuckDBPyConnection:
 
 
 def select_rows(
-    con: duckdb.DuckDBPyConnection, settings: ExportSettings, filter_sql: str, score_sql: str
+    con: duckdb.DuckDBPyConnection, settings: ExportSettings, selection: dict
 ) -> pa.Table:
     """The exported takes' rows (no audio), ordered by group finish time, group and take: a
-    group that finishes later lands after every row already exported."""
-    _one_expression(filter_sql, "selection.filter")
-    _one_expression(score_sql, "selection.score")
-    from bestofn.select.selection import SelectionError, resolve_norm
-
-    try:  # norm(): over every take of the run, as the database's selection was built
-        filter_sql, score_sql = resolve_norm(con, "takes", filter_sql, score_sql)
-    except SelectionError as e:
-        raise ExportError(str(e)) from None
+    group that finishes later lands after every row already exported. ``settings.reward``
+    (None: the default reward) ranks them; with a reward named, each row also carries
+    ``reward`` and ``rewards`` (every reward the take won in the database's selection)."""
+    _one_expression(selection["filter"], "selection.filter")
+    _one_expression(selection["score"], "selection.score")
+    name = settings.reward or DEFAULT
+    filter_sql, score_sql, top = reward_sql(con, selection, name)
     try:
         con.execute(f"CREATE TEMP VIEW export_ranked AS {ranked_sql(filter_sql, score_sql)}")
         con.execute("SELECT * FROM export_ranked LIMIT 0").fetchall()
@@ -88,13 +127,14 @@ def select_rows(
                 f"--where {settings.where!r} does not fit the takes columns: {e}\n"
                 f"known columns: {', '.join(known)}"
             ) from None
+    picked = "SELECT group_id, take FROM selection"
+    if name != DEFAULT:  # the reward's own picks, as the database keeps them
+        picked = f"SELECT group_id, take FROM reward_picks WHERE rank = 1 AND reward = '{name}'"
     differ = con.execute(
-        """SELECT count(*) FROM (
-               (SELECT group_id, take FROM export_ranked WHERE rank = 1
-                EXCEPT SELECT group_id, take FROM selection)
+        f"""SELECT count(*) FROM (
+               (SELECT group_id, take FROM export_ranked WHERE rank = 1 EXCEPT {picked})
                UNION ALL
-               (SELECT group_id, take FROM selection
-                EXCEPT SELECT group_id, take FROM export_ranked WHERE rank = 1))"""
+               ({picked} EXCEPT SELECT group_id, take FROM export_ranked WHERE rank = 1))"""
     ).fetchone()[0]
     if differ:
         raise ExportError(
@@ -102,13 +142,22 @@ def select_rows(
             f"takes than the database's selection table in {differ} case(s): rebuild the "
             "database with this config (snakemake) or export with the config it was built with"
         )
-    which = {"selected": "rank = 1", "passing": "passes", "all": "true"}[settings.which]
+    best = f"rank <= {int(settings.top)}" if settings.top else "rank = 1"
+    which = {"selected": best, "passing": "passes", "all": "true"}[settings.which]
     where = f" AND ({settings.where})" if settings.where else ""
     cols = [r[0] for r in con.execute("DESCRIBE export_ranked").fetchall()]
     keep = ", ".join(f'"{c}"' for c in cols if c not in THROUGHPUT_COLUMNS or c == "flac_path")
+    won, joined = "", ""
+    if settings.reward:
+        won = f", '{name}' AS reward, coalesce(w.rewards, []::VARCHAR[]) AS rewards"
+        joined = " LEFT JOIN reward_selection w USING (group_id, take)"
+        keep = ", ".join(
+            f'r."{c}"' for c in cols if c not in THROUGHPUT_COLUMNS or c == "flac_path"
+        )
     return con.sql(
-        f"""SELECT {keep}, max(finished_at) OVER (PARTITION BY group_id) AS _group_finished
-            FROM export_ranked WHERE {which}{where}
+        f"""SELECT {keep}{won},
+                   max(finished_at) OVER (PARTITION BY group_id) AS _group_finished
+            FROM export_ranked r{joined} WHERE {which}{where}
             ORDER BY _group_finished NULLS FIRST, group_id, take"""
     ).to_arrow_table()
 

@@ -3,11 +3,12 @@ with the command line's options on top, checked before anything is read or writt
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMATS = ("hf", "webdataset", "lhotse", "nemo")
+FORMATS = ("hf", "webdataset", "lhotse", "nemo", "pairs")
 WHICH = ("selected", "passing", "all")
 MARKER = "bestofn_export.json"  # in every export: settings, counts, unit fingerprints
 # Shares written as decimals (0.9 + 0.05 + 0.05) miss 1 by float rounding only.
@@ -34,6 +35,10 @@ class ExportSettings:
     skip_broken: bool = False
     overwrite: bool = False
     card: dict = field(default_factory=dict)
+    reward: str | None = None  # None: the default reward (selection.filter/score)
+    top: int | None = None  # --which selected: the best k per group (None: the best one)
+    margin: float | str = 0.0  # pairs: chosen's score minus rejected's, at least
+    pairs_per_group: int | str = 1  # pairs: at most this many per group
 
     @classmethod
     def from_config(cls, export: dict, **overrides) -> ExportSettings:
@@ -54,12 +59,18 @@ class ExportSettings:
             paths=export["paths"],
             skip_broken=export["skip_broken"],
             card=dict(export["card"]),
+            reward=export["reward"],
+            top=export["top"],
+            margin=export["pairs"]["margin"],
+            pairs_per_group=export["pairs"]["per_group"],
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         values["out"] = Path(values["out"])
         return cls(**values)
 
     def check(self) -> None:
+        """Every option on its own; the reward's name is checked against the config's rewards
+        when the export opens the database (export_results), before anything is written."""
         if self.format not in FORMATS:
             raise ExportError(
                 f"unknown export format {self.format!r}; one of: {', '.join(FORMATS)}"
@@ -90,6 +101,29 @@ class ExportSettings:
             raise ExportError(f"--resample {self.sample_rate}: a rate in Hz (e.g. 24000)")
         if self.paths not in ("relative", "absolute"):
             raise ExportError(f"--paths {self.paths!r}: 'relative' or 'absolute'")
+        if self.top is not None and (not isinstance(self.top, int) or self.top < 1):
+            raise ExportError(f"--top {self.top!r}: a whole number, at least 1")
+        if self.top is not None and self.which != "selected":
+            raise ExportError(
+                f"--top {self.top} with --which {self.which}: --top picks the best K of "
+                "--which selected; passing and all export every such take already"
+            )
+        try:
+            margin = float(self.margin)
+        except (TypeError, ValueError):
+            raise ExportError(f"--margin {self.margin!r}: not a number (e.g. 0.1)") from None
+        if not math.isfinite(margin) or margin < 0:
+            raise ExportError(f"--margin {self.margin!r}: a finite number, at least 0")
+        try:
+            per_group = int(self.pairs_per_group)
+        except (TypeError, ValueError):
+            per_group = 0
+        if str(per_group) != str(self.pairs_per_group).strip() or per_group < 1:
+            raise ExportError(
+                f"--pairs-per-group {self.pairs_per_group!r}: a whole number, at least 1"
+            )
+        object.__setattr__(self, "margin", margin)
+        object.__setattr__(self, "pairs_per_group", per_group)
 
     def check_out_dir(self, results: Path) -> None:
         """The out dir may not be in the results' groups, nor hold the results, nor replace a
@@ -119,6 +153,14 @@ class ExportSettings:
         d = asdict(self)
         d["out"] = str(self.out)
         d.pop("overwrite")
+        # the options of named rewards and pairs, where used (an export without them records
+        # what it always did)
+        for key in ("reward", "top"):
+            if d[key] is None:
+                d.pop(key)
+        if self.format != "pairs":
+            d.pop("margin")
+            d.pop("pairs_per_group")
         return d
 
     def audio_key(self) -> str:

@@ -153,6 +153,12 @@ selection:
   filter: "n_frames > 0 AND spk_sim >= -1.0"
   score: "1.5 * norm(ei_target) + norm(vc_blend) + norm(vc_genuineness)"
   held_out: [vc_prompt_sim]
+  # A named reward on per-emotion scales and ei_spec (config/README.md, Named rewards and
+  # scales): its top 2 per group, beside the default's pick.
+  rewards:
+    emo:
+      score: "1.5 * z(ei_spec, emotion) + z(vc_blend, emotion) + z(vc_genuineness, emotion)"
+      top: 2
 """
 
 README = """\

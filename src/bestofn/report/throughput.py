@@ -259,6 +259,9 @@ def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None
     fig.savefig(out_dir / "gain_by_score.png", dpi=100)
     plt.close(fig)
 
+    from bestofn.report import best_of_k
+
+    curve_lines = best_of_k.write(con, out_dir)
     elapsed = float(overall["elapsed_s"] or 0.0)
     lines = [
         "# bestofn throughput report",
@@ -313,6 +316,7 @@ def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None
         "",
         "![gain of every score](gain_by_score.png)",
         "",
+        *curve_lines,
     ]
     # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).
     lines += selection.result()

@@ -31,6 +31,11 @@ def _fill(instance: dict, sch: dict) -> None:
             instance[key] = copy.deepcopy(sub["default"])
         if isinstance(instance.get(key), dict) and "properties" in sub:
             _fill(instance[key], sub)
+    extra = sch.get("additionalProperties")
+    if isinstance(extra, dict) and "properties" in extra:  # a map of objects (selection.rewards)
+        for key, value in instance.items():
+            if key not in sch.get("properties", {}) and isinstance(value, dict):
+                _fill(value, extra)
 
 
 def apply_defaults(config: dict, name: str = "config") -> dict:

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import duckdb
 
-from bestofn.select import trust
+from bestofn.select import rewards, scales, trust
 from bestofn.select.arrow_io import insert_arrow
 from bestofn.select.held_out import BASE_COLUMNS, SelectionError, is_numeric
 
 __all__ = [
-    "BASE_COLUMNS", "SelectionError", "build_database", "check_selection", "normed_columns",
+    "BASE_COLUMNS", "SelectionError", "build_database", "check_rewards", "check_selection",
+    "normed_columns",
     "open_read_only", "resolve_norm",
 ]  # fmt: skip
 
@@ -66,172 +67,116 @@ _LATE_COLUMNS = (
 
 
 def _scored_sql(filter_sql: str, score_sql: str, source: str = "takes") -> str:
-    return (
-        f"SELECT *, ({score_sql})::DOUBLE AS score, "
-        f"coalesce(({filter_sql})::BOOLEAN, false) AS passes FROM {source}"
-    )
+    return rewards.scored_sql(filter_sql, score_sql, source)
 
 
-# ``norm(col)``: a column min-max normalised over every take of the run (LAION's voice-acting
-# recipe ranks by norm(target emotion), norm(blend), norm(genuineness), normalised "globally over
-# the whole run": LAION-AI/moss-8b-voice-acting SYNTHETIC_DATA_RECIPE.md section 6). DuckDB has no
-# such function and the run's range is only known once every group is scored, so each call is
-# written out with the run's min and max before the SQL runs (resolve_norm); NaN and infinite
-# values are left out of the range and normalise to NULL (a NULL score is never preferred, where
-# NaN would sort above every number), and a column with one value over the run normalises to 0.
-_NORM_CALL = re.compile(r"\bnorm\s*\(", re.IGNORECASE)
-_NORM_ARG = re.compile(r'\s*("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_]*)\s*\)')
-_STRING = re.compile(r"'(?:[^']|'')*'")
-
-
-def _norm_calls(sql: str, name: str) -> list[tuple[int, int, str]]:
-    """(start, end, column) of every ``norm(column)`` in ``sql`` (not inside a string)."""
-    masked = _STRING.sub(lambda m: "'" + " " * (len(m[0]) - 2) + "'", sql)
-    calls = []
-    for m in _NORM_CALL.finditer(masked):
-        arg = _NORM_ARG.match(masked, m.end())
-        if arg is None:
-            raise SelectionError(
-                f"selection.{name}: norm() takes one column name, e.g. norm(ei_target); got "
-                f"{sql[m.start() : m.start() + 40]!r}...\n{name}: {sql}"
-            )
-        col = arg[1]
-        calls.append((m.start(), arg.end(), col[1:-1].replace('""', '"') if col[0] == '"' else col))
-    return calls
-
-
+# Scales (norm, z, ei_spec: bestofn.select.scales) are written out with the run's statistics
+# before the SQL runs: over the group parquets (_resolve_files), or over a table (resolve_norm).
 def normed_columns(filter_sql: str, score_sql: str) -> list[str]:
-    """The columns the selection normalises with ``norm()``, in first-seen order."""
-    seen: dict[str, str] = {}
-    for name, sql in (("filter", filter_sql), ("score", score_sql)):
-        for _, _, col in _norm_calls(sql, name):
-            seen.setdefault(col.lower(), col)
-    return list(seen.values())
+    """The measures the selection scales (norm, z), in first-seen order."""
+    return scales.scaled_columns(("filter", filter_sql), ("score", score_sql))
 
 
-def _norm_sql(col: str, low: float | None, high: float | None) -> str:
-    x = f"{trust.quote_ident(col)}::DOUBLE"
-    if low is None or high is None or not high > low:
-        return f"(CASE WHEN isfinite({x}) THEN 0.0 END)"
-    # the bounds as exact DOUBLE literals: the export recomputes the same scores from them
-    return (
-        f"(CASE WHEN isfinite({x}) THEN ({x} - '{low!r}'::DOUBLE) / "
-        f"('{high!r}'::DOUBLE - '{low!r}'::DOUBLE) END)"
-    )
-
-
-def expand_norm(sql: str, ranges: dict[str, tuple], name: str = "score") -> str:
-    """``sql`` with every ``norm(col)`` written out with ``ranges[col.lower()] = (min, max)``."""
-    out, at = [], 0
-    for start, end, col in _norm_calls(sql, name):
-        out += [sql[at:start], _norm_sql(col, *ranges[col.lower()])]
-        at = end
-    return "".join(out) + sql[at:]
-
-
-def norm_ranges(con, source: str, columns: list[str], params=None) -> dict[str, list]:
-    """{column (lower-cased): [min, max]} of the finite values of ``columns`` in ``source``
-    (a table, or ``read_parquet(?)`` with ``params``); a column ``source`` lacks is left out."""
-    have = {
-        r[0].lower(): r[0]
-        for r in con.execute(f"DESCRIBE SELECT * FROM {source}", params).fetchall()
-    }
-    present = [have[c.lower()] for c in columns if c.lower() in have]
-    if not present:
-        return {}
-    parts = []
-    for col in present:
-        x = f"{trust.quote_ident(col)}::DOUBLE"
-        parts.append(
-            f"min({x}) FILTER (WHERE isfinite({x})), max({x}) FILTER (WHERE isfinite({x}))"
-        )
-    row = con.execute(f"SELECT {', '.join(parts)} FROM {source}", params).fetchone()
-    return {c.lower(): [row[2 * i], row[2 * i + 1]] for i, c in enumerate(present)}
-
-
-def _merge_ranges(into: dict[str, list], more: dict[str, list]) -> None:
-    for col, (low, high) in more.items():
-        have = into.setdefault(col, [None, None])
-        have[0] = low if have[0] is None else have[0] if low is None else min(have[0], low)
-        have[1] = high if have[1] is None else have[1] if high is None else max(have[1], high)
-
-
-def resolve_norm(con, source: str, filter_sql: str, score_sql: str) -> tuple[str, str]:
-    """The filter and score with ``norm()`` written out over every take in ``source`` (a table
-    on ``con``, e.g. the results database's ``takes``); a normalised column the takes lack is
+def resolve_norm(
+    con, source: str, filter_sql: str, score_sql: str, context: rewards.Context | None = None
+) -> tuple[str, str]:
+    """The filter and score with their scales written out over every take in ``source`` (a
+    table on ``con``, e.g. the results database's ``takes``); a scaled column the takes lack is
     refused by name."""
-    columns = normed_columns(filter_sql, score_sql)
-    if not columns:
-        return filter_sql, score_sql
-    ranges: dict[str, list] = {}
-    _merge_ranges(ranges, norm_ranges(con, source, columns))
-    return _expanded(filter_sql, score_sql, columns, ranges)
+    reward = rewards.Reward(rewards.DEFAULT, filter_sql, score_sql)
+    (out,) = rewards.resolve_over(con, source, [reward], context or rewards.Context())
+    return out.filter, out.score
 
 
-def _expanded(filter_sql, score_sql, columns, ranges) -> tuple[str, str]:
-    missing = [c for c in columns if c.lower() not in ranges]
-    if missing:
-        raise SelectionError(
-            f"selection: norm({missing[0]}) names a column the takes do not have: {missing[0]!r}"
-        )
-    return expand_norm(filter_sql, ranges, "filter"), expand_norm(score_sql, ranges, "score")
-
-
-def _resolve_norm_files(files: list[str], filter_sql: str, score_sql: str, memory_limit):
-    """resolve_norm over the group parquets, MAX_CHUNK_FILES files at a time (their footers
-    only and the normalised columns are read)."""
-    columns = normed_columns(filter_sql, score_sql)
-    if not columns:
-        return filter_sql, score_sql
-    ranges: dict[str, list] = {}
+def _resolve_files(files: list[str], all_rewards, context, memory_limit):
+    """The rewards resolved over the group parquets, MAX_CHUNK_FILES files at a time (their
+    footers and the scaled columns only are read)."""
+    columns = rewards.scaled_measures(all_rewards)
+    uses_spec = any(scales.uses_spec(f"{r.filter} {r.score}") for r in all_rewards)
+    if not columns and not uses_spec:  # nothing to write out: no file is read
+        return all_rewards
+    spec = None
+    ranges: scales.Ranges = {}
+    source = "read_parquet(?, union_by_name = true)"
     with closing(duckdb.connect()) as con:
         con.execute("SET memory_limit = ?", [memory_limit])
-        for start in range(0, len(files), MAX_CHUNK_FILES):
+        if uses_spec:  # ei_spec's heads: the columns of the first files (every group has them)
+            described = con.execute(f"DESCRIBE SELECT * FROM {source}", [files[:MAX_CHUNK_FILES]])
+            spec = context.spec([r[0] for r in described.fetchall()])
+        for start in range(0, len(files), MAX_CHUNK_FILES) if columns else ():
             batch = files[start : start + MAX_CHUNK_FILES]
-            source = "read_parquet(?, union_by_name = true)"
-            _merge_ranges(ranges, norm_ranges(con, source, columns, [batch]))
-    return _expanded(filter_sql, score_sql, columns, ranges)
+            scales.merge(ranges, scales.collect(con, source, columns, spec, [batch]))
+    return rewards.resolved(all_rewards, ranges, spec)
 
 
 def check_selection(
-    filter_sql: str, score_sql: str, columns: dict[str, str], strict: bool = True
+    filter_sql: str,
+    score_sql: str,
+    columns: dict[str, str],
+    strict: bool = True,
+    context: rewards.Context | None = None,
+    name: str = "selection",
 ) -> None:
-    """Bind the selection SQL against an empty takes table with ``columns``.
+    """Bind the selection SQL (one reward's filter and score) against an empty takes table with
+    ``columns`` (and ``class`` where the emotions sheet gives one: ``context``).
 
     ``strict=False`` (some scorer only knows its columns after loading weights) still catches
     syntax errors but lets unknown column names through."""
+    context = context or rewards.Context()
+    columns = dict(columns)
+    if context.classes is not None:
+        columns.setdefault("class", "VARCHAR")
     con = duckdb.connect()
     cols = ", ".join(f'"{c}" {t}' for c, t in columns.items())
     con.execute(f"CREATE TABLE takes ({cols})")
-    for name, sql in (("filter", filter_sql), ("score", score_sql)):
+    for what, sql in (("filter", filter_sql), ("score", score_sql)):
         if not sql.strip() or ";" in sql:
-            raise SelectionError(f"selection.{name} must be one SQL expression, got {sql!r}")
+            raise SelectionError(f"{name}.{what} must be one SQL expression, got {sql!r}")
     known = {c.lower(): t for c, t in columns.items()}
+    spec = context.spec(columns)
+    if spec is None and not strict and (scales.uses_spec(filter_sql + score_sql)):
+        spec = "(NULL::DOUBLE)"  # the heads are known once the scorer loads its weights
+    written = scales.scale_calls(("filter", filter_sql), ("score", score_sql))
     for col in normed_columns(filter_sql, score_sql):
+        if col.lower() == scales.SPEC:
+            continue
         if strict and col.lower() not in known:
             raise SelectionError(
-                f"selection: norm({col}) names {col!r}, which no configured scorer writes; "
-                f"known columns: {sorted(columns)}"
+                f"{name}: {written[col.lower()]} names {col!r}, which no configured scorer "
+                f"writes; known columns: {sorted(columns)}"
             )
         if col.lower() in known and not is_numeric(known[col.lower()]):
             raise SelectionError(
-                f"selection: norm({col}): {col!r} is {known[col.lower()]}, not a number"
+                f"{name}: {written[col.lower()]}: {col!r} is {known[col.lower()]}, not a number"
             )
-    # norm() bound with a unit range to check the SQL: the run's own is known once it is scored
-    unit = {c.lower(): (0.0, 1.0) for c in normed_columns(filter_sql, score_sql)}
-    filter_sql, score_sql = expand_norm(filter_sql, unit, "filter"), expand_norm(score_sql, unit)
+    # scales bound with unit statistics to check the SQL: the run's own are known once it is
+    # scored
+    unit = scales.unit_ranges(normed_columns(filter_sql, score_sql))
+    filter_sql = scales.expand(filter_sql, unit, spec, f"{name}.filter")
+    score_sql = scales.expand(score_sql, unit, spec, f"{name}.score")
     try:
         con.execute(_scored_sql(filter_sql, score_sql) + " LIMIT 0").fetchall()
     except duckdb.BinderException as e:
         if strict:
             raise SelectionError(
-                f"selection SQL does not fit the takes columns: {e}\n"
+                f"{name} SQL does not fit the takes columns: {e}\n"
                 f"filter: {filter_sql}\nscore: {score_sql}\nknown columns: {sorted(columns)}"
             ) from None
     except duckdb.Error as e:
         raise SelectionError(
-            f"selection SQL is invalid: {e}\nfilter: {filter_sql}\nscore: {score_sql}"
+            f"{name} SQL is invalid: {e}\nfilter: {filter_sql}\nscore: {score_sql}"
         ) from None
+
+
+def check_rewards(
+    selection: dict, columns: dict[str, str], strict: bool = True, context=None
+) -> list[rewards.Reward]:
+    """check_selection for every reward of the config (``default`` and selection.rewards)."""
+    all_rewards = rewards.rewards_of(selection)
+    for r in all_rewards:
+        where = "selection" if r.name == rewards.DEFAULT else f"selection.rewards.{r.name}"
+        check_selection(r.filter, r.score, columns, strict, context, where)
+    return all_rewards
 
 
 def _next_chunk(files: list[str], start: int, rows: int) -> list[str]:
@@ -380,6 +325,8 @@ def build_database(
     directions: dict[str, str] | None = None,
     memory_limit: str | None = None,
     threads: int | None = None,
+    named_rewards: dict | None = None,
+    context: rewards.Context | None = None,
 ) -> dict:
     """(Re)build the DuckDB file from group parquets. Returns a few counts for the log.
 
@@ -392,22 +339,35 @@ def build_database(
     The parquets are read by DuckDB in chunks of whole files (a group is one file), each
     chunk once: its takes are appended to ``takes`` and reduced to per-group rows and sums,
     so memory follows the chunk (and DuckDB's ``memory_limit``), time the takes. A group
-    whose takes span files of two chunks makes one pass over all files instead."""
+    whose takes span files of two chunks makes one pass over all files instead.
+
+    ``filter_sql``/``score_sql`` are the reward ``default`` (the ``selection`` table);
+    ``named_rewards`` (selection.rewards) adds more, kept in the per-reward tables
+    (bestofn.select.rewards) with ``default``. ``context`` (the emotions sheet's part:
+    rewards.context_of) gives the takes a ``class`` column where the sheet has one, and the
+    heads of ``ei_spec``."""
     db_path = Path(db_path)
     files = [str(p) for p in parquets]
     if memory_limit is None:  # a library call: the config schema's default (database:)
         memory_limit = database_defaults()["memory_limit"]
-    filter_sql, score_sql = _resolve_norm_files(files, filter_sql, score_sql, memory_limit)
+    context = context or rewards.Context()
+    configured = rewards.rewards_of(
+        {"filter": filter_sql, "score": score_sql, "rewards": named_rewards}
+    )
+    resolved = _resolve_files(files, configured, context, memory_limit)
+    picks = (configured, resolved, context)
     try:
-        return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
-                      memory_limit, threads, chunked=True)  # fmt: skip
+        return _build(files, db_path, held_out, seed, directions, memory_limit, threads, picks,
+                      chunked=True)  # fmt: skip
     except _SplitGroup:
-        return _build(files, db_path, filter_sql, score_sql, held_out, seed, directions,
-                      memory_limit, threads, chunked=False)  # fmt: skip
+        return _build(files, db_path, held_out, seed, directions, memory_limit, threads, picks,
+                      chunked=False)  # fmt: skip
 
 
-def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directions,
-           memory_limit, threads, chunked: bool) -> dict:  # fmt: skip
+def _build(files, db_path: Path, held_out, seed, directions, memory_limit, threads, picks,
+           chunked: bool) -> dict:  # fmt: skip
+    configured, resolved, context = picks
+    filter_sql, score_sql = resolved[0].filter, resolved[0].score
     tmp = db_path.with_suffix(".tmp.duckdb")
     tmp.unlink(missing_ok=True)
     spill = db_path.parent / ".duckdb-tmp"
@@ -419,7 +379,8 @@ def _build(files, db_path: Path, filter_sql, score_sql, held_out, seed, directio
         con.execute(f"SET temp_directory = '{spill}'")
         con.execute("BEGIN")
         _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill,
-              memory_limit, chunked)  # fmt: skip
+              memory_limit, chunked, context)  # fmt: skip
+        rewards.write_reward_tables(con, configured, resolved)
         con.execute("COMMIT")
         counts = dict(
             takes=con.execute("SELECT count(*) FROM takes").fetchone()[0],
@@ -491,13 +452,18 @@ def _create_like(con, work, name: str, sql: str) -> None:
 
 
 def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, memory_limit,
-          chunked) -> None:  # fmt: skip
+          chunked, context) -> None:  # fmt: skip
     _union_schema(con, files, spill)
     union = [tuple(r[:2]) for r in con.execute("DESCRIBE takes").fetchall()]
     have = {name for name, _ in union}
     for col in _LATE_COLUMNS:  # older parquets may lack them
         if col not in have:
             con.execute(f"ALTER TABLE takes ADD COLUMN {col} {BASE_COLUMNS[col]}")
+    # The emotion's class (speech | nonverbal) from the emotions sheet, for the filters: only
+    # where the sheet has the column (a run without one keeps its tables as they were).
+    if context.classes is not None and "class" not in have:
+        con.execute('ALTER TABLE takes ADD COLUMN "class" VARCHAR')
+    class_sql = context.class_sql() if context.classes is not None else None
     try:
         con.execute(f"CREATE VIEW scored AS {_scored_sql(filter_sql, score_sql)}")
         con.execute("SELECT count(*) FROM scored").fetchall()
@@ -520,7 +486,7 @@ def _fill(con, files, filter_sql, score_sql, held_out, seed, directions, spill, 
         # closing: an error stops the next chunk's read before the work database is closed
         with closing(_read_chunks(work, files, union, chunked)) as chunks:
             for _ in chunks:
-                _add_chunk(con, work, filter_sql, score_sql, tables)
+                _add_chunk(con, work, filter_sql, score_sql, tables, class_sql)
         con.execute("SET threads = ?", [int(threads)])
         con.execute("SET memory_limit = ?", [memory_limit])
     finally:
@@ -563,9 +529,11 @@ def _read_chunk(reader, chunk: list[str], union: list[tuple]) -> int:
     return reader.execute(read.format(", union_by_name = true"), [chunk]).fetchone()[0]
 
 
-def _add_chunk(con, work, filter_sql, score_sql, tables) -> None:
+def _add_chunk(con, work, filter_sql, score_sql, tables, class_sql=None) -> None:
     """Reduce the chunk in ``chunk_scored`` on ``work`` (_read_chunks): append its takes and
     its per-group rows to the build's tables on ``con``."""
+    if class_sql is not None:
+        work.execute(f'UPDATE chunk_scored SET "class" = {class_sql}')
     try:
         work.execute(
             f"UPDATE chunk_scored SET score = ({score_sql})::DOUBLE, "
@@ -578,10 +546,10 @@ def _add_chunk(con, work, filter_sql, score_sql, tables) -> None:
     # The best passing take per group (a narrow window; the whole row joins back by rowid).
     work.execute("DELETE FROM chunk_selection")
     work.execute(
-        """
+        f"""
         INSERT INTO chunk_selection
         SELECT rowid, group_id, take, flac_path FROM chunk_scored WHERE passes
-        QUALIFY row_number() OVER (PARTITION BY group_id ORDER BY score DESC NULLS LAST, take) = 1
+        QUALIFY {rewards.rank_window()} = 1
         """
     )
     selected = work.sql(

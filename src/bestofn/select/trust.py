@@ -44,6 +44,7 @@ from bestofn.select.held_out import (
     held_out_columns,
     is_numeric,
 )
+from bestofn.select.rewards import rank_window
 
 __all__ = [
     "TrustTables", "measure_columns", "presentation_order", "quote_ident", "resolve_held_out",
@@ -222,11 +223,10 @@ class TrustTables:
         import pyarrow as pa
 
         rows = self.work.execute(
-            """
+            f"""
             WITH best AS (
                 SELECT group_id, take FROM chunk_scored
-                QUALIFY row_number() OVER (PARTITION BY group_id
-                                           ORDER BY score DESC NULLS LAST, take) = 1)
+                QUALIFY {rank_window()} = 1)
             SELECT s.group_id, list(s.take ORDER BY s.take),
                    any_value(coalesce(g.selected_take, b.take))
             FROM chunk_scored s JOIN chunk_groups g USING (group_id) JOIN best b USING (group_id)
