@@ -203,7 +203,11 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
 
     text = "Well, I never said that. Did I?"
     codes = torch.randint(0, 16, (6, cfg.n_vq))
-    for kw in ({"language": "English"}, {"instruction": "angry"}, {"reference": [codes]}):
+    # the pacing dial's hint (the processor's tokens input), alone and with every other field
+    hinted = {"language": "English", "instruction": "angry", "tokens": 511}
+    cases = ({"language": "English"}, {"instruction": "angry"}, {"reference": [codes]},
+             {"tokens": 96}, {**hinted, "reference": [codes]})  # fmt: skip
+    for kw in cases:
         msg = proc.build_user_message(text=text, **kw)
         want = proc([[msg]], mode="generation")["input_ids"][0]
         refs = kw.pop("reference", None)
