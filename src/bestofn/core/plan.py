@@ -23,7 +23,7 @@ from bestofn.backends.registry import (
     check_name,
     is_plugin,
 )
-from bestofn.core import voice_acting
+from bestofn.core import recipe_checks, voice_acting
 from bestofn.util.spec import GroupSpec
 from bestofn.weights import lock as weights_lock
 from bestofn.weights import paths as weight_paths
@@ -316,6 +316,10 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
     errors, notes = voice_acting.check_targets(config, groups, epath, base)
+    gate_errors, gate_notes = recipe_checks.speaker_gate(config.get("selection"), groups)
+    errors, notes = errors + gate_errors, notes + gate_notes + recipe_checks.restorer_notes(
+        config["models"]
+    )
     if errors:
         raise PlanError(errors[0])
     if takes_instruction:
