@@ -141,7 +141,7 @@ def test_missing_weights_paths_are_all_listed_before_any_load(project):
 
     from bestofn.core.plan import load_config
 
-    config = load_config(REPO / "config/production.yaml")
+    config = load_config(REPO / "config/recipes/base.yaml")
     config["emotions"] = "config/emotions.tsv"
     config["prompts"] = "config/prompts.tsv"
     assert config["weights_root"] == "/models" and not Path("/models").exists()
@@ -272,7 +272,11 @@ def _entries(models: dict):
         yield "scorer", s
 
 
-@pytest.mark.parametrize("config_name", ["config.yaml", "production.yaml"])
+@pytest.mark.parametrize(
+    "config_name",
+    ["config.yaml", "recipes/emotions.yaml", "recipes/clone.yaml", "recipes/delay.yaml",
+     "recipes/base.yaml"],
+)  # fmt: skip
 def test_shipped_configs_use_only_known_options(config_name):
     from helpers import REPO
 

@@ -72,12 +72,12 @@ RUN = {
     "real": dict(
         device="cuda",
         generator_options="",
-        # as config/production.yaml
+        # as config/recipes/base.yaml
         generator_runtime="{batch_size: 64, decode_batch_size: 64, pair_groups: true}",
         restorer_runtime="{batch_size: 32}",
-        parakeet_runtime="{batch_size: 128}",  # as config/production.yaml
+        parakeet_runtime="{batch_size: 128}",  # as config/recipes/base.yaml
         scorer_runtime="{batch_size: 32}",
-        queue_depth=4,  # as config/production.yaml: pairing needs 4
+        queue_depth=4,  # as config/recipes/*.yaml: pairing needs 4
         idle_timeout_s=600,
         start_timeout_s=1800,
     ),
@@ -85,7 +85,7 @@ RUN = {
 
 CONFIG = """\
 # Written by `bestofn fake-weights {out} --size {size} --seed {seed}`.
-# The production pipeline (as config/production.yaml: moss-fast -> sidon -> duration, parakeet,
+# The base recipe's pipeline (config/recipes/base.yaml: moss-fast -> sidon -> duration, parakeet,
 # voiceclap, empathic-insight) on RANDOM weights in the published on-disk layouts. The audio is
 # noise and every score is meaningless; VoiceCLAP's modelling code is ours, written from its
 # published description (see FAKE_WEIGHTS.md). It exists to run the production path end to end:
@@ -109,7 +109,7 @@ models:
       model_dir: {model_dir}
       codec_dir: {codec_dir}
       frames_per_word: 6.0
-      instruction: "extremely {{emotion_words}}. {{description}}"  # as config/production.yaml
+      instruction: "extremely {{emotion_words}}. {{description}}"  # as config/recipes/base.yaml
 {generator_options}    runtime: {generator_runtime}
   restorer:
     backend: sidon
