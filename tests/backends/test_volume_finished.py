@@ -37,8 +37,8 @@ def test_a_clipped_take_is_visible_in_selection():
     assert cols["vol_peak_db"][1] == pytest.approx(0.0, abs=1e-6)
     con = duckdb.connect()
     con.execute("CREATE TABLE takes (take INT, vol_rms_db DOUBLE, vol_peak_db DOUBLE)")
-    con.executemany("INSERT INTO takes VALUES (?, ?, ?)",
-                    [(i, cols["vol_rms_db"][i], cols["vol_peak_db"][i]) for i in range(2)])  # fmt: skip
+    rows = [(i, cols["vol_rms_db"][i], cols["vol_peak_db"][i]) for i in range(2)]
+    con.executemany("INSERT INTO takes VALUES (?, ?, ?)", rows)
     passing = con.execute("SELECT take FROM takes WHERE vol_peak_db < -0.1").fetchall()
     assert passing == [(0,)]
 

@@ -102,8 +102,8 @@ def test_resolve_norm_writes_the_runs_range_into_the_sql():
 
 
 COLUMNS = {**BASE_COLUMNS, "wer": "DOUBLE", "finished": "BOOLEAN", "truncated": "BOOLEAN",
-           "stop_reason": "VARCHAR", "spk_sim": "DOUBLE", "ei_target": "DOUBLE", "vc_blend": "DOUBLE",
-           "vc_genuineness": "DOUBLE", "transcript": "VARCHAR"}  # fmt: skip
+           "stop_reason": "VARCHAR", "spk_sim": "DOUBLE", "ei_target": "DOUBLE",
+           "vc_blend": "DOUBLE", "vc_genuineness": "DOUBLE", "transcript": "VARCHAR"}  # fmt: skip
 
 
 def test_check_selection_takes_norm_of_known_columns():

@@ -317,9 +317,8 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
     errors, notes = voice_acting.check_targets(config, groups, epath, base)
     gate_errors, gate_notes = recipe_checks.speaker_gate(config.get("selection"), groups)
-    errors, notes = errors + gate_errors, notes + gate_notes + recipe_checks.restorer_notes(
-        config["models"]
-    )
+    errors += gate_errors
+    notes += gate_notes + recipe_checks.restorer_notes(config["models"])
     if errors:
         raise PlanError(errors[0])
     if takes_instruction:
