@@ -230,7 +230,7 @@ def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
     opts = moss_delay.write(tmp_path, "tiny", codec_dir=tmp_path / "MOSS-Audio-Tokenizer")
     assert Path(opts["codec_dir"]) == Path(codec).resolve()
     gen = MossFastGenerator(
-        "cpu", **opts, delay_min_frames=4, min_frames=6, max_frames=8, frames_per_word=1.0
+        "cpu", **opts, delay_min_frames=4, max_frames=6
     )
     assert isinstance(gen.engine, MossDelayEngine) and gen.params.text_temperature == 1.5
     spec = GroupSpec(emotion="calm", prompt_id="p1", text="Hello world again.", n_takes=3)
