@@ -229,9 +229,7 @@ def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
     codec = moss_audio_tokenizer.write(tmp_path / "MOSS-Audio-Tokenizer", "tiny")
     opts = moss_delay.write(tmp_path, "tiny", codec_dir=tmp_path / "MOSS-Audio-Tokenizer")
     assert Path(opts["codec_dir"]) == Path(codec).resolve()
-    gen = MossFastGenerator(
-        "cpu", **opts, delay_min_frames=4, max_frames=6
-    )
+    gen = MossFastGenerator("cpu", **opts, delay_min_frames=4, max_frames=6)
     assert isinstance(gen.engine, MossDelayEngine) and gen.params.text_temperature == 1.5
     spec = GroupSpec(emotion="calm", prompt_id="p1", text="Hello world again.", n_takes=3)
     takes = gen.generate(spec)
