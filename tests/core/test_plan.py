@@ -423,3 +423,17 @@ def test_wall_clock_during_a_run_reads_the_published_groups(project):
     assert r.per_slot.s_per_take == pytest.approx((20 + 4) / 6)
     assert "3 newest published groups, 6 takes, 2 worker(s)" in r.per_slot.detail
     assert r.wall_hours_left == pytest.approx(1 * 2 * 4.0 / 1 / 3600)  # 1 group left, 1 slot
+
+
+def test_a_moss_generators_identity_holds_its_whole_pacing_dial():
+    """The pacing dial's defaults are part of the models' identity (a changed default changes
+    the prompt and the budget, so it reruns the groups); options given win; other backends
+    are left as they are."""
+    from bestofn.core.pipeline import _with_pacing
+
+    entry = _with_pacing({"backend": "moss-fast", "options": {"frames_per_word": 4.2}})
+    assert entry["options"]["frames_per_word"] == 4.2
+    assert entry["options"]["min_tokens"] == 96 and entry["options"]["budget_offset"] == 300
+    assert entry["options"]["tokens_hint"] is True
+    piper = {"backend": "piper", "options": {}}
+    assert _with_pacing(piper) == piper
