@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-# The production selection (config/production.yaml) with its wer clause held out instead:
+# The production selection (config/recipes/base.yaml) with its wer clause held out instead:
 # a held-out column may not appear in the filter or the score.
 FILTER = "cer <= 0.1 AND NOT truncated AND stop_reason = 'eos'"
 SCORE = "vc_genuineness / 6 + vc_prompt_sim - cer"

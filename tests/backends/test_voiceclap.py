@@ -29,7 +29,8 @@ def write_head(path: Path, bias: float, seed: int, numpy_stats: bool) -> Path:
     sd = {
         "f1.weight": torch.randn(16, DIM, generator=g),
         "f1.bias": torch.randn(16, generator=g),
-        "f2.weight": torch.randn(1, 16, generator=g),
+        # small: the outputs stay inside the label range (a clamped 0 hides what the head read)
+        "f2.weight": 0.02 * torch.randn(1, 16, generator=g),
         "f2.bias": torch.tensor([bias]),
     }
     mu, sd_ = np.full(DIM, 0.01, np.float32), np.full(DIM, 0.3, np.float32)
@@ -100,23 +101,34 @@ def test_scores_match_an_independent_computation(weights):
     enc = tok([SPEC.emotion_description, SPEC.negative_description], padding=True,
               return_tensors="pt")  # fmt: skip
     with torch.no_grad():
-        a = F.normalize(model.encode_waveform(torch.from_numpy(wav).float()), dim=-1)
+        raw = model.encode_waveform(torch.from_numpy(wav).float())
+        a = F.normalize(raw, dim=-1)
         t = F.normalize(model.encode_text(enc["input_ids"], enc["attention_mask"]), dim=-1)
     np.testing.assert_allclose(
         out["vc_prompt_sim"], (a @ t[0] - a @ t[1]).numpy(), rtol=1e-4, atol=1e-5
     )
-    for col, key, hi in (("vc_genuineness", "genuineness_path", 6), ("vc_blend", "blend_path", 10)):
-        ck = torch.load(weights[key], weights_only=False)
-        x = (a - torch.as_tensor(np.asarray(ck["mu"]))) / torch.as_tensor(np.asarray(ck["sd"]))
-        h = x @ ck["state_dict"]["f1.weight"].T + ck["state_dict"]["f1.bias"]
-        y = (
-            0.5 * h * (1 + torch.erf(h / 2**0.5)) @ ck["state_dict"]["f2.weight"].T
-            + ck["state_dict"]["f2.bias"]
-        )
-        np.testing.assert_allclose(
-            out[col], y.squeeze(-1).clamp(0, hi).numpy(), rtol=1e-4, atol=1e-5
-        )
+    # LAION's recipe section 5: the genuineness head reads the L2-normalised embedding, the
+    # blend head the raw one (each standardised by its own mu / sd)
+    assert not torch.allclose(raw.norm(dim=-1), torch.ones(5))  # the two inputs differ here
+    for col, key, hi, emb in (("vc_genuineness", "genuineness_path", 6, a),
+                              ("vc_blend", "blend_path", 10, raw)):  # fmt: skip
+        want = head_by_hand(weights[key], emb, hi)
+        np.testing.assert_allclose(out[col], want, rtol=1e-4, atol=1e-5)
+        other = head_by_hand(weights[key], raw if emb is a else a, hi)  # the other input
+        assert not np.allclose(out[col], other, rtol=1e-3, atol=1e-3), col
     assert len(set(np.round(out["vc_prompt_sim"], 6))) > 1  # takes differ
+
+
+def head_by_hand(path, emb, hi):
+    """A published head's output on ``emb``, its math written out: standardise, MLP, clamp."""
+    ck = torch.load(path, weights_only=False)
+    x = (emb - torch.as_tensor(np.asarray(ck["mu"]))) / torch.as_tensor(np.asarray(ck["sd"]))
+    h = x @ ck["state_dict"]["f1.weight"].T + ck["state_dict"]["f1.bias"]
+    y = (
+        0.5 * h * (1 + torch.erf(h / 2**0.5)) @ ck["state_dict"]["f2.weight"].T
+        + ck["state_dict"]["f2.bias"]
+    )
+    return y.squeeze(-1).clamp(0, hi).numpy()
 
 
 def test_one_audio_encode_per_take_and_texts_cached(weights):

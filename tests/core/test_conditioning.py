@@ -223,12 +223,16 @@ def test_both_moss_generators_put_the_groups_instruction_in_the_prompt(backend):
     cls = module.MossFastGenerator if backend == "moss_fast" else module.MossHFBase
     gen = cls.__new__(cls)
     gen.options = {**module.DEFAULTS, "instruction": "extremely {emotion_words}."}
+    from bestofn.moss.budget import FrameBudget
+
+    gen.budget = FrameBudget()  # the pacing dial's defaults
     spec = GroupSpec("Fatigue_Exhaustion", "p1", "Hi.", 1, emotion_description="Drained.")
     told = GroupSpec("Anger", "p1", "Hi.", 1, extra={"instruction": "Shout it."})
     if backend == "moss_fast":
         gen.prompt_builder = RecordingBuilder()
         assert gen.prompt(spec)["instruction"] == "extremely fatigue exhaustion."
         assert gen.prompt(told)["instruction"] == "Shout it."
+        assert gen.prompt(spec)["tokens"] == 96  # the hint: one word, raised to min_tokens
     else:  # the published processor's build_user_message gets what _instruction gives
         assert gen._instruction(spec) == "extremely fatigue exhaustion."
         assert gen._instruction(told) == "Shout it."

@@ -141,7 +141,7 @@ def test_missing_weights_paths_are_all_listed_before_any_load(project):
 
     from bestofn.core.plan import load_config
 
-    config = load_config(REPO / "config/production.yaml")
+    config = load_config(REPO / "config/recipes/base.yaml")
     config["emotions"] = "config/emotions.tsv"
     config["prompts"] = "config/prompts.tsv"
     assert config["weights_root"] == "/models" and not Path("/models").exists()
@@ -272,7 +272,11 @@ def _entries(models: dict):
         yield "scorer", s
 
 
-@pytest.mark.parametrize("config_name", ["config.yaml", "production.yaml"])
+@pytest.mark.parametrize(
+    "config_name",
+    ["config.yaml", "recipes/emotions.yaml", "recipes/clone.yaml", "recipes/delay.yaml",
+     "recipes/base.yaml"],
+)  # fmt: skip
 def test_shipped_configs_use_only_known_options(config_name):
     from helpers import REPO
 
@@ -419,3 +423,17 @@ def test_wall_clock_during_a_run_reads_the_published_groups(project):
     assert r.per_slot.s_per_take == pytest.approx((20 + 4) / 6)
     assert "3 newest published groups, 6 takes, 2 worker(s)" in r.per_slot.detail
     assert r.wall_hours_left == pytest.approx(1 * 2 * 4.0 / 1 / 3600)  # 1 group left, 1 slot
+
+
+def test_a_moss_generators_identity_holds_its_whole_pacing_dial():
+    """The pacing dial's defaults are part of the models' identity (a changed default changes
+    the prompt and the budget, so it reruns the groups); options given win; other backends
+    are left as they are."""
+    from bestofn.core.pipeline import _with_pacing
+
+    entry = _with_pacing({"backend": "moss-fast", "options": {"frames_per_word": 4.2}})
+    assert entry["options"]["frames_per_word"] == 4.2
+    assert entry["options"]["min_tokens"] == 96 and entry["options"]["budget_offset"] == 300
+    assert entry["options"]["tokens_hint"] is True
+    piper = {"backend": "piper", "options": {}}
+    assert _with_pacing(piper) == piper

@@ -140,6 +140,6 @@ def test_take_columns_are_known_to_the_selection_sql():
     for col in ("n_frames", "truncated", "stop_reason"):
         assert col in BASE_COLUMNS
     check_selection("NOT truncated AND stop_reason = 'eos'", "-n_frames", BASE_COLUMNS)
-    production = yaml.safe_load((REPO / "config/production.yaml").read_text())
+    production = yaml.safe_load((REPO / "config/recipes/emotions.yaml").read_text())
     filter_sql = production["selection"]["filter"]
     assert "stop_reason = 'eos'" in filter_sql and "truncated" in filter_sql

@@ -203,7 +203,11 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
 
     text = "Well, I never said that. Did I?"
     codes = torch.randint(0, 16, (6, cfg.n_vq))
-    for kw in ({"language": "English"}, {"instruction": "angry"}, {"reference": [codes]}):
+    # the pacing dial's hint (the processor's tokens input), alone and with every other field
+    hinted = {"language": "English", "instruction": "angry", "tokens": 511}
+    cases = ({"language": "English"}, {"instruction": "angry"}, {"reference": [codes]},
+             {"tokens": 96}, {**hinted, "reference": [codes]})  # fmt: skip
+    for kw in cases:
         msg = proc.build_user_message(text=text, **kw)
         want = proc([[msg]], mode="generation")["input_ids"][0]
         refs = kw.pop("reference", None)
@@ -225,9 +229,7 @@ def test_moss_fast_selects_the_delay_engine_from_config_json(tmp_path):
     codec = moss_audio_tokenizer.write(tmp_path / "MOSS-Audio-Tokenizer", "tiny")
     opts = moss_delay.write(tmp_path, "tiny", codec_dir=tmp_path / "MOSS-Audio-Tokenizer")
     assert Path(opts["codec_dir"]) == Path(codec).resolve()
-    gen = MossFastGenerator(
-        "cpu", **opts, delay_min_frames=4, min_frames=6, max_frames=8, frames_per_word=1.0
-    )
+    gen = MossFastGenerator("cpu", **opts, delay_min_frames=4, max_frames=6)
     assert isinstance(gen.engine, MossDelayEngine) and gen.params.text_temperature == 1.5
     spec = GroupSpec(emotion="calm", prompt_id="p1", text="Hello world again.", n_takes=3)
     takes = gen.generate(spec)

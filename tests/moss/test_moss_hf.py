@@ -22,14 +22,23 @@ REF_CODE = REPO / ".ref" / "moss_tts_local_v1.5"
 # ---- frame budget ------------------------------------------------------------------------------
 
 
-def test_budget_is_words_times_frames_per_word_clamped():
-    text = "one two three four five six seven eight nine ten"
-    assert frame_budget(text) == 60  # 10 words x 6.0
-    assert frame_budget(text, frames_per_word=4.2) == 42
-    assert frame_budget("No!") == 25  # floor: one word still gets 2 s
-    assert frame_budget("word " * 1000) == 1500  # ceiling
-    assert frame_budget(text, max_frames=50) == 50
-    assert frame_budget("ok " * 7, frames_per_word=6.1) == math.ceil(7 * 6.1)
+def test_pacing_dial_hint_and_budget():
+    """The recipe's dial: hint = clamp(words x 6.0, 96, 1400), budget = 2.2 x hint + 300."""
+    b = FrameBudget()
+    twelve = "one two three four five six seven eight nine ten eleven twelve"
+    assert b.tokens(twelve) == 96  # 72 raised to the floor
+    assert b.frames(twelve) == 511  # 2.2 x 96 + 300 = 511.2, floored
+    forty = " ".join(["word"] * 40)
+    assert b.tokens(forty) == 240 and b.frames(forty) == 828
+    assert b.tokens("word " * 1000) == 1400  # ceiling
+    assert b.frames("word " * 1000) == math.floor(2.2 * 1400 + 300)
+    assert b.hint(forty) == 240
+    assert FrameBudget(tokens_hint=False).hint(forty) is None  # no hint; the same budget
+    assert FrameBudget(tokens_hint=False).frames(forty) == 828
+    assert frame_budget(forty, frames_per_word=4.2) == math.floor(2.2 * 168 + 300)
+    assert frame_budget(forty, budget_scale=1.0, budget_offset=0) == 240
+    assert frame_budget(forty, max_frames=50) == 50  # the budget's cap (CPU tests)
+    assert frame_budget("No!", min_tokens=1, budget_scale=1, budget_offset=0, min_frames=25) == 25
 
 
 def test_word_counting_and_pauses():
@@ -37,7 +46,7 @@ def test_word_counting_and_pauses():
     assert count_words("亲爱的你，愿你") == 6  # no-space scripts: one word per character
     assert count_words("Hi 你好") == 3
     # a [pause 2s] marker adds 2 s x 12.5 frames/s and is not a word
-    assert FrameBudget(min_frames=1).frames("a [pause 2s] b") == 12 + 25
+    assert FrameBudget(min_tokens=1).tokens("a [pause 2s] b") == 12 + 25
 
 
 def test_budget_validation_and_options():
@@ -45,8 +54,30 @@ def test_budget_validation_and_options():
         FrameBudget(frames_per_word=0)
     with pytest.raises(ValueError):
         FrameBudget(min_frames=100, max_frames=10)
+    with pytest.raises(ValueError):
+        FrameBudget(min_tokens=100, max_tokens=10)
     b = FrameBudget.from_options({"frames_per_word": 4.2, "min_frames": 10, "max_frames": 99})
-    assert b.as_dict() == {"frames_per_word": 4.2, "min_frames": 10, "max_frames": 99}
+    assert b.as_dict() == {
+        "frames_per_word": 4.2, "min_tokens": 96, "max_tokens": 1400, "budget_scale": 2.2,
+        "budget_offset": 300, "min_frames": 10, "max_frames": 99, "tokens_hint": True,
+    }  # fmt: skip
+
+
+def test_moss_fast_prompt_carries_the_hint():
+    """moss-fast puts the dial's hint in the prompt's Tokens field (None with tokens_hint off)."""
+    pytest.importorskip("torch")
+    from bestofn.fakes.moss import build
+
+    spec = GroupSpec("calm", "p1", " ".join(["word"] * 40), n_takes=1, language="en")
+
+    def tokens_field(**opts) -> str:
+        ids = build("cpu", size="tiny", **opts).prompt(spec)[:, 0].tolist()
+        text = bytes(i for i in ids if i < 256).decode()  # the byte tokenizer's text
+        return text.split("- Tokens:")[1].split("- Quality:")[0].strip()
+
+    assert tokens_field() == "240"
+    assert tokens_field(frames_per_word=3.0) == "120"
+    assert tokens_field(tokens_hint=False) == "None"
 
 
 # ---- per-take draws (pure) ---------------------------------------------------------------------

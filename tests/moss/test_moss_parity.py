@@ -68,7 +68,11 @@ def test_prompt_matches_reference_processor(tmp_path, monkeypatch):
 
     text = "Well, I never said that! [pause 0.5s] Did I?"
     ref_codes = torch.randint(0, 16, (6, cfg.n_vq))
-    for kwargs in ({"language": "English"}, {"instruction": "angry"}, {"reference": [ref_codes]}):
+    # the pacing dial's hint (the processor's tokens input), alone and with every other field
+    hinted = {"language": "English", "instruction": "angry", "tokens": 511}
+    cases = ({"language": "English"}, {"instruction": "angry"}, {"reference": [ref_codes]},
+             {"tokens": 96}, {**hinted, "reference": [ref_codes]})  # fmt: skip
+    for kwargs in cases:
         msg = proc.build_user_message(text=text, **kwargs)
         want = proc([[msg]], mode="generation")["input_ids"][0]
         refs = kwargs.pop("reference", None)

@@ -106,7 +106,9 @@ def moss():
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: threads only add overhead on a shared CPU
-    gen = build("cpu", size="tiny", min_frames=10, max_frames=40)
+    # the budget is the pacing hint itself (words x 6 frames): the test counts frames per text
+    gen = build("cpu", size="tiny", min_frames=10, max_frames=40, min_tokens=1, budget_scale=1.0,
+                budget_offset=0)  # fmt: skip
     gen.codec = CausalCodec()  # the engine's frames are real; only the codec is a stand-in
     always_continue_(gen.model.local_ln_f.bias, gen.model.stop_head)  # run to each budget
     yield gen

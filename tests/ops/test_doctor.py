@@ -84,8 +84,8 @@ def test_cuda_build_against_the_driver(monkeypatch, built, driver, verdict):
 
 
 def test_memory_need_is_the_measured_peak_or_the_cap():
-    config = load_config(REPO / "config/production.yaml")
-    assert doctor.memory_need(config)[0] == 73.5  # pair_groups: true in production
+    config = load_config(REPO / "config/recipes/base.yaml")
+    assert doctor.memory_need(config)[0] == 73.5  # pair_groups: true in the measured set
     config["models"]["generator"]["runtime"]["pair_groups"] = False
     assert doctor.memory_need(config)[0] == 52.4
     config["runtime"]["gpu_memory_gb"] = 40

@@ -15,8 +15,9 @@ from bestofn.select.selection import (
     resolve_norm,
 )
 
-# the production selection itself: its speaker floor is 0.86 (WavLM's same-speaker threshold)
-PRODUCTION = yaml.safe_load((REPO / "config/production.yaml").read_text())["selection"]
+# the clone recipe's selection itself: the emotion reward, and a speaker floor of 0.86 (WavLM's
+# same-speaker threshold)
+PRODUCTION = yaml.safe_load((REPO / "config/recipes/clone.yaml").read_text())["selection"]
 FILTER, SCORE = PRODUCTION["filter"], PRODUCTION["score"]
 
 
@@ -28,6 +29,7 @@ def takes(tmp_path, group_id, rows):
              "vc_genuineness")  # fmt: skip
     columns = {
         "truncated": [False] * n,
+        "finished": [True] * n,
         "stop_reason": ["eos"] * n,
         **dict(zip(names, cols, strict=True)),
     }
@@ -99,9 +101,9 @@ def test_resolve_norm_writes_the_runs_range_into_the_sql():
         resolve_norm(con, "takes", "true", "norm(z)")
 
 
-COLUMNS = {**BASE_COLUMNS, "wer": "DOUBLE", "truncated": "BOOLEAN", "stop_reason": "VARCHAR",
-           "spk_sim": "DOUBLE", "ei_target": "DOUBLE", "vc_blend": "DOUBLE",
-           "vc_genuineness": "DOUBLE", "transcript": "VARCHAR"}  # fmt: skip
+COLUMNS = {**BASE_COLUMNS, "wer": "DOUBLE", "finished": "BOOLEAN", "truncated": "BOOLEAN",
+           "stop_reason": "VARCHAR", "spk_sim": "DOUBLE", "ei_target": "DOUBLE",
+           "vc_blend": "DOUBLE", "vc_genuineness": "DOUBLE", "transcript": "VARCHAR"}  # fmt: skip
 
 
 def test_check_selection_takes_norm_of_known_columns():

@@ -34,10 +34,14 @@ class CausalCodec:
         return out
 
 
+HINT_IS_BUDGET = {"min_tokens": 1, "budget_scale": 1.0, "budget_offset": 0}
+
+
 def _gen(stops: bool):
     from bestofn.fakes.moss import always_continue_, build, stop_head_tensors
 
-    gen = build("cpu", size="tiny", min_frames=6, max_frames=48)
+    # the budget is the pacing hint itself (words x 6 frames): the tests count frames per text
+    gen = build("cpu", size="tiny", min_frames=6, max_frames=48, **HINT_IS_BUDGET)
     gen.codec = CausalCodec()
     m = gen.model
     with torch.no_grad():
@@ -190,6 +194,7 @@ def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
     from bestofn.fakes import moss
 
     options = moss.write(tmp_path / "weights", "tiny", seed=0, p_stop=1e-9)
+    options.update(HINT_IS_BUDGET, min_frames=25)  # a take runs words x 6 frames, at least 25
     write_tsv(tmp_path / "emotions.tsv", ["emotion", "description"], [["calm", "A calm voice."]])
     write_tsv(tmp_path / "prompts.tsv", ["prompt_id", "text"], [["p1", "Hello."]])
     config = {

@@ -15,7 +15,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import Hub
+from helpers import REPO, Hub
 
 from bestofn.cli import main as bestofn
 from bestofn.weights import lock
@@ -220,3 +220,32 @@ def test_a_cut_safetensors_shard_is_named_without_a_lock(tmp_path):
     shard.unlink()
     models["generator"]["options"]["model_dir"] = str(shard)
     assert broken_weights(models) == [f"{shard}: missing"]
+
+
+SCORER_WEIGHTS = ["parakeet", "voiceclap", "voiceclap-genuineness", "voiceclap-blend",
+                  "bud-e-whisper", "empathic-insight"]  # fmt: skip
+RECIPE_WEIGHTS = {
+    "emotions": ["moss-tts-local-voice-acting", "moss-audio-tokenizer-v2", *SCORER_WEIGHTS],
+    "clone": ["moss-tts-local-voice-acting", "moss-audio-tokenizer-v2", *SCORER_WEIGHTS,
+              "wavlm-speaker"],
+    "delay": ["moss-tts-delay-voice-acting", "moss-audio-tokenizer", "w2v-bert-2.0", "sidon",
+              *SCORER_WEIGHTS],
+    "base": ["moss-tts-local", "moss-audio-tokenizer-v2", "w2v-bert-2.0", "sidon",
+             *SCORER_WEIGHTS, "wavlm-speaker"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_WEIGHTS))
+def test_each_recipe_fetches_its_models_repos(recipe):
+    """`bestofn weights fetch --config config/recipes/X.yaml` fetches exactly the repos of the
+    recipe's models (the manifest's order)."""
+    import yaml
+
+    config = yaml.safe_load((REPO / f"config/recipes/{recipe}.yaml").read_text())
+    names = [e.name for e in entries_for_config(config)]
+    assert sorted(names) == sorted(RECIPE_WEIGHTS[recipe])
+    repos = {BY_NAME[n].repo_id for n in names}
+    if recipe in ("emotions", "clone"):
+        assert "laion/moss-tts-local-transformer-4.55b-voice-acting" in repos
+    if recipe == "delay":
+        assert "laion/moss-tts-v1.5-8b-voice-acting" in repos

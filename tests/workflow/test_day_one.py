@@ -34,7 +34,7 @@ pytestmark = [  # snakemake end to end on the production backends
         reason="the production backends need transformers and nemo_toolkit[asr]",
     ),
 ]
-CONFIG = "config/production.yaml"  # the README's config path, here the tiny weights' config
+CONFIG = "config/recipes/emotions.yaml"  # the README's config path, here the tiny weights' config
 
 
 def readme_commands() -> list[list[str]]:
@@ -70,6 +70,7 @@ def checkout(project: Path, hub: Path) -> None:
     """A workflow directory as a user has it, and the production config of the tiny weights
     with every model path relative to ``weights_root: weights``; 1 emotion x 2 prompts."""
     (project / "config/voices").mkdir(parents=True)
+    (project / CONFIG).parent.mkdir(parents=True)
     for name in ("Snakefile", "workflow", "profiles"):
         (project / name).symlink_to(REPO / name)
     shutil.copy(hub / "joe_reference.flac", project / "config/voices/ref.flac")

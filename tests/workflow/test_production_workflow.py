@@ -144,10 +144,11 @@ def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
     assert kept[0] <= kept[1]  # a take that won both is one row
     assert [(g, n) for g, n, _ in selection] == [(g, 1) for g in GROUPS]  # one take per group
     assert all(n_frames > 0 for _, _, n_frames in selection)  # the config's filter held
-    # the selection is production's: the group's own emotion, the voice, VoiceCLAP's heads
+    # the selection is the recipes': the group's own emotion, VoiceCLAP's heads (no speaker
+    # floor: "angry" has no reference voice)
     sel = yaml.safe_load(config.read_text())["selection"]
     used = referenced_columns(sel["filter"]) | referenced_columns(sel["score"])
-    assert {"ei_target", "spk_sim", "vc_blend", "vc_genuineness"} <= used
+    assert {"ei_target", "vc_blend", "vc_genuineness"} <= used and "spk_sim" not in used
     con = duckdb.connect(str(project / "results/bestofn.duckdb"), read_only=True)
     # ei_target is each group's own head (the sheet's ei_head), never NaN
     own = con.execute(

@@ -280,6 +280,7 @@ class MossFastGenerator(Generator):
             spec.text,
             language=self.options["language"] or language_tag(spec.language),
             instruction=group_instruction(self.options["instruction"], spec),
+            tokens=self.budget.hint(spec.text),
             references=refs,
         )
 

@@ -275,6 +275,7 @@ class MossHFBase(Generator):
             reference=reference,
             instruction=self._instruction(spec),
             language=language or None,
+            tokens=self.budget.hint(spec.text),
         )
         batch = self.processor([[message]], mode="generation", n_vq=self.n_vq)
         return batch["input_ids"], batch["attention_mask"]

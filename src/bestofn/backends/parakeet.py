@@ -230,7 +230,7 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
 
 class ParakeetScorer(Scorer):
     name = "parakeet"
-    columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE"}
+    columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE", "finished": "BOOLEAN"}
     better = {"wer": "lower", "cer": "lower"}
     input_sample_rate = SAMPLE_RATE
 

@@ -23,6 +23,7 @@ REGISTRY: dict[str, dict[str, str]] = {
     },
     "scorer": {
         "duration": "bestofn.backends.duration:DurationScorer",
+        "volume": "bestofn.backends.volume:VolumeScorer",
         "whisper-asr": "bestofn.backends.whisper_asr:WhisperASRScorer",
         "resemblyzer": "bestofn.backends.resemblyzer_sim:ResemblyzerScorer",
         "wavlm-speaker": "bestofn.backends.speaker:SpeakerScorer",
@@ -62,7 +63,7 @@ PRELOAD: dict[str, tuple[str, ...]] = {
 # builds (``local_torch_dtype``) and patches ``torch.nn.init``: a module built in another thread
 # meanwhile takes that dtype, and two such loads interleaved can leave it set. On the H200 that
 # gave VoiceCLAP bfloat16 heads (a dtype error) and Parakeet an illegal memory access.
-PARALLEL_BUILD = frozenset({"moss-fast", "duration", "identity", "resample", "piper"})
+PARALLEL_BUILD = frozenset({"moss-fast", "duration", "volume", "identity", "resample", "piper"})
 
 ROLE_BASE = {"generator": Generator, "restorer": Restorer, "scorer": Scorer}
 

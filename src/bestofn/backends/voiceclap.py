@@ -18,6 +18,11 @@ Established from public sources (docs/notes/scorers-facts.md names them):
   with ``f1`` / ``f2`` (Linear(768, H) -> GELU -> Linear(H, 1)), ``mu`` / ``sd`` to standardise
   the embedding; the output is clamped to the label range. Published files:
   ``genu_commercial_best.pt``, ``blend_head_commercial.pt``.
+- which embedding each head reads (LAION-AI/laion-moss-local-1.5-voice-acting-4.55b
+  SYNTHETIC_DATA_RECIPE.md section 5: "blend head standardised-raw, genu head
+  L2-normalised-standardised"): the blend head standardises the embedding as
+  ``encode_waveform`` returns it, the genuineness head the L2-normalised embedding. Whether the
+  published ``encode_waveform`` normalises is not known (were it to, the two are the same).
 
 UNKNOWN (the published ``modeling_voiceclap.py`` is not in any public source we could read):
 the key names inside the towers and the audio projection's hidden width. This loader does not
@@ -206,13 +211,18 @@ def check_embedder_api(model, where: str) -> None:
         )
 
 
-def _as_embedding(out) -> torch.Tensor:
-    """Whatever the remote code returns -> [B, D] float32, L2-normalised (the joint space)."""
+def _raw_embedding(out) -> torch.Tensor:
+    """Whatever the remote code returns -> [B, D] float32, as returned (not normalised)."""
     if isinstance(out, (tuple, list)):
         out = out[0]
     if hasattr(out, "last_hidden_state"):
         out = out.last_hidden_state.mean(1)
-    return F.normalize(out.reshape(out.shape[0], -1).float(), dim=-1)
+    return out.reshape(out.shape[0], -1).float()
+
+
+def _as_embedding(out) -> torch.Tensor:
+    """Whatever the remote code returns -> [B, D] float32, L2-normalised (the joint space)."""
+    return F.normalize(_raw_embedding(out), dim=-1)
 
 
 def _to_window(audio: np.ndarray, sample_rate: int, window: int) -> np.ndarray:
@@ -302,11 +312,15 @@ class VoiceCLAPScorer(Scorer):
         self._text_cache: dict[str, torch.Tensor] = {}
 
     @torch.inference_mode()
-    def embed_audio(self, clips16k: list[np.ndarray]) -> torch.Tensor:
-        """One encode for a batch of windowed 16 kHz clips -> [B, D] unit vectors."""
+    def embed_audio_raw(self, clips16k: list[np.ndarray]) -> torch.Tensor:
+        """One encode for a batch of windowed 16 kHz clips -> [B, D] as the model returns it."""
         wav = torch.from_numpy(np.stack(clips16k)).to(self.device)
         with self._autocast():
-            return _as_embedding(self.model.encode_waveform(wav, sample_rate=SAMPLE_RATE))
+            return _raw_embedding(self.model.encode_waveform(wav, sample_rate=SAMPLE_RATE))
+
+    def embed_audio(self, clips16k: list[np.ndarray]) -> torch.Tensor:
+        """One encode for a batch of windowed 16 kHz clips -> [B, D] unit vectors."""
+        return F.normalize(self.embed_audio_raw(clips16k), dim=-1)
 
     def _autocast(self):
         if self.dtype == "float32":
@@ -331,12 +345,16 @@ class VoiceCLAPScorer(Scorer):
         out: dict[str, list] = {c: [] for c in self.columns}
         clips = [_to_window(a, sample_rate, self.window) for a in audios]
         for i in range(0, len(clips), self.batch_size):
-            emb = self.embed_audio(clips[i : i + self.batch_size])
+            raw = self.embed_audio_raw(clips[i : i + self.batch_size])
+            emb = F.normalize(raw, dim=-1)
             sim = emb @ want
             if avoid is not None:
                 sim = sim - emb @ avoid
+            # each head reads the embedding its authors trained it on (LAION's recipe section
+            # 5): genuineness the L2-normalised one, blend the raw one, each then standardised
+            # by the head's own mu / sd
             out["vc_genuineness"] += self.genuineness(emb).tolist()
-            out["vc_blend"] += self.blend(emb).tolist()
+            out["vc_blend"] += self.blend(raw).tolist()
             out["vc_prompt_sim"] += sim.tolist()
         return out
 
@@ -347,6 +365,7 @@ class VoiceCLAPScorer(Scorer):
             "weights_sha256": self.weights_sha256(),
             "dtype": self.dtype,
             "window_samples": self.window,
+            "head_inputs": "genuineness: L2-normalised embedding; blend: raw embedding",
             "prompt_sim": "cos(audio, emotion_description or emotion) "
             "- cos(audio, negative_description)",
         }

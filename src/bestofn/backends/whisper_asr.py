@@ -16,7 +16,7 @@ from bestofn.util.textnorm import asr_columns
 
 class WhisperASRScorer(Scorer):
     name = "whisper-asr"
-    columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE"}
+    columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE", "finished": "BOOLEAN"}
     better = {"wer": "lower", "cer": "lower"}
     input_sample_rate = 16000
 

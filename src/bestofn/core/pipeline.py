@@ -98,7 +98,20 @@ def models_identity(models: dict, memo_dir: Path | None = None) -> dict:
             out[role] = [_strip_runtime(s) for s in value]
         else:
             out[role] = _strip_runtime(value) if isinstance(value, dict) else value
+    if isinstance(out.get("generator"), dict):
+        out["generator"] = _with_pacing(out["generator"])
     return models_content(out, memo_dir)
+
+
+def _with_pacing(entry: dict) -> dict:
+    """A MOSS generator's entry with its whole pacing dial (the schema's defaults filled in):
+    the dial changes the prompt and the budget, so a changed default reruns the groups too."""
+    if entry.get("backend") not in ("moss-fast", "moss-hf"):
+        return entry
+    from bestofn.moss.budget import FrameBudget
+
+    options = entry.get("options") or {}
+    return {**entry, "options": {**FrameBudget.from_options(options).as_dict(), **options}}
 
 
 def backend_kwargs(entry: dict) -> dict:

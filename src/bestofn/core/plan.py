@@ -22,7 +22,7 @@ from bestofn.backends.registry import (
     check_name,
     is_plugin,
 )
-from bestofn.core import voice_acting
+from bestofn.core import recipe_checks, voice_acting
 from bestofn.util.spec import GroupSpec
 from bestofn.util.user_input import load_yaml_file
 from bestofn.weights import lock as weights_lock
@@ -319,6 +319,9 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
     errors, notes = voice_acting.check_targets(config, groups, epath, base)
     errors = voice_acting.check_languages(config["models"], groups, ppath) + errors
+    gate_errors, gate_notes = recipe_checks.speaker_gate(config.get("selection"), groups)
+    errors += gate_errors
+    notes += gate_notes + recipe_checks.restorer_notes(config["models"])
     if errors:
         raise PlanError(errors[0])
     if takes_instruction:

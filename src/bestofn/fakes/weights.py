@@ -22,6 +22,9 @@ complete production config that points at them.
     DIR/wavlm-base-plus-sv/                     speaker similarity (WavLMForXVector)
     DIR/audiobox-aesthetics/                    optional audio-quality scorer (not in
                                                 config.yaml's scorers; a comment there says how)
+    DIR/moss-tts-local-transformer-4.55b-voice-acting/, moss-tts-v1.5-8b-voice-acting/
+                                                LAION's voice-acting fine-tunes (config/recipes/),
+                                                in their bases' layouts (config.json ASSUMED)
 
 ``tiny`` runs the whole workflow on a CPU in about a minute (the CI test); ``real`` has the
 published sizes (about 40 GB on disk, mostly the 59 Empathic-Insight heads and the 8.5 GB v2
@@ -39,7 +42,7 @@ from pathlib import Path
 from bestofn.fakes import check_size
 
 NEED_BYTES = {"tiny": 200 * 2**20, "real": 50 * 2**30}  # what a write needs free, with margin
-DELAY_BYTES = {"tiny": 60 * 2**20, "real": 18 * 2**30}  # MOSS-TTS-Delay-v1.5/ on top
+DELAY_BYTES = {"tiny": 120 * 2**20, "real": 18 * 2**30}  # the Delay checkpoints on top
 REFERENCE_VOICE = Path(__file__).resolve().parents[3] / "config" / "voices" / "joe_reference.flac"
 
 # ei_head: the tiny fake heads (bestofn.fakes.empathic NAMED_EMOTION_HEADS[:2]) score the two
@@ -71,12 +74,12 @@ RUN = {
     "real": dict(
         device="cuda",
         generator_options="",
-        # as config/production.yaml
+        # as config/recipes/base.yaml
         generator_runtime="{batch_size: 64, decode_batch_size: 64, pair_groups: true}",
         restorer_runtime="{batch_size: 32}",
-        parakeet_runtime="{batch_size: 128}",  # as config/production.yaml
+        parakeet_runtime="{batch_size: 128}",  # as config/recipes/base.yaml
         scorer_runtime="{batch_size: 32}",
-        queue_depth=4,  # as config/production.yaml: pairing needs 4
+        queue_depth=4,  # as config/recipes/*.yaml: pairing needs 4
         idle_timeout_s=600,
         start_timeout_s=1800,
     ),
@@ -84,7 +87,7 @@ RUN = {
 
 CONFIG = """\
 # Written by `bestofn fake-weights {out} --size {size} --seed {seed}`.
-# The production pipeline (as config/production.yaml: moss-fast -> sidon -> duration, parakeet,
+# The base recipe's pipeline (config/recipes/base.yaml: moss-fast -> sidon -> duration, parakeet,
 # voiceclap, empathic-insight) on RANDOM weights in the published on-disk layouts. The audio is
 # noise and every score is meaningless; VoiceCLAP's modelling code is ours, written from its
 # published description (see FAKE_WEIGHTS.md). It exists to run the production path end to end:
@@ -108,7 +111,7 @@ models:
       model_dir: {model_dir}
       codec_dir: {codec_dir}
       frames_per_word: 6.0
-      instruction: "extremely {{emotion_words}}. {{description}}"  # as config/production.yaml
+      instruction: "extremely {{emotion_words}}. {{description}}"  # as config/recipes/base.yaml
 {generator_options}    runtime: {generator_runtime}
   restorer:
     backend: sidon
@@ -147,10 +150,10 @@ runtime:
 selection:
   # Random weights never transcribe a prompt right (WER near 1), so production's
   # "wer <= 0.1" would reject every take, and their stop head often runs a take to the frame
-  # budget, and their speaker similarity is noise. This filter asks only for audio (no empty
-  # take) and a speaker score, which random weights satisfy; the score and held-out scorer are
-  # production's, over the same scorer columns.
-  filter: "n_frames > 0 AND spk_sim >= -1.0"
+  # budget. This filter asks only for audio (no empty take), which random weights satisfy (no
+  # speaker floor: the "angry" emotion has no reference voice, and bestofn check refuses a
+  # spk_sim gate there); the score and held-out scorer are the recipes', over the same columns.
+  filter: "n_frames > 0"
   score: "1.5 * norm(ei_target) + norm(vc_blend) + norm(vc_genuineness)"
   held_out: [vc_prompt_sim]
   # A named reward on per-emotion scales and ei_spec (config/README.md, Named rewards and
@@ -192,6 +195,9 @@ model paths relative to it, in the layout of `bestofn weights fetch`).
   the published format.
 - `BUD-E-Whisper/`, `Empathic-Insight-Voice-Plus/` (empathic-insight): a Whisper checkpoint and
   {n_heads} head files `model_<Name>_best.pth`.
+- `moss-tts-local-transformer-4.55b-voice-acting/`{va_delay} (config/recipes/): LAION's
+  voice-acting fine-tunes, ASSUMED in their base's published layout and config.json (neither
+  fine-tune's config.json was found in a public source); {va_how}.
 - `wavlm-base-plus-sv/` (wavlm-speaker): a WavLMForXVector checkpoint (config.json,
   preprocessor_config.json, model.safetensors).
 - `audiobox-aesthetics/` (audiobox-aesthetics, optional: commented out in `config.yaml`):
@@ -250,12 +256,55 @@ def write_reference_voice(path: Path) -> Path:
 WRITERS = ("moss-tts-local + codec", "moss-audio-tokenizer", "moss-tts-delay", "sidon",
            "parakeet", "voiceclap", "empathic-insight", "wavlm-speaker",
            "audiobox-aesthetics")  # fmt: skip
+# LAION's voice-acting fine-tunes (config/recipes/), in the folders `bestofn weights fetch`
+# lays them out in, written after the base checkpoints. Their config.json files were not found
+# in any public source: these ASSUME the base checkpoints' published config.json and layout
+# (the model cards name the base architecture, its codec and a LoRA merged into the weights;
+# docs/notes/recipes.md). Tiny: other random weights (seed + 1); real: hard links to the base
+# files (the same bytes; a real-size run measures speed, and the disk holds one copy).
+LOCAL_VOICE_ACTING = "moss-tts-local-transformer-4.55b-voice-acting"
+DELAY_VOICE_ACTING = "moss-tts-v1.5-8b-voice-acting"
 
 
 def _set_threads(n: int) -> None:
     import torch
 
     torch.set_num_threads(n)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst`` with every file of ``src`` hard-linked (copied where links fail)."""
+    for path in sorted(src.rglob("*")):
+        target = dst / path.relative_to(src)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+
+
+def write_voice_acting(out: Path, size, seed, moss_code, delay_code, p_stop, delay) -> None:
+    """The two voice-acting fine-tunes' folders (see LOCAL_VOICE_ACTING), after the base ones."""
+    from bestofn.fakes import moss, moss_delay
+
+    if size == "real":
+        _link_tree(out / "MOSS-TTS-Local-Transformer-v1.5", out / LOCAL_VOICE_ACTING)
+        if delay:
+            _link_tree(out / "MOSS-TTS-Delay-v1.5", out / DELAY_VOICE_ACTING)
+        return
+    model_dir = moss.write_model(out / LOCAL_VOICE_ACTING, size, seed + 1,
+                                 out / "MOSS-Audio-Tokenizer-v2", p_stop)  # fmt: skip
+    if moss_code:
+        moss.add_remote_code(model_dir, moss_code)
+    if delay:
+        model_dir = moss_delay.write_model(out / DELAY_VOICE_ACTING, size, seed + 1,
+                                           out / "MOSS-Audio-Tokenizer")  # fmt: skip
+        if delay_code:
+            moss_delay.add_remote_code(model_dir, delay_code)
 
 
 def _write_backend(name, out, size, seed, moss_code, delay_code, p_stop):
@@ -353,6 +402,9 @@ def write_all(
                 opts[futures[future]], seconds = future.result()
                 log(f"fake-weights: {futures[future]} written in {seconds:.1f} s")
 
+    t0 = time.perf_counter()
+    write_voice_acting(out, size, seed, moss_code, delay_code, p_stop, delay)
+    log(f"fake-weights: voice-acting fine-tunes written in {time.perf_counter() - t0:.1f} s")
     reference = write_reference_voice(out / "joe_reference.flac")
     for path, rows in ((out / "emotions.tsv", EMOTIONS), (out / "prompts.tsv", PROMPTS)):
         lines = ["\t".join(c.format(reference=reference) for c in row) for row in rows]
@@ -393,6 +445,10 @@ def write_all(
             w2v_layers=sidon.DISK_LAYERS[size],
             n_heads=f"{emotion_heads} + {quality_heads}",
             parakeet=parakeet_variant,
+            va_delay=", `moss-tts-v1.5-8b-voice-acting/`" if delay else "",
+            va_how="hard links to the base files (the same bytes)"
+            if size == "real"
+            else "other random weights (seed + 1)",
             delay=DELAY_README.format(
                 moss_hf=" too: remote code copied in" if delay_code else ": add --moss-code DIR"
             )

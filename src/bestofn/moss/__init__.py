@@ -14,7 +14,7 @@ options.py    config options of both MOSS backends; moss-fast's kernel paths (sc
 published_draws.py  per-take draws inside the published generate loops (moss-hf)
 parity.py     `bestofn parity`: moss-fast vs the reference remote code
 reference_code.py  importing a copy of the published code (parity, bench)
-budget.py     frame budget per take (shared with moss-hf)
+budget.py     the pacing dial: Tokens hint + frame budget per take (shared with moss-hf)
 lora.py       LoRA merge once + on-disk cache (shared with moss-hf)
 
 MOSS-TTS v1.5 Delay (8B, 32 codebooks, 24 kHz):

@@ -4,6 +4,14 @@
 Published keys follow the reference remote code (transformer.*, local_transformer.*,
 audio_embeddings.{k}, local_text_lm_head); tied heads (text_lm_head, audio_lm_heads.{k}) may be
 absent. The backbone's q/k/v and gate/up matrices are fused here while copying.
+
+LAION's voice-acting fine-tune (laion/moss-tts-local-transformer-4.55b-voice-acting, the
+generator of config/recipes/emotions.yaml and clone.yaml) loads through this same path: its
+model card names the base architecture (``moss_tts_local``), its codec and a LoRA merged into the
+weights. Its config.json was not found in a public source, so every field (layer counts, widths,
+``n_vq``, special-token ids) is ASSUMED to be the base's, as in ``bestofn fake-weights``; the
+model is built from whatever its config.json says, and a key it lacks or adds is an error naming
+the file (docs/notes/recipes.md).
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ Facts (OpenMOSS/MOSS-TTS ``moss_tts_delay/``; docs/notes/moss-facts.md, section 
   prompt's pads take positions too); padded and finished slots are masked as keys.
 
 The backbone layers are ``bestofn.moss.model.BackboneLayer`` (the same Qwen3 block as Local).
+
+LAION's voice-acting fine-tune (laion/moss-tts-v1.5-8b-voice-acting, config/recipes/delay.yaml)
+loads through this same loader: its card names ``moss_tts_delay``, 32 codebooks and the v1 codec.
+Its config.json was not found in a public source: its fields are ASSUMED to be the base's (as
+``bestofn fake-weights`` writes them); the network is built from what its config.json says
+(docs/notes/recipes.md).
 """
 
 from __future__ import annotations

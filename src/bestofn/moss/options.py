@@ -4,7 +4,7 @@ are written in the config schema (``$defs.moss_fast_runtime``) and read from the
 
 from functools import cache
 
-from bestofn.moss.budget import DEFAULT_FRAMES_PER_WORD, DEFAULT_MAX_FRAMES, DEFAULT_MIN_FRAMES
+from bestofn.moss.budget import PACING_OPTIONS
 from bestofn.schemas import schema
 
 COMMON_DEFAULTS = {
@@ -17,10 +17,9 @@ COMMON_DEFAULTS = {
     "codec_compute_dtype": "bf16",
     "batch_size": 64,  # takes per engine call
     "decode_batch_size": 16,  # takes per codec decode call
-    # the frame budget (bestofn.moss.budget says what each does)
-    "frames_per_word": DEFAULT_FRAMES_PER_WORD,
-    "min_frames": DEFAULT_MIN_FRAMES,
-    "max_frames": DEFAULT_MAX_FRAMES,
+    # the pacing dial: None = the config schema's default ($defs.moss_pacing, read by
+    # bestofn.moss.budget.FrameBudget when the backend is built)
+    **dict.fromkeys(PACING_OPTIONS),
     # sampling: the model card's recommendation (docs/moss_tts_model_card.md)
     "do_sample": True,
     "audio_temperature": 1.7,

@@ -34,7 +34,7 @@ from bestofn.workflow_glue import run_group_job
 
 PILOT_DIR = "doctor/pilot"  # under the results directory
 
-# Peak GPU memory of the production set (config/production.yaml: moss-fast at N=64, Sidon,
+# Peak GPU memory of the production set (config/recipes/base.yaml: moss-fast at N=64, Sidon,
 # Parakeet, VoiceCLAP, Empathic-Insight), measured on one H200 and written in
 # docs/PERFORMANCE.md. Keyed by moss-fast's runtime pair_groups.
 MEASURED_GPU_GIB = {

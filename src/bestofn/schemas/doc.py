@@ -25,6 +25,7 @@ TABLES = {
     "export": (("properties", "export"), "", set()),
     "backend": (("$defs", "backend"), "", set()),
     "moss-fast": (("$defs", "moss_fast_runtime"), "", set()),
+    "moss-pacing": (("$defs", "moss_pacing"), "", set()),
 }
 MARKERS = re.compile(
     r"(<!-- options:begin (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- options:end (?P=name) -->)",

@@ -58,13 +58,31 @@ def wer_cer(reference: str, hypothesis: str, language: str | None = ENGLISH) -> 
     return float(jiwer.wer(ref, hyp)), float(jiwer.cer(ref, hyp))
 
 
+# How far from the transcript's end the text's last words may be and still count as spoken:
+# the ASR may add a word or two after them (a breath read as "uh", a repeated burst).
+TAIL_SLACK_WORDS = 3
+
+
+def finished(reference: str, hypothesis: str, language: str | None = ENGLISH) -> bool:
+    """The take spoke its text to the end: the text's last three words (normalised; all of them
+    when fewer) appear, in order, among the transcript's last three + TAIL_SLACK_WORDS words.
+    LAION's voice-acting recipe records this "last-3-words-in-ASR-tail" flag per take to catch
+    the truncations a stop token hides (docs/notes/recipes.md). An empty text: finished."""
+    last = normalize(reference, language).split()[-3:]
+    if not last:
+        return True
+    tail = iter(normalize(hypothesis, language).split()[-(len(last) + TAIL_SLACK_WORDS) :])
+    return all(word in tail for word in last)  # in order: `in` consumes the iterator
+
+
 def asr_columns(
     reference: str, transcripts: list[str], language: str | None = ENGLISH
 ) -> dict[str, list]:
-    """The columns every ASR scorer writes: transcript, wer, cer."""
+    """The columns every ASR scorer writes: transcript, wer, cer, finished."""
     errors = [wer_cer(reference, t, language) for t in transcripts]
     return {
         "transcript": list(transcripts),
         "wer": [w for w, _ in errors],
         "cer": [c for _, c in errors],
+        "finished": [finished(reference, t, language) for t in transcripts],
     }

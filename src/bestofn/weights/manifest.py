@@ -1,7 +1,7 @@
 """One table of every production backend's published weights: Hugging Face repo, pinned
 revision, the files used (allow patterns) and the folder under the config's ``weights_root``.
 
-The folders are those of config/production.yaml and of ``bestofn fake-weights`` (the same
+The folders are those of config/recipes/*.yaml and of ``bestofn fake-weights`` (the same
 layout, random weights). Sources (public pages and code seen through the search tools; more in
 docs/notes/*.md):
 
@@ -81,8 +81,8 @@ MANIFEST: tuple[WeightEntry, ...] = (
         ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"), "MOSS-TTS-Delay-v1.5", None,
         "moss-fast", "the 8B Delay generator (Qwen3-8B backbone, 32 codebooks)",
     ),
-    # LAION's voice-acting fine-tunes: alternative generators in their base's published layout
-    # (docs/notes/moss-facts.md, "Voice acting"); config/production.yaml names them in a comment
+    # LAION's voice-acting fine-tunes, the generators of config/recipes/{emotions,clone}.yaml
+    # (Local) and delay.yaml (Delay), in their base's published layout (docs/notes/recipes.md)
     WeightEntry(
         "moss-tts-local-voice-acting", "laion/moss-tts-local-transformer-4.55b-voice-acting",
         UNKNOWN, ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),

@@ -100,8 +100,10 @@ class VoiceClapModel(PreTrainedModel):
         chunks = F.pad(wav, (0, n * self.chunk - t)).reshape(b * n, self.chunk)
         p = next(self.parameters())
         states = self.audio_encoder(self.compute_log_mel(chunks).to(p.dtype))
-        emb = F.normalize(self.audio_proj(states.mean(1)).float(), dim=-1)
-        return emb if n == 1 else F.normalize(emb.view(b, n, -1).mean(1), dim=-1)
+        # the raw projection, not L2-normalised: LAION's recipe feeds the blend head the raw
+        # embedding and the genuineness head the normalised one, so the two differ
+        emb = self.audio_proj(states.mean(1)).float()
+        return emb if n == 1 else emb.view(b, n, -1).mean(1)
 
     def encode_text(self, input_ids, attention_mask):
         h = self.text_encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
