@@ -122,6 +122,22 @@ def weights_root_role(tmp_path, case, db):
     return ["weights", "lock", "--root", str(tmp_path / "absent")], tmp_path / "absent"
 
 
+def reward_votes_role(tmp_path, case, db):
+    root = project(tmp_path)
+    bad = place(tmp_path / "user" / "votes.json", "json", case)
+    argv = ["reward", "fit", "--config", str(root / "config/config.yaml"), "--base", str(root)]
+    return [*argv, "--votes", str(bad), "--results", str(db)], bad
+
+
+def prompts_source_role(tmp_path, case, db):
+    """A local clone of LAION's Voice-Acting-Pipeline: its DramaBox file is the user's file
+    (missing: the folder itself is not there)."""
+    clone = tmp_path / "user" / "Voice-Acting-Pipeline"
+    bad = place(clone / "data" / "dramabox_en.json", "json", case)
+    argv = ["prompts", "import", str(clone), "--out", str(tmp_path / "sheets")]
+    return argv, clone if case == "missing" else bad
+
+
 def results_role(tmp_path, case, db):
     return ["verify", str(tmp_path / "absent")], tmp_path / "absent"
 
@@ -139,6 +155,9 @@ ROLES = {
     "ab": [ab_role("a"), ab_role("b"), ab_role("thresholds")],
     "listen import": [votes_role],
     "export": [config_role("export")],
+    "select": [config_role("select"), sheet_role("select")],
+    "reward fit": [config_role("reward fit"), reward_votes_role],
+    "prompts import": [prompts_source_role],
 }
 
 
