@@ -122,7 +122,7 @@ def test_the_recipe_runs_on_the_fake_weights(tiny_weights, tmp_path):
     no restorer and no speaker scorer too."""
     from bestofn.core.plan import PlanError, build_plan
 
-    from lab.project import write_project
+    from lab.project import heads_of, write_project
 
     path = write_project(PRODUCTION, tiny_weights, tmp_path / "p", 3, 2, 2, 8, env={})
     config = yaml.safe_load(path.read_text())
@@ -135,7 +135,8 @@ def test_the_recipe_runs_on_the_fake_weights(tiny_weights, tmp_path):
     plan = build_plan(config, base=path.parent)
     assert len(plan.groups) == 6
     heads = {spec.extra.get("ei_head") for spec in plan.groups.values()}
-    assert len(heads) == 3 and None not in heads
+    tree_heads = heads_of(config)
+    assert tree_heads and heads == set(tree_heads[:3])  # each emotion a head, in turn
     # the sheet the script wrote before: no head, and the production score refuses the plan
     (path.parent / "emotions.tsv").write_text("emotion\tdescription\ne0\tEmotion 0.\n")
     with pytest.raises(PlanError, match="ei_target"):
@@ -144,13 +145,13 @@ def test_the_recipe_runs_on_the_fake_weights(tiny_weights, tmp_path):
     recipe = dict(production)
     recipe["models"] = {
         **production["models"],
-        "restorer": {"backend": "none"},
+        "restorer": {"backend": "identity"},
         "scorers": [s for s in production["models"]["scorers"] if s["backend"] != "wavlm-speaker"],
     }
     (tmp_path / "emotions.yaml").write_text(yaml.safe_dump(recipe))
     path = write_project(tmp_path / "emotions.yaml", tiny_weights, tmp_path / "e", 1, 2, 2, 8, env={})
     config = yaml.safe_load(path.read_text())
-    assert config["models"]["restorer"] == {"backend": "none"}
+    assert config["models"]["restorer"] == {"backend": "identity"}
     assert "wavlm-speaker" not in {s["backend"] for s in config["models"]["scorers"]}
     assert len(build_plan(config, base=path.parent).groups) == 2
 
