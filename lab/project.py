@@ -116,9 +116,7 @@ def write_project(
     (project / "emotions.tsv").write_text(f"{header}\n" + "".join(rows))
     (project / "prompts.tsv").write_text(
         "prompt_id\ttext\n"
-        + "".join(
-            f"p{i}\t{' '.join(WORDS[i % 7 :] + WORDS[: i % 7])}.\n" for i in range(n_prompts)
-        )
+        + "".join(f"p{i}\t{' '.join(WORDS[i % 7 :] + WORDS[: i % 7])}.\n" for i in range(n_prompts))
     )
     config.update(
         emotions=str(project / "emotions.tsv"), prompts=str(project / "prompts.tsv"), takes=takes

@@ -22,6 +22,7 @@ import platform
 import time
 
 import numpy as np
+import yaml
 
 from bestofn.util.audio import resample
 from bestofn.util.spec import GroupSpec
@@ -79,8 +80,7 @@ def runtime_variants(text: str) -> list[dict]:
             key, sep, value = pair.partition("=")
             if not sep:
                 raise SystemExit(f"--speaker-runtime: {pair!r} is not KEY=VALUE")
-            kw[key.strip()] = json.loads(value) if value.strip() not in ("", "auto") and (
-                value.strip()[0].isdigit() or value.strip() == "null") else value.strip()
+            kw[key.strip()] = yaml.safe_load(value)  # 64 -> int, 0.5 -> float, null -> None
         out.append(kw)
     return out
 
@@ -234,10 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sidon-bucket-s", default="0", help="e.g. 0,1 (seconds; 0: off)")
     ap.add_argument("--sidon-dtype", default="", help="e.g. float16,bfloat16 (autocast dtype)")
     ap.add_argument("--sidon-batch-sizes", default="", help="e.g. 32,64 (takes per forward)")
-    ap.add_argument("--speaker-runtime", default="",
-                    help="wavlm-speaker rows per runtime variant, before and after in one call, "
-                    "e.g. 'precision=float32,batch_size=64;precision=bfloat16;"
-                    "precision=bfloat16,max_seconds=6' (default: one row, the schema's defaults)")
+    ap.add_argument(
+        "--speaker-runtime",
+        default="",
+        help="wavlm-speaker rows per runtime variant, before and after in one call, "
+        "e.g. 'precision=float32,batch_size=64;precision=bfloat16;"
+        "precision=bfloat16,max_seconds=6' (default: one row, the schema's defaults)",
+    )
     args = ap.parse_args(argv)
 
     batches = [int(b) for b in args.batches.split(",")]

@@ -23,7 +23,8 @@ The weights come from the OS page cache in every run (fake-weights or an earlier
 them): no run measures a disk.
 
 PYTHONPATH=src python3 -m lab.probes.worker_start --weights DIR --out DIR
-    [--config config/production.yaml] [--runs serial,cold,warm] [--takes 64] [--frames 188] [--warm-up auto]
+    [--config config/production.yaml] [--runs serial,cold,warm] [--takes 64] [--frames 188]
+    [--warm-up auto]
 """
 
 from __future__ import annotations
@@ -193,8 +194,12 @@ def summary_lines(run: dict) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--weights", required=True, type=Path, help="a fake-weights directory")
-    p.add_argument("--config", type=Path, default=Path("config/production.yaml"),
-                   help="the recipe (lab.project: its backends on the fake weights)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=Path("config/production.yaml"),
+        help="the recipe (lab.project: its backends on the fake weights)",
+    )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--work", type=Path, help="projects and the compile cache (default OUT/work)")
     p.add_argument("--runs", default="serial,cold,warm")

@@ -86,7 +86,9 @@ def test_every_ledger_script_is_smoked():
         text = (REPO / test_file).read_text()
         kind, _, name = script.partition(" ")
         needles = [script] if not name else [f'"{name}"', f"lab.{kind}.{name}", f"{kind}s.{name}"]
-        needles += [Path(script).name] if not name else [f"import {name}", f"lab.probes import {name}"]
+        needles += (
+            [Path(script).name] if not name else [f"import {name}", f"lab.probes import {name}"]
+        )
         assert any(n in text for n in needles), f"{test_file} does not run {script}"
 
 
@@ -103,7 +105,9 @@ def env(tmp: Path, **extra) -> dict:
 
 def run(cmd: list[str], env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"{cmd} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    )
     return proc
 
 
@@ -121,7 +125,6 @@ def test_the_recipe_runs_on_the_fake_weights(tiny_weights, tmp_path):
     Empathic-Insight head (the score's ei_target refuses an emotion with none); a recipe with
     no restorer and no speaker scorer too."""
     from bestofn.core.plan import PlanError, build_plan
-
     from lab.project import heads_of, write_project
 
     path = write_project(PRODUCTION, tiny_weights, tmp_path / "p", 3, 2, 2, 8, env={})
@@ -149,7 +152,9 @@ def test_the_recipe_runs_on_the_fake_weights(tiny_weights, tmp_path):
         "scorers": [s for s in production["models"]["scorers"] if s["backend"] != "wavlm-speaker"],
     }
     (tmp_path / "emotions.yaml").write_text(yaml.safe_dump(recipe))
-    path = write_project(tmp_path / "emotions.yaml", tiny_weights, tmp_path / "e", 1, 2, 2, 8, env={})
+    path = write_project(
+        tmp_path / "emotions.yaml", tiny_weights, tmp_path / "e", 1, 2, 2, 8, env={}
+    )
     config = yaml.safe_load(path.read_text())
     assert config["models"]["restorer"] == {"backend": "identity"}
     assert "wavlm-speaker" not in {s["backend"] for s in config["models"]["scorers"]}

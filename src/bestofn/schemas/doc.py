@@ -25,6 +25,7 @@ TABLES = {
     "export": (("properties", "export"), "", set()),
     "backend": (("$defs", "backend"), "", set()),
     "moss-fast": (("$defs", "moss_fast_runtime"), "", set()),
+    "wavlm-speaker": (("$defs", "wavlm_speaker_runtime"), "", set()),
 }
 MARKERS = re.compile(
     r"(<!-- options:begin (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- options:end (?P=name) -->)",
