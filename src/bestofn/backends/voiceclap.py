@@ -335,9 +335,13 @@ class VoiceCLAPScorer(Scorer):
             sim = emb @ want
             if avoid is not None:
                 sim = sim - emb @ avoid
-            out["vc_genuineness"] += self.genuineness(emb).tolist()
-            out["vc_blend"] += self.blend(emb).tolist()
-            out["vc_prompt_sim"] += sim.tolist()
+            # the three columns in one device-to-host copy (float32 holds each value exactly)
+            genuineness, blend, sim = torch.stack(
+                [self.genuineness(emb).float(), self.blend(emb).float(), sim.float()]
+            ).tolist()
+            out["vc_genuineness"] += genuineness
+            out["vc_blend"] += blend
+            out["vc_prompt_sim"] += sim
         return out
 
     def provenance(self) -> dict:
