@@ -141,3 +141,18 @@ def test_score_keeps_the_group_order_with_a_reference(tiny, tmp_path):
     out = scorer.score(takes, SR, spec)
     assert out["spk_sim"][1] == pytest.approx(1.0, abs=1e-5)  # the reference's own take
     assert max(out["spk_sim"][0], out["spk_sim"][2]) < out["spk_sim"][1]
+
+
+def test_a_take_shorter_than_the_model_takes_is_padded_alone(tiny):
+    """The TDNN needs its receptive field of frames: a shorter take (an empty take's silence, a
+    cut word) is padded with silence to the minimum, alone, and the model runs at exactly it
+    (and fails one sample below, which is why the minimum is what it is)."""
+    model, fe = tiny
+    scorer = SpeakerScorer.from_modules(model, fe, precision="float32")
+    n = scorer.min_samples
+    short, ok = clips([0.1, 1.0])
+    padded = np.pad(short, (0, n - short.size))
+    got = scorer.embed([short, ok])
+    np.testing.assert_allclose(got[0].numpy(), scorer.embed([padded])[0].numpy(), atol=1e-6)
+    with pytest.raises(RuntimeError):
+        scorer._forward([padded[: n - 1]])

@@ -64,6 +64,8 @@ NOT_YET = {
     "probe gemm_probe": "CUDA graphs and cuBLAS only",
     "probe stage_profile": "CUDA only (real-size Sidon and Parakeet)",
     "probe parakeet_calibrated": "NeMo's CUDA-graph decoders; calibrated fake: tests/backends",
+    "docs/bench/ab_speaker_gpu.sh": "bestofn ab spawns a process per side (minutes on 2 cores); "
+    "its CPU mode (WORK=... TAKES=2 FRAMES=8) was run by hand",
 }
 
 

@@ -137,6 +137,17 @@ def load_model(path: str | None, field: str = "model_path"):
     return model, fe, p
 
 
+def min_samples(config) -> int:
+    """The shortest input the x-vector model takes: the TDNN needs as many frames as its
+    receptive field, and the convolutional front end that many frames' samples."""
+    tdnn = zip(config.tdnn_kernel, config.tdnn_dilation, strict=True)
+    frames = 1 + sum((k - 1) * d for k, d in tdnn)
+    samples = frames
+    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride, strict=True))):
+        samples = (samples - 1) * stride + kernel
+    return samples
+
+
 def _float_inputs(module, args):
     """A forward pre-hook: the x-vector head's input in float32."""
     return tuple(a.float() if torch.is_tensor(a) else a for a in args)
@@ -230,6 +241,10 @@ class SpeakerScorer(Scorer):
         if self.dtype != "float32" and not getattr(self.model, "_bestofn_head_cast", False):
             self.model.projector.register_forward_pre_hook(_float_inputs)
             self.model._bestofn_head_cast = True
+        self._built = (self.dtype, self.batch_size, self.max_seconds)
+        # a take shorter than this is padded with silence to it, alone (the model cannot
+        # embed less; before, such a take was only ever padded beside a longer one)
+        self.min_samples = min_samples(model.config)
         self.feature_extractor = fe
         self.batched = bool(getattr(fe, "return_attention_mask", False))
         # padded batches only where padding leaves a take's frames as they are (the docstring)
@@ -238,8 +253,29 @@ class SpeakerScorer(Scorer):
         # one embedding per reference voice per worker, keyed by the file's content
         self._references: dict[str, torch.Tensor] = {}
 
+    def set_speed(self, precision=None, batch_size=None, max_seconds=None) -> None:
+        """The speed dials on a built scorer (the lab's variants); each left None goes back to
+        the value it was built with. ``max_seconds`` 0: the whole take."""
+        built = self._built
+        dtype = built[0] if precision is None else resolve_precision(self.device, None, precision)
+        if dtype != self.dtype:
+            self.model.to(getattr(torch, dtype))
+            for name in HEAD_MODULES:
+                getattr(self.model, name).float()
+            if getattr(self.model, "layer_weights", None) is not None:
+                self.model.layer_weights.data = self.model.layer_weights.data.float()
+            if dtype != "float32" and not getattr(self.model, "_bestofn_head_cast", False):
+                self.model.projector.register_forward_pre_hook(_float_inputs)
+                self.model._bestofn_head_cast = True
+            self.dtype = dtype
+        self.batch_size = built[1] if batch_size is None else int(batch_size)
+        self.max_seconds = built[2] if max_seconds is None else (float(max_seconds) or None)
+
     def crop(self, clip: np.ndarray) -> np.ndarray:
-        """The central ``max_seconds`` of a 16 kHz clip (the whole clip when shorter or unset)."""
+        """The central ``max_seconds`` of a 16 kHz clip (the whole clip when shorter or unset);
+        a clip shorter than the model's minimum, padded with silence to it."""
+        if clip.shape[0] < self.min_samples:
+            return np.pad(clip, (0, self.min_samples - clip.shape[0]))
         if self.max_seconds is None:
             return clip
         keep = max(1, int(round(self.max_seconds * SAMPLE_RATE)))
