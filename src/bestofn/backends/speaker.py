@@ -231,16 +231,8 @@ class SpeakerScorer(Scorer):
         self.batch_size = int(batch_size or defaults["batch_size"])
         if self.batch_size < 1:
             raise ValueError(f"wavlm-speaker: runtime.batch_size must be >= 1, got {batch_size}")
-        self.model = model.to(self.device, getattr(torch, self.dtype)).eval()
-        # the head in float32: the layer weights (where the config sums the layers), the
-        # projector, TDNN and pooling layers; the body's hidden states enter it as float32
-        for name in HEAD_MODULES:
-            getattr(self.model, name).float()
-        if getattr(self.model, "layer_weights", None) is not None:
-            self.model.layer_weights.data = self.model.layer_weights.data.float()
-        if self.dtype != "float32" and not getattr(self.model, "_bestofn_head_cast", False):
-            self.model.projector.register_forward_pre_hook(_float_inputs)
-            self.model._bestofn_head_cast = True
+        self.model = model.to(self.device).eval()
+        self._cast(self.dtype)
         self._built = (self.dtype, self.batch_size, self.max_seconds)
         # a take shorter than this is padded with silence to it, alone (the model cannot
         # embed less; before, such a take was only ever padded beside a longer one)
@@ -253,21 +245,29 @@ class SpeakerScorer(Scorer):
         # one embedding per reference voice per worker, keyed by the file's content
         self._references: dict[str, torch.Tensor] = {}
 
+    def _cast(self, dtype: str) -> None:
+        """The body in ``dtype``, the head in float32: the layer weights (where the config
+        sums the layers), the projector, TDNN and pooling layers; the body's hidden states
+        enter the head as float32."""
+        self.model.to(getattr(torch, dtype))
+        for name in HEAD_MODULES:
+            getattr(self.model, name).float()
+        if getattr(self.model, "layer_weights", None) is not None:
+            self.model.layer_weights.data = self.model.layer_weights.data.float()
+        if dtype != "float32" and not getattr(self.model, "_bestofn_head_cast", False):
+            self.model.projector.register_forward_pre_hook(_float_inputs)
+            self.model._bestofn_head_cast = True
+        self.dtype = dtype
+
     def set_speed(self, precision=None, batch_size=None, max_seconds=None) -> None:
         """The speed dials on a built scorer (the lab's variants); each left None goes back to
-        the value it was built with. ``max_seconds`` 0: the whole take."""
+        the value it was built with. ``max_seconds`` 0: the whole take. Weights cast from
+        bfloat16 back to float32 keep bfloat16's rounding: the timings are float32's, the
+        values those of rounded weights (build in float32 to compare values)."""
         built = self._built
         dtype = built[0] if precision is None else resolve_precision(self.device, None, precision)
         if dtype != self.dtype:
-            self.model.to(getattr(torch, dtype))
-            for name in HEAD_MODULES:
-                getattr(self.model, name).float()
-            if getattr(self.model, "layer_weights", None) is not None:
-                self.model.layer_weights.data = self.model.layer_weights.data.float()
-            if dtype != "float32" and not getattr(self.model, "_bestofn_head_cast", False):
-                self.model.projector.register_forward_pre_hook(_float_inputs)
-                self.model._bestofn_head_cast = True
-            self.dtype = dtype
+            self._cast(dtype)
         self.batch_size = built[1] if batch_size is None else int(batch_size)
         self.max_seconds = built[2] if max_seconds is None else (float(max_seconds) or None)
 
