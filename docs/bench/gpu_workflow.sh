@@ -3,20 +3,25 @@
 # visible GPU, with random weights at the real sizes, in one call: the two per-clip figures
 # should agree within a few per cent on the same machine, in the same call.
 #
-#   bash docs/bench/gpu_workflow.sh OUT [EMOTIONS] [PROMPTS_PER_EMOTION]
+#   bash docs/bench/gpu_workflow.sh OUT [EMOTIONS] [PROMPTS_PER_EMOTION] [CONFIG]
 #
+# CONFIG: the recipe to run (default config/production.yaml; e.g. config/recipes/emotions.yaml):
+# its backends, options, runtime and score on the fake tree's weights (lab/project.py says
+# which part comes from where).
 # Run from the repository root with bestofn importable (PYTHONPATH=src or installed). Writes
 # OUT/summary.json, OUT/throughput.csv, OUT/bench_pipeline.json and the logs. Every take is
 # pinned to 188 frames (15.04 s) as in `bench pipeline`: fake weights with --p-stop 1e-9 and
 # min_frames = max_frames = 188, so both sides make the same audio per clip.
 set -euo pipefail
-out=$(realpath -m "${1:?usage: gpu_workflow.sh OUT [EMOTIONS] [PROMPTS]}")
+out=$(realpath -m "${1:?usage: gpu_workflow.sh OUT [EMOTIONS] [PROMPTS] [CONFIG]}")
 n_emotions=${2:-2}
 n_prompts=${3:-8}
+recipe=$(realpath "${4:-config/production.yaml}")
 repo=$(pwd)
 work=${WORK:-/tmp/bestofn-gpu}
 py=${PYTHON:-python3}
-# A CPU smoke test of this script: SIZE=tiny PROFILE=local TAKES=4 FRAMES=16 BENCH=0
+# Its CPU smoke test (tests/lab/test_gpu_scripts.py): SIZE=tiny PROFILE=local TAKES=2 FRAMES=8
+# BENCH=0 WORK=<a folder whose weights/ a tiny fake-weights tree is>
 # OVERLAP=off|host|full sets runtime.overlap in the run's config (default: the config's, auto);
 # PARAKEET_ATTENTION=sdpa|manual the Parakeet scorer's runtime.attention (default: auto);
 # PARAKEET_DECODING=cuda_graphs|cuda_graphs_host_loop|... its runtime.decoding (default: auto).
@@ -59,59 +64,10 @@ fi
 [ -z "$writer" ] || wait "$writer" || { tail -n 20 "$out/fake_weights.log"; exit 1; }
 echo "fake-weights (and bench): $(($(date +%s) - t0)) s"
 
-# The project: sheets with no reference voice (bench pipeline has none), takes = 64.
-$py - "$work" "$n_emotions" "$n_prompts" "$takes" "$frames" <<'EOF'
-import os
-import sys
-from pathlib import Path
-
-import yaml
-
-work, (n_emotions, n_prompts, takes, frames) = Path(sys.argv[1]), map(int, sys.argv[2:6])
-project = work / "project"
-words = "the quick brown fox jumps over a lazy dog near our quiet river bank".split()
-(project / "emotions.tsv").write_text(
-    "emotion\tdescription\n" + "".join(f"e{i}\tEmotion {i}.\n" for i in range(n_emotions))
-)
-(project / "prompts.tsv").write_text(
-    "prompt_id\ttext\n"
-    + "".join(f"p{i}\t{' '.join(words[i % 7:] + words[: i % 7])}.\n" for i in range(n_prompts))
-)
-config = yaml.safe_load((work / "weights/config.yaml").read_text())
-config.update(emotions=str(project / "emotions.tsv"), prompts=str(project / "prompts.tsv"),
-              takes=takes)
-config["models"]["generator"]["options"].update(min_frames=frames, max_frames=frames)
-if os.environ.get("OVERLAP") == "host":  # the experimental mode lives under experimental:
-    config.setdefault("runtime", {}).setdefault("experimental", {})["overlap"] = "host"
-elif os.environ.get("OVERLAP"):  # runtime.overlap for this run (off, full; default auto)
-    config.setdefault("runtime", {})["overlap"] = os.environ["OVERLAP"]
-generator_runtime = config["models"]["generator"].setdefault("runtime", {})
-if os.environ.get("CODEC_KERNELS"):  # the codec's eager or compiled pieces (default: auto)
-    generator_runtime["codec_kernels"] = os.environ["CODEC_KERNELS"]
-if os.environ.get("PAIR_GROUPS") == "1":  # two groups per generate call
-    generator_runtime["pair_groups"] = True
-    config.setdefault("runtime", {})["queue_depth"] = 4
-elif os.environ.get("PAIR_GROUPS") == "0":  # one group per call
-    generator_runtime["pair_groups"] = False
-if os.environ.get("QUEUE_DEPTH"):  # group jobs sent to the worker at once
-    config.setdefault("runtime", {})["queue_depth"] = int(os.environ["QUEUE_DEPTH"])
-if os.environ.get("DECODE_BATCH"):  # takes per codec decode call
-    generator_runtime["decode_batch_size"] = int(os.environ["DECODE_BATCH"])
-if os.environ.get("GEN_PRIORITY"):  # the generate phase's CUDA stream priority
-    runtime = config.setdefault("runtime", {})
-    runtime.setdefault("experimental", {})["generate_priority"] = os.environ["GEN_PRIORITY"]
-if os.environ.get("CACHE_DIR"):  # kept across runs of this script (absolute)
-    config.setdefault("runtime", {})["cache_dir"] = os.environ["CACHE_DIR"]
-if os.environ.get("PARAKEET_ATTENTION"):  # the scorer's runtime.attention (sdpa, manual)
-    for scorer in config["models"]["scorers"]:
-        if scorer["backend"] == "parakeet":
-            scorer.setdefault("runtime", {})["attention"] = os.environ["PARAKEET_ATTENTION"]
-if os.environ.get("PARAKEET_DECODING"):  # the scorer's runtime.decoding
-    for scorer in config["models"]["scorers"]:
-        if scorer["backend"] == "parakeet":
-            scorer.setdefault("runtime", {})["decoding"] = os.environ["PARAKEET_DECODING"]
-(project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-EOF
+# The project: the recipe on the fake weights, sheets with no reference voice (bench pipeline
+# has none), each emotion naming an Empathic-Insight head of the tree (lab/project.py).
+$py -m lab.project --recipe "$recipe" --weights "$work/weights" --project "$work/project" \
+    --emotions "$n_emotions" --prompts "$n_prompts" --takes "$takes" --frames "$frames" >/dev/null
 
 cd "$work/project"
 rm -rf results .snakemake

@@ -27,10 +27,15 @@ for d in args:
                 t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
                 ends.append((t, m.group(2), json.loads(m.group(3))["timings"]["wall_s"]))
     ends.sort()
+    if len(ends) < 2:
+        print(f"error: {d}: {len(ends)} group end(s) in logs/groups/e*/p*.log, need 2 or more",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
     span = (ends[-1][0] - ends[0][0]).total_seconds()
     span2 = (ends[-1][0] - ends[1][0]).total_seconds()
+    after_two = round(span2 / (takes * (len(ends) - 2)), 4) if len(ends) > 2 else None
     print(
         d, len(ends), "steady", round(span / (takes * (len(ends) - 1)), 4),
-        "after two", round(span2 / (takes * (len(ends) - 2)), 4),
+        "after two", after_two,
         "first/last wall", round(ends[0][2], 2), round(ends[-1][2], 2),
     )  # fmt: skip

@@ -100,6 +100,7 @@ def build_backends(
     codec_dir=None,
     gen_options: dict | None = None,
     parakeet_calibrated: bool = False,
+    speaker: bool = False,
 ):
     """All production backends with random weights; returns (Backends, codec, build seconds).
     ``gen_options``: moss-fast runtime options (e.g. the production set's ``pair_groups``,
@@ -151,6 +152,10 @@ def build_backends(
         timed("voiceclap", lambda: voiceclap.build(device, size)),
         timed("empathic-insight", lambda: empathic.build(device, size)),
     ]
+    if speaker:  # the production set's wavlm-speaker (opt-in: earlier ledger lines lack it)
+        from bestofn.fakes import speaker as fake_speaker
+
+        scorers.append(timed("wavlm-speaker", lambda: fake_speaker.build(device, size)))
     models = {
         "generator": {
             "backend": "moss-fast",
@@ -272,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Parakeet's joint calibrated to speech's token rate, as fake-weights writes it",
     )
     ap.add_argument(
+        "--speaker",
+        action="store_true",
+        help="the production set's wavlm-speaker scorer too (variant knobs speaker_precision, "
+        "speaker_batch, speaker_max_s)",
+    )
+    ap.add_argument(
         "--profile",
         type=Path,
         default=None,
@@ -319,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         "flac_subtype": "PCM_24",
         "gen_options": gen_options,
         "parakeet": "calibrated" if args.parakeet_calibrated else "plain random",
+        "speaker": bool(args.speaker),
     }
     for k, v in meta.items():
         print(f"# {k}: {v}")
@@ -337,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         args.codec_dir,
         gen_options,
         args.parakeet_calibrated,
+        args.speaker,
     )
     result["build_s"] = build_s
     save()

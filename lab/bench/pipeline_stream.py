@@ -34,6 +34,10 @@ KNOBS = {
     # so its chain of small kernels is scheduled before restore/score's big ones
     "gen_priority": int,
     "switch_interval_ms": float,  # sys.setswitchinterval for the run (else the process's own)
+    # the speaker scorer's runtime dials (with --speaker; a variant without one: as built)
+    "speaker_precision": lambda v: _one_of(v, ("auto", "float32", "bfloat16")),
+    "speaker_batch": int,
+    "speaker_max_s": float,  # 0: the whole take
     # every scorer's runtime.resampler (a variant without it: the config's)
     "resampler": lambda v: _one_of(v, tuple(r for r in RESAMPLERS if r != "auto")),
 }
@@ -78,6 +82,11 @@ def apply_variant(backends, knobs: dict, resamplers: dict | None = None) -> None
     for scorer in backends.scorers:
         if scorer.name == "parakeet":
             scorer.set_speed(knobs.get("parakeet_batch"), knobs.get("parakeet_compile"))
+        if scorer.name == "wavlm-speaker":
+            scorer.set_speed(
+                knobs.get("speaker_precision"), knobs.get("speaker_batch"),
+                knobs.get("speaker_max_s"),
+            )  # fmt: skip
         want = knobs.get("resampler") or (resamplers or {}).get(scorer.name)
         if want and hasattr(scorer, "resampler"):
             scorer.resampler = want

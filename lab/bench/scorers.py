@@ -22,6 +22,7 @@ import platform
 import time
 
 import numpy as np
+import yaml
 
 from bestofn.util.audio import resample
 from bestofn.util.spec import GroupSpec
@@ -70,10 +71,30 @@ def time_call(fn, device: str, repeats: int) -> float:
     return float(np.median(times))
 
 
-def bench_backend(name, args, batches, audio16, spec, meta, audio48s=None) -> list[dict]:
+def runtime_variants(text: str) -> list[dict]:
+    """``precision=float32,batch_size=64;precision=bfloat16`` -> one dict per variant (numbers
+    as numbers, null as None)."""
+    out = []
+    for variant in filter(None, (v.strip() for v in text.split(";"))):
+        kw = {}
+        for pair in filter(None, (p.strip() for p in variant.split(","))):
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise SystemExit(f"--speaker-runtime: {pair!r} is not KEY=VALUE")
+            kw[key.strip()] = yaml.safe_load(value)  # 64 -> int, 0.5 -> float, null -> None
+        out.append(kw)
+    return out
+
+
+def bench_backend(name, args, batches, audio16, spec, meta, audio48s=None, kw=None) -> list[dict]:
     module = importlib.import_module(BACKENDS[name])
     t0 = time.perf_counter()
-    backend = module.build(args.device, args.size)
+    backend = module.build(args.device, args.size, **(kw or {}))
+    if kw:  # a variant of the runtime dials: its row says which
+        meta = {**meta, "runtime": kw}
+        name_shown = f"{name}[{','.join(f'{k}={v}' for k, v in kw.items())}]"
+    else:
+        name_shown = name
     build_s = time.perf_counter() - t0
     cuda = args.device.startswith("cuda")
     if cuda:
@@ -88,7 +109,7 @@ def bench_backend(name, args, batches, audio16, spec, meta, audio48s=None) -> li
             call = lambda b=b: backend.score(audio16[:b], 16000, spec)  # noqa: E731
         t = time_call(call, args.device, args.repeats)
         peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-        row = {**meta, "backend": name, "batch": b, "s_per_clip": t / b,
+        row = {**meta, "backend": name_shown, "batch": b, "s_per_clip": t / b,
                "batch_s": t, "peak_gib": peak, "build_s": build_s}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -214,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sidon-bucket-s", default="0", help="e.g. 0,1 (seconds; 0: off)")
     ap.add_argument("--sidon-dtype", default="", help="e.g. float16,bfloat16 (autocast dtype)")
     ap.add_argument("--sidon-batch-sizes", default="", help="e.g. 32,64 (takes per forward)")
+    ap.add_argument(
+        "--speaker-runtime",
+        default="",
+        help="wavlm-speaker rows per runtime variant, before and after in one call, "
+        "e.g. 'precision=float32,batch_size=64;precision=bfloat16;"
+        "precision=bfloat16,max_seconds=6' (default: one row, the schema's defaults)",
+    )
     args = ap.parse_args(argv)
 
     batches = [int(b) for b in args.batches.split(",")]
@@ -242,12 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     audio48s = [np.stack([a, 0.9 * a], axis=1) for a in audio48]  # stereo, as generated
 
     for name in args.only.split(","):
-        try:
-            results += bench_backend(name, args, batches, audio16, spec, meta, audio48s)
-        except Exception as e:  # one backend failing must not hide the others' figures
-            row = {**meta, "backend": name, "error": f"{type(e).__name__}: {e}"}
-            results.append(row)
-            print(json.dumps(row), flush=True)
+        variants = [None]
+        if name == "wavlm-speaker" and args.speaker_runtime:
+            variants = runtime_variants(args.speaker_runtime)
+        for kw in variants:
+            try:
+                results += bench_backend(name, args, batches, audio16, spec, meta, audio48s, kw)
+            except Exception as e:  # one backend failing must not hide the others' figures
+                row = {**meta, "backend": name, "runtime": kw,
+                       "error": f"{type(e).__name__}: {e}"}  # fmt: skip
+                results.append(row)
+                print(json.dumps(row), flush=True)
 
     print("\n| backend | batch | s/clip | peak GiB |\n|---|---:|---:|---:|")
     for r in results:

@@ -1,9 +1,10 @@
 """Where a worker's start goes (the goal: a worker ready in 30 s), measured on the product.
 
 A worker is started the way a group job starts one (``bestofn.worker.client.group_job``: the same
-command
-line, the same ready check over its socket), on the production config that ``bestofn
-fake-weights`` wrote, then two groups are sent through it as group jobs send them. Per run:
+command line, the same ready check over its socket), on a recipe (``--config``, default
+config/production.yaml) run on a ``bestofn fake-weights`` tree (``lab.project``), with the
+plan's models (weights paths resolved) as the workflow hands them; then two groups are sent
+through it as group jobs send them. Per run:
 
   client     spawn -> ready (the client's wait), group 1, group 2 (seconds, the client's clock)
   worker     process start -> main -> imports -> models loaded -> warm-up done -> ready
@@ -22,7 +23,8 @@ The weights come from the OS page cache in every run (fake-weights or an earlier
 them): no run measures a disk.
 
 PYTHONPATH=src python3 -m lab.probes.worker_start --weights DIR --out DIR
-    [--runs serial,cold,warm] [--takes 64] [--frames 188] [--warm-up auto]
+    [--config config/production.yaml] [--runs serial,cold,warm] [--takes 64] [--frames 188]
+    [--warm-up auto]
 """
 
 from __future__ import annotations
@@ -45,14 +47,19 @@ RUNS = {
 }
 
 
-def project_config(weights: Path, work: Path, takes: int, frames: int, runtime: dict) -> dict:
-    config = yaml.safe_load((weights / "config.yaml").read_text())
-    config["takes"] = takes
-    opts = config["models"]["generator"].setdefault("options", {})
-    opts.update(min_frames=frames, max_frames=frames)  # every take the same length
+def project_config(
+    recipe: Path, weights: Path, work: Path, takes: int, frames: int, runtime: dict
+) -> Path:
+    """The recipe on the fake weights (lab.project), one emotion x two prompts, with this
+    run's runtime switches; returns its config.yaml (under ``work``)."""
+    from lab.project import write_project
+
+    path = write_project(recipe, weights, work / "project", 1, 2, takes, frames, env={})
+    config = yaml.safe_load(path.read_text())
     config["results"] = str(work / "results")
     config["runtime"] = {**(config.get("runtime") or {}), **runtime}
-    return config
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
 
 
 def group_row(out: Path) -> dict:
@@ -86,11 +93,14 @@ def one_run(name: str, weights: Path, work: Path, args) -> dict:
     }
     if name == "cold":
         shutil.rmtree(work / "cache", ignore_errors=True)
-    config = project_config(weights, run_dir, args.takes, args.frames, runtime)
-    plan = build_plan(config, base=weights)
+    path = project_config(args.config, weights, run_dir, args.takes, args.frames, runtime)
+    # the plan's config: every default applied, every weights path resolved (absolute), as
+    # the workflow hands it to a worker
+    plan = build_plan(yaml.safe_load(path.read_text()), base=path.parent)
+    config = plan.config
     groups = sorted(plan.groups)[:2]
     device = config.get("device", "cpu")
-    models = config["models"]
+    models = plan.config["models"]
     results = Path(config["results"])
     rt = Runtime.from_config(config["runtime"])
     state = Path(rt.state_dir)
@@ -184,6 +194,12 @@ def summary_lines(run: dict) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--weights", required=True, type=Path, help="a fake-weights directory")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=Path("config/production.yaml"),
+        help="the recipe (lab.project: its backends on the fake weights)",
+    )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--work", type=Path, help="projects and the compile cache (default OUT/work)")
     p.add_argument("--runs", default="serial,cold,warm")
@@ -194,6 +210,7 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = (args.work or args.out / "work").resolve()
     weights = args.weights.resolve()
+    args.config = args.config.resolve()
     runs = []
     for name in [r.strip() for r in args.runs.split(",") if r.strip()]:
         if name not in RUNS:

@@ -92,12 +92,17 @@ def test_variants_stream_groups_through_the_workers_runner(tmp_path, monkeypatch
     )
     out = tmp_path / "bench.json"
     argv = "pipeline --size tiny --device cpu --takes 2 --frames 6 --warmup 0 --stream-groups 2"
-    argv = [*argv.split(), "--variant", "a:overlap=full", "--variant", "b:overlap=off"]
+    # b: the speaker scorer's dials too (--speaker: the production set's wavlm-speaker)
+    argv = [*argv.split(), "--speaker", "--variant", "a:overlap=full", "--variant",
+            "b:overlap=off,speaker_precision=bfloat16,speaker_batch=1,speaker_max_s=1"]  # fmt: skip
     argv += ["--workdir", str(tmp_path / "work"), "--out", str(out)]
     assert main(argv) == 0
     rows = json.loads(out.read_text())["variants"]
     assert [r["variant"] for r in rows] == ["a", "b"]
     assert [r["knobs"]["overlap"] for r in rows] == ["full", "off"]
+    assert rows[1]["knobs"]["speaker_precision"] == "bfloat16"
+    # the speaker scorer ran in every variant's groups, timed as the others
+    assert all(r["score_s_per_clip"].get("wavlm-speaker", 0) > 0 for r in rows)
     assert all(r["groups"] == 2 and r["s_per_clip"] > 0 for r in rows)
     # steady state (the workflow's definition): the second group's end minus the first's
     assert all(0 < r["steady_s_per_clip"] * 2 <= r["elapsed_s"] for r in rows)

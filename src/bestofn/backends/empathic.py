@@ -413,8 +413,11 @@ class EmpathicInsightScorer(Scorer):
         result: dict[str, list] = {c: [] for c in self.columns if c != self.target_column}
         for i in range(0, len(clips), self.batch_size):
             ys = self.heads_from_states(self.encode(clips[i : i + self.batch_size]))
-            for n, y in ys.items():
-                result[self.column_of[n]].extend(float(v) for v in y.cpu())
+            # every head's values in one device-to-host copy (one sync per batch, not per head)
+            names = list(ys)
+            host = torch.stack([ys[n] for n in names], dim=1).cpu() if names else None
+            for j, n in enumerate(names):
+                result[self.column_of[n]].extend(float(v) for v in host[:, j])
         target = resolve_head(spec.emotion, spec.extra.get("ei_head"), self.emotion_heads)
         result[self.target_column] = (
             list(result[self.column_of[target]]) if target else [float("nan")] * len(clips)

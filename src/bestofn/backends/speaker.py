@@ -25,14 +25,34 @@ same-speaker threshold at 0.86, where LAION's voice-consistency notes (ECAPA) re
 and reject below 0.40. A selection floor must be set on this scale.
 
 Usage as the model card gives it: 16 kHz mono through ``Wav2Vec2FeatureExtractor``, the model's
-``embeddings`` output, L2-normalised, cosine. Takes are embedded one at a time unless the
-feature extractor asks for attention masks (``return_attention_mask``): the base model's first
-convolution uses group norm over time, which padding would change.
+``embeddings`` output, L2-normalised, cosine. Takes are batched without padding: takes of one
+length together. Padded (masked) batches only where padding cannot change a take's embedding:
+the feature extractor asks for attention masks (``return_attention_mask``) and the front end
+normalises per frame (``feat_extract_norm: layer``). With ``group`` (transformers' default, and
+the random fakes') the first convolution's group norm spans the whole padded time axis, and a
+take's spk_sim would depend on the longest take of its batch.
+
+Speed dials (``runtime``, the config schema's ``$defs.wavlm_speaker_runtime``; each changes
+spk_sim's last bits, so each is named in the provenance and is a ``bestofn ab`` dial):
+
+- ``precision``: the WavLM body (convolutional front end and transformer) in bfloat16 on CUDA
+  (auto). The x-vector head stays float32: the layer-weighted sum of the hidden states, the
+  TDNN and the mean/std pooling, where bfloat16's 8-bit mantissa would round the statistics
+  the cosine is made of, for a few per cent of the model's work.
+- ``batch_size``: takes per forward pass (of one length, or in order of length where padding is
+  exact), which bounds the front end's activations (the largest tensors: 512 channels at
+  3.2 kHz).
+- ``max_seconds``: the central seconds of each take and of the reference. The model card says
+  16 kHz and nothing about input length (docs/notes/scorers-facts.md); the x-vector's pooling
+  averages over frames, so a crop keeps the voice's statistics while the cost stays fixed, and
+  every take longer than the crop has one length: they batch without padding. Off by default:
+  a crop sees less of a take that drifts away from the voice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +65,8 @@ from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
 SAMPLE_RATE = 16000
+# the x-vector head (kept in float32 whatever the body's precision)
+HEAD_MODULES = ("projector", "tdnn", "feature_extractor", "classifier")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CAST_OPS = ("conv1d", "linear", "layer_norm", "attention")
 
@@ -115,11 +137,51 @@ def load_model(path: str | None, field: str = "model_path"):
     return model, fe, p
 
 
+def min_samples(config) -> int:
+    """The shortest input the x-vector model takes: the TDNN needs as many frames as its
+    receptive field, and the convolutional front end that many frames' samples."""
+    tdnn = zip(config.tdnn_kernel, config.tdnn_dilation, strict=True)
+    frames = 1 + sum((k - 1) * d for k, d in tdnn)
+    samples = frames
+    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride, strict=True))):
+        samples = (samples - 1) * stride + kernel
+    return samples
+
+
+def _float_inputs(module, args):
+    """A forward pre-hook: the x-vector head's input in float32."""
+    return tuple(a.float() if torch.is_tensor(a) else a for a in args)
+
+
+def runtime_defaults() -> dict:
+    """The speed dials' defaults, as the config schema declares them."""
+    from bestofn.schemas import schema
+
+    props = schema("config")["$defs"]["wavlm_speaker_runtime"]["properties"]
+    return {key: sub["default"] for key, sub in props.items()}
+
+
+def resolve_precision(device: str, dtype: str | None, precision: str | None) -> str:
+    """The body's dtype name: the option ``dtype`` where set, else ``runtime.precision``
+    (auto: bfloat16 on CUDA, float32 elsewhere); checked by running its ops on ``device``."""
+    if dtype is None:
+        precision = precision or runtime_defaults()["precision"]
+        if precision not in ("auto", "float32", "bfloat16"):
+            raise ValueError(
+                f"wavlm-speaker: runtime.precision is {precision!r}; known: auto, float32, bfloat16"
+            )
+        if precision == "auto":
+            precision = "bfloat16" if str(device).startswith("cuda") else "float32"
+        dtype = precision
+    return resolve_dtype("wavlm-speaker", str(device), dtype, CAST_OPS, "cast")
+
+
 class SpeakerScorer(Scorer):
     """Config options: ``model_path`` (local microsoft/wavlm-base-plus-sv folder),
-    ``dtype`` (default float32: the embedding is small and the cosine floor is sensitive;
-    bfloat16 on CUDA where asked), ``cache_dir`` (optional; memoises weight hashes under
-    ``cache_dir/hash-memo``)."""
+    ``dtype`` (optional; part of the group's identity: where set it fixes the body's precision),
+    ``cache_dir`` (optional; memoises weight hashes under ``cache_dir/hash-memo``). Runtime:
+    ``precision``, ``max_seconds``, ``batch_size`` (the module's docstring; the schema holds
+    their defaults)."""
 
     name = "wavlm-speaker"
     columns = {"spk_sim": "DOUBLE", "spk_ref": "VARCHAR"}
@@ -130,50 +192,127 @@ class SpeakerScorer(Scorer):
         self,
         device: str = "cpu",
         model_path: str | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         cache_dir: str | None = None,
+        precision: str | None = None,
+        max_seconds: float | None = None,
+        batch_size: int | None = None,
     ):
         model, fe, folder = load_model(model_path)
-        self._setup(model, fe, device, dtype)
+        self._setup(model, fe, device, dtype, precision, max_seconds, batch_size)
         self._weight_files = sorted(q for q in folder.iterdir() if q.is_file())
         self._paths = {"model_path": str(folder)}
         self._hash_memo = hash_memo_dir(cache_dir)
 
     @classmethod
-    def from_modules(cls, model, feature_extractor, device: str = "cpu", dtype: str = "float32"):
+    def from_modules(
+        cls,
+        model,
+        feature_extractor,
+        device: str = "cpu",
+        dtype: str | None = None,
+        precision: str | None = None,
+        max_seconds: float | None = None,
+        batch_size: int | None = None,
+    ):
         """Build from objects in memory (``bestofn.fakes.speaker``, tests)."""
         self = cls.__new__(cls)
-        self._setup(model, feature_extractor, device, dtype)
+        self._setup(model, feature_extractor, device, dtype, precision, max_seconds, batch_size)
         self._weight_files, self._paths, self._hash_memo = [], {"model_path": None}, None
         return self
 
-    def _setup(self, model, fe, device, dtype):
+    def _setup(self, model, fe, device, dtype, precision, max_seconds, batch_size):
+        defaults = runtime_defaults()
         self.device = str(device)
-        self.dtype = resolve_dtype("wavlm-speaker", self.device, dtype, CAST_OPS, "cast")
-        self.model = model.to(self.device, getattr(torch, self.dtype)).eval()
+        self.dtype = resolve_precision(self.device, dtype, precision)
+        self.max_seconds = defaults["max_seconds"] if max_seconds is None else float(max_seconds)
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"wavlm-speaker: runtime.max_seconds must be > 0, got {max_seconds}")
+        self.batch_size = int(batch_size or defaults["batch_size"])
+        if self.batch_size < 1:
+            raise ValueError(f"wavlm-speaker: runtime.batch_size must be >= 1, got {batch_size}")
+        self.model = model.to(self.device).eval()
+        self._cast(self.dtype)
+        self._built = (self.dtype, self.batch_size, self.max_seconds)
+        # a take shorter than this is padded with silence to it, alone (the model cannot
+        # embed less; before, such a take was only ever padded beside a longer one)
+        self.min_samples = min_samples(model.config)
         self.feature_extractor = fe
         self.batched = bool(getattr(fe, "return_attention_mask", False))
+        # padded batches only where padding leaves a take's frames as they are (the docstring)
+        norm = getattr(getattr(model, "config", None), "feat_extract_norm", "group")
+        self.pad_batches = self.batched and norm == "layer"
         # one embedding per reference voice per worker, keyed by the file's content
         self._references: dict[str, torch.Tensor] = {}
 
+    def _cast(self, dtype: str) -> None:
+        """The body in ``dtype``, the head in float32: the layer weights (where the config
+        sums the layers), the projector, TDNN and pooling layers; the body's hidden states
+        enter the head as float32."""
+        self.model.to(getattr(torch, dtype))
+        for name in HEAD_MODULES:
+            getattr(self.model, name).float()
+        if getattr(self.model, "layer_weights", None) is not None:
+            self.model.layer_weights.data = self.model.layer_weights.data.float()
+        if dtype != "float32" and not getattr(self.model, "_bestofn_head_cast", False):
+            self.model.projector.register_forward_pre_hook(_float_inputs)
+            self.model._bestofn_head_cast = True
+        self.dtype = dtype
+
+    def set_speed(self, precision=None, batch_size=None, max_seconds=None) -> None:
+        """The speed dials on a built scorer (the lab's variants); each left None goes back to
+        the value it was built with. ``max_seconds`` 0: the whole take. Weights cast from
+        bfloat16 back to float32 keep bfloat16's rounding: the timings are float32's, the
+        values those of rounded weights (build in float32 to compare values)."""
+        built = self._built
+        dtype = built[0] if precision is None else resolve_precision(self.device, None, precision)
+        if dtype != self.dtype:
+            self._cast(dtype)
+        self.batch_size = built[1] if batch_size is None else int(batch_size)
+        self.max_seconds = built[2] if max_seconds is None else (float(max_seconds) or None)
+
+    def crop(self, clip: np.ndarray) -> np.ndarray:
+        """The central ``max_seconds`` of a 16 kHz clip (the whole clip when shorter or unset);
+        a clip shorter than the model's minimum, padded with silence to it."""
+        if clip.shape[0] < self.min_samples:
+            return np.pad(clip, (0, self.min_samples - clip.shape[0]))
+        if self.max_seconds is None:
+            return clip
+        keep = max(1, int(round(self.max_seconds * SAMPLE_RATE)))
+        if clip.shape[0] <= keep:
+            return clip
+        start = (clip.shape[0] - keep) // 2
+        return clip[start : start + keep]
+
+    def _forward(self, group: list[np.ndarray]) -> torch.Tensor:
+        inputs = self.feature_extractor(
+            group,
+            sampling_rate=SAMPLE_RATE,
+            padding=True,
+            return_tensors="pt",
+            return_attention_mask=self.batched,
+        )
+        values = inputs["input_values"].to(self.device, self.model.dtype)
+        mask = inputs.get("attention_mask")
+        mask = mask.to(self.device) if mask is not None else None
+        return self.model(values, attention_mask=mask).embeddings.float()
+
     @torch.inference_mode()
     def embed(self, clips16k: list[np.ndarray]) -> torch.Tensor:
-        """[B, D] unit x-vectors of 16 kHz mono clips."""
-        groups = [clips16k] if self.batched else [[c] for c in clips16k]
-        out = []
-        for group in groups:
-            inputs = self.feature_extractor(
-                group,
-                sampling_rate=SAMPLE_RATE,
-                padding=True,
-                return_tensors="pt",
-                return_attention_mask=self.batched,
-            )
-            values = inputs["input_values"].to(self.device, self.model.dtype)
-            mask = inputs.get("attention_mask")
-            mask = mask.to(self.device) if mask is not None else None
-            out.append(self.model(values, attention_mask=mask).embeddings.float())
-        return F.normalize(torch.cat(out), dim=-1)
+        """[B, D] unit x-vectors of 16 kHz mono clips, in their order."""
+        clips = [self.crop(c) for c in clips16k]
+        order = sorted(range(len(clips)), key=lambda i: clips[i].shape[0])
+        if self.pad_batches:  # in order of length: a batch pads to about its own length
+            runs = [order]
+        else:  # takes of one length together, no padding
+            runs = [list(g) for _, g in itertools.groupby(order, key=lambda i: clips[i].shape[0])]
+        size = self.batch_size
+        batches = [run[k : k + size] for run in runs for k in range(0, len(run), size)]
+        embeddings = torch.cat([self._forward([clips[i] for i in idx]) for idx in batches])
+        where = torch.tensor([i for idx in batches for i in idx], device=embeddings.device)
+        out = torch.empty_like(embeddings)
+        out[where] = embeddings  # back in the clips' order
+        return F.normalize(out, dim=-1)
 
     def reference(self, path: str) -> torch.Tensor:
         data = Path(path).read_bytes()
@@ -199,7 +338,14 @@ class SpeakerScorer(Scorer):
             **self._paths,
             "weights_sha256": self.weights_sha256(),
             "dtype": self.dtype,
-            "batched": self.batched,
+            # the speed dials: each moves spk_sim's last bits (a bestofn ab dial)
+            "kernel_path": {
+                "precision": self.dtype,
+                "head": "float32",
+                "batches": "padded by length" if self.pad_batches else "one length each",
+                "batch_size": self.batch_size,
+                "max_seconds": self.max_seconds,
+            },
             "spk_sim": "cos(x-vector, reference voice's) or cos(x-vector, group centroid)",
         }
 

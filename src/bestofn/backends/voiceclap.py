@@ -352,10 +352,14 @@ class VoiceCLAPScorer(Scorer):
                 sim = sim - emb @ avoid
             # each head reads the embedding its authors trained it on (LAION's recipe section
             # 5): genuineness the L2-normalised one, blend the raw one, each then standardised
-            # by the head's own mu / sd
-            out["vc_genuineness"] += self.genuineness(emb).tolist()
-            out["vc_blend"] += self.blend(raw).tolist()
-            out["vc_prompt_sim"] += sim.tolist()
+            # by the head's own mu / sd; the three columns in one device-to-host copy (float32
+            # holds each value exactly)
+            genuineness, blend, sim = torch.stack(
+                [self.genuineness(emb).float(), self.blend(raw).float(), sim.float()]
+            ).tolist()
+            out["vc_genuineness"] += genuineness
+            out["vc_blend"] += blend
+            out["vc_prompt_sim"] += sim
         return out
 
     def provenance(self) -> dict:

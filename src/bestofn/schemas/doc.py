@@ -26,6 +26,7 @@ TABLES = {
     "backend": (("$defs", "backend"), "", set()),
     "moss-fast": (("$defs", "moss_fast_runtime"), "", set()),
     "moss-pacing": (("$defs", "moss_pacing"), "", set()),
+    "wavlm-speaker": (("$defs", "wavlm_speaker_runtime"), "", set()),
 }
 MARKERS = re.compile(
     r"(<!-- options:begin (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- options:end (?P=name) -->)",
