@@ -1,4 +1,4 @@
-"""A benchmark project: a recipe config (config/production.yaml, config/recipes/*.yaml) run on a
+"""A benchmark project: a recipe config (config/recipes/*.yaml) run on a
 `bestofn fake-weights` tree, with sheets of E emotions x P prompts and every take pinned to one
 length. The GPU scripts (docs/bench/gpu_workflow.sh, worker_start_gpu.sh) and the lab probes
 that start a worker build their project here, so that a config or layout change that breaks
@@ -17,7 +17,7 @@ What is the recipe's and what is the fake tree's:
   frame pin, and the selection filter ``n_frames > 0`` (random weights never pass a WER or
   speaker-similarity floor).
 
-    python -m lab.project --recipe config/production.yaml --weights W --project DIR \
+    python -m lab.project --recipe config/recipes/emotions.yaml --weights W --project DIR \
         [--emotions 2] [--prompts 8] [--takes 64] [--frames 188]
 
 Environment knobs (as gpu_workflow.sh documents them): OVERLAP, CODEC_KERNELS, PAIR_GROUPS,
@@ -76,7 +76,12 @@ def bench_config(recipe: dict, weights: Path, tiny: bool | None = None) -> dict:
     models["scorers"] = scorers
     if tiny:
         config["runtime"] = {**(config.get("runtime") or {}), **(fake.get("runtime") or {})}
-    config["selection"] = {**config["selection"], "filter": FILTER}
+    selection = {**config["selection"], "filter": FILTER}
+    if selection.get("rewards"):  # a named reward's own filter gets the same
+        selection["rewards"] = {
+            name: {**r, "filter": FILTER} for name, r in selection["rewards"].items()
+        }
+    config["selection"] = selection
     return config
 
 
@@ -165,7 +170,7 @@ def apply_knobs(config: dict, env) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--recipe", type=Path, default=Path("config/production.yaml"))
+    p.add_argument("--recipe", type=Path, default=Path("config/recipes/emotions.yaml"))
     p.add_argument("--weights", type=Path, required=True, help="a bestofn fake-weights tree")
     p.add_argument("--project", type=Path, required=True)
     p.add_argument("--emotions", type=int, default=2)

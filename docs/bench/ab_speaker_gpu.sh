@@ -2,7 +2,7 @@
 # `bestofn ab`: the speaker scorer's runtime dials. A: float32, one batch of 64 (the scorer
 # before its speed work); B: the recipe's own (the schema's defaults unless it sets them:
 # bfloat16 body on CUDA, batches of 16 of one length, no crop), or B_RUNTIME's. Both sides run
-# the recipe (CONFIG, default config/production.yaml) on the fake weights under WORK/weights
+# the recipe (CONFIG, default config/recipes/emotions.yaml) on the fake weights under WORK/weights
 # (lab/project.py; gpu_workflow.sh writes them), with the thresholds of
 # config/ab_thresholds_speaker.yaml, fixed beforehand. On fake weights the spk_sim row is
 # meaningless (the table says so): with real weights it is the gate.
@@ -13,7 +13,7 @@
 # CPU smoke test: WORK=<a folder whose weights/ is a tiny fake-weights tree> TAKES=2 FRAMES=8.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: ab_speaker_gpu.sh OUT [CONFIG] [GROUPS]}")
-recipe=$(realpath "${2:-config/production.yaml}")
+recipe=$(realpath "${2:-config/recipes/emotions.yaml}")
 groups=${3:-2}
 work=${WORK:-/tmp/bestofn-gpu}
 py=${PYTHON:-python3}

@@ -5,7 +5,7 @@
 #
 #   bash docs/bench/gpu_workflow.sh OUT [EMOTIONS] [PROMPTS_PER_EMOTION] [CONFIG]
 #
-# CONFIG: the recipe to run (default config/production.yaml; e.g. config/recipes/emotions.yaml):
+# CONFIG: the recipe to run (default config/recipes/emotions.yaml; e.g. config/recipes/emotions.yaml):
 # its backends, options, runtime and score on the fake tree's weights (lab/project.py says
 # which part comes from where).
 # Run from the repository root with bestofn importable (PYTHONPATH=src or installed). Writes
@@ -16,7 +16,7 @@ set -euo pipefail
 out=$(realpath -m "${1:?usage: gpu_workflow.sh OUT [EMOTIONS] [PROMPTS] [CONFIG]}")
 n_emotions=${2:-2}
 n_prompts=${3:-8}
-recipe=$(realpath "${4:-config/production.yaml}")
+recipe=$(realpath "${4:-config/recipes/emotions.yaml}")
 repo=$(pwd)
 work=${WORK:-/tmp/bestofn-gpu}
 py=${PYTHON:-python3}

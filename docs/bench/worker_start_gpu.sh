@@ -10,7 +10,7 @@
 #
 #   CUDA_VISIBLE_DEVICES=0 bash docs/bench/worker_start_gpu.sh OUT [CONFIG]
 #
-# CONFIG: the recipe (default config/production.yaml) on the fake weights (lab/project.py).
+# CONFIG: the recipe (default config/recipes/emotions.yaml) on the fake weights (lab/project.py).
 # Run from the repository root with PYTHONPATH=src. Weights: WORK/weights (WORK=/tmp/bestofn-gpu,
 # gpu_workflow.sh's), written by `bestofn fake-weights` only when absent (~80 s at real size on
 # 16 cores).
@@ -20,7 +20,7 @@
 # FRAMES=8 RUNS=cold.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: worker_start_gpu.sh OUT [CONFIG]}")
-recipe=$(realpath "${2:-config/production.yaml}")
+recipe=$(realpath "${2:-config/recipes/emotions.yaml}")
 work=${WORK:-/tmp/bestofn-gpu}
 size=${SIZE:-real}
 py=${PYTHON:-python3}

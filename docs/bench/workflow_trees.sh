@@ -10,7 +10,7 @@
 #
 # ROOT is a checkout of the tree (`git worktree add /tmp/old COMMIT`); LIMIT_S a timeout for the
 # run (default 600); CONFIG the recipe, relative to ROOT (default: that tree's own default,
-# config/production.yaml; trees whose gpu_workflow.sh takes no CONFIG ignore it). Each run's summary.json says which groups paired from the start
+# config/recipes/emotions.yaml; trees whose gpu_workflow.sh takes no CONFIG ignore it). Each run's summary.json says which groups paired from the start
 # (`groups_alone`): compare runs that started alike. Then, for each run,
 # `python docs/bench/steady_from_group_logs.py OUT/TAG/...` reads the steady state from its
 # group logs where a run was cut before its summary.

@@ -2,7 +2,7 @@
 
 A worker is started the way a group job starts one (``bestofn.worker.client.group_job``: the same
 command line, the same ready check over its socket), on a recipe (``--config``, default
-config/production.yaml) run on a ``bestofn fake-weights`` tree (``lab.project``), with the
+config/recipes/emotions.yaml) run on a ``bestofn fake-weights`` tree (``lab.project``), with the
 plan's models (weights paths resolved) as the workflow hands them; then two groups are sent
 through it as group jobs send them. Per run:
 
@@ -23,7 +23,7 @@ The weights come from the OS page cache in every run (fake-weights or an earlier
 them): no run measures a disk.
 
 PYTHONPATH=src python3 -m lab.probes.worker_start --weights DIR --out DIR
-    [--config config/production.yaml] [--runs serial,cold,warm] [--takes 64] [--frames 188]
+    [--config config/recipes/emotions.yaml] [--runs serial,cold,warm] [--takes 64] [--frames 188]
     [--warm-up auto]
 """
 
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--config",
         type=Path,
-        default=Path("config/production.yaml"),
+        default=Path("config/recipes/emotions.yaml"),
         help="the recipe (lab.project: its backends on the fake weights)",
     )
     p.add_argument("--out", required=True, type=Path)

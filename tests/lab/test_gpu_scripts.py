@@ -26,7 +26,7 @@ import yaml
 from helpers import REPO
 
 LEDGER = REPO / "docs/bench/ledger.jsonl"
-PRODUCTION = REPO / "config/production.yaml"
+PRODUCTION = REPO / "config/recipes/base.yaml"
 
 # script (as the ledger's commands name it) -> the test file that runs it in a smoke mode
 SMOKED = {
@@ -36,6 +36,7 @@ SMOKED = {
     "docs/bench/lab.sh": "tests/lab/test_gpu_scripts.py",
     "docs/bench/plan_sheets.py": "tests/lab/test_gpu_scripts.py",
     "probe worker_start": "tests/lab/test_gpu_scripts.py",
+    "probe speech_profile": "tests/lab/test_gpu_scripts.py",
     "bench scorers": "tests/lab/test_gpu_scripts.py",
     "bench database": "tests/lab/test_gpu_scripts.py",
     "bench pipeline": "tests/lab/test_bench_pipeline.py",
@@ -64,6 +65,8 @@ NOT_YET = {
     "probe gemm_probe": "CUDA graphs and cuBLAS only",
     "probe stage_profile": "CUDA only (real-size Sidon and Parakeet)",
     "probe parakeet_calibrated": "NeMo's CUDA-graph decoders; calibrated fake: tests/backends",
+    "docs/bench/serve_cpu_ab.py": "two trees' servers side by side (an older tree checked out); "
+    "tests/serve covers the service",
     "docs/bench/ab_speaker_gpu.sh": "bestofn ab spawns a process per side (minutes on 2 cores); "
     "its CPU mode (WORK=... TAKES=2 FRAMES=8) was run by hand",
 }
@@ -170,18 +173,19 @@ def test_workflow_scripts_smoke(tiny_weights, tmp_path):
     work = work_dir(tmp_path, tiny_weights)
     out = tmp_path / "out"
     e = env(tmp_path, WORK=str(work), SIZE="tiny", PROFILE="local", TAKES="2", FRAMES="8")
-    proc = run(["bash", "docs/bench/workflow_trees.sh", str(out), "1", "3",
-                "S=.:500@config/production.yaml"], e, timeout=700)  # fmt: skip
+    # two emotions: the recipe's ei_spec compares a group's head with the other emotions' heads
+    proc = run(["bash", "docs/bench/workflow_trees.sh", str(out), "2", "2",
+                "S=.:500@config/recipes/base.yaml"], e, timeout=700)  # fmt: skip
     log = (out / "S.log").read_text()
     assert "workflow S" in proc.stdout and "rc 0" in proc.stdout, proc.stdout + log[-3000:]
     summary = json.loads((out / "S/summary.json").read_text())
-    assert summary["verify"].endswith("3 groups checked, 0 problem(s)"), summary["verify"]
-    assert summary["overall"]["clips"] == 6
+    assert summary["verify"].endswith("4 groups checked, 0 problem(s)"), summary["verify"]
+    assert summary["overall"]["clips"] == 8
     ran = yaml.safe_load((out / "S/config.yaml").read_text())
-    assert "ei_target" in ran["selection"]["score"]
+    assert "ei_spec" in ran["selection"]["score"]
     steady = run([sys.executable, "docs/bench/steady_from_group_logs.py", "--takes", "2",
                   str(out / "S")], e)  # fmt: skip
-    assert " 3 steady " in steady.stdout
+    assert " 4 steady " in steady.stdout
 
 
 @pytest.mark.slow  # a worker on the production backends (tiny)
@@ -191,7 +195,7 @@ def test_worker_start_smoke(tiny_weights, tmp_path):
     work = work_dir(tmp_path, tiny_weights)
     out = tmp_path / "out"
     e = env(tmp_path, WORK=str(work), SIZE="tiny", TAKES="2", FRAMES="8", RUNS="cold")
-    run(["bash", "docs/bench/worker_start_gpu.sh", str(out), "config/production.yaml"], e)
+    run(["bash", "docs/bench/worker_start_gpu.sh", str(out), "config/recipes/base.yaml"], e)
     result = json.loads((out / "worker_start.json").read_text())
     [cold] = result["runs"]
     assert cold["run"] == "cold" and [g["clips"] for g in cold["groups"]] == [2, 2]
@@ -223,6 +227,26 @@ def test_bench_scorers_and_database_smoke(tmp_path):
 
     run([sys.executable, "docs/bench/plan_sheets.py", str(tmp_path / "sheets"), "2", "3"], e)
     assert len((tmp_path / "sheets/config/prompts.tsv").read_text().splitlines()) >= 4
+
+
+@pytest.mark.slow  # the speech service's render (moss-fast, tiny) through lab.sh
+def test_speech_profile_smoke(tiny_weights, tmp_path):
+    """lab.probes.speech_profile times the product's streaming render by part."""
+    out = tmp_path / "speech.jsonl"
+    run(["bash", "docs/bench/lab.sh", "probe", "speech_profile", "--device", "cpu",
+         "--model-dir", str(tiny_weights / "MOSS-TTS-Local-Transformer-v1.5"),
+         "--codec-dir", str(tiny_weights / "MOSS-Audio-Tokenizer-v2"),
+         "--batches", "1,2", "--repeats", "1", "--out", str(out)], env(tmp_path))  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["batch"], r.get("warmup", False)) for r in rows] == [
+        (1, True),
+        (1, False),
+        (2, True),
+        (2, False),
+    ]
+    for r in rows:
+        assert r["audio_s"] > 0 and r["decode_loop_s"] > 0 and r["codec_s"] > 0
+        assert r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3
 
 
 def test_project_256k_arithmetic(tmp_path):

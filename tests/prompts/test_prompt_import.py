@@ -129,7 +129,11 @@ def test_long_prompts_are_noted_or_left_out(tmp_path, capsys):
     assert len(sheet(tmp_path / "a/prompts.tsv")) == 2
     argv = ["prompts", "import", str(clone), "--out", str(tmp_path / "b"), "--max-words", "80"]
     rc, out, err = run(argv, capsys)
-    assert rc == 0 and "1 prompts left out: more than --max-words 80" in out and not err
+    assert rc == 0 and "1 prompts left out: more than --max-words 80" in out
+    assert "written prompts have more than" not in err  # left out: no note about them
+    # the sets name no class: every emotion is speech, and the import says to mark them
+    assert "every emotion's class is speech" in err
+    assert {r["class"] for r in read_sheet(tmp_path / "b/emotions.tsv", "emotions")} == {"speech"}
     assert list(sheet(tmp_path / "b/prompts.tsv")) == ["db-sit_situation-2"]
     assert json.loads((tmp_path / "b/import.json").read_text())["skipped_long"] == 1
 

@@ -15,10 +15,18 @@ from bestofn.select.selection import (
     resolve_norm,
 )
 
-# the clone recipe's selection itself: the emotion reward, and a speaker floor of 0.86 (WavLM's
-# same-speaker threshold)
-PRODUCTION = yaml.safe_load((REPO / "config/recipes/clone.yaml").read_text())["selection"]
-FILTER, SCORE = PRODUCTION["filter"], PRODUCTION["score"]
+# the recipe's emotion reward on the run-wide scale (norm, as LAION's recipe writes it) and the
+# clone recipe's gates: the WER gate and a speaker floor of 0.86 (WavLM's same-speaker
+# threshold). The recipes themselves score on per-emotion scales (tests/select/test_rewards.py)
+FILTER = "wer <= 0.1 AND finished AND NOT truncated AND stop_reason = 'eos' AND spk_sim >= 0.86"
+SCORE = "1.5 * norm(ei_target) + norm(vc_blend) + norm(vc_genuineness)"
+CLONE = yaml.safe_load((REPO / "config/recipes/clone.yaml").read_text())["selection"]
+
+
+def test_the_clone_recipe_keeps_these_gates_for_speech():
+    for clause in ("wer <= 0.1", "finished", "NOT truncated", "stop_reason = 'eos'",
+                   "spk_sim >= 0.86"):  # fmt: skip
+        assert clause in CLONE["filter"], clause
 
 
 def takes(tmp_path, group_id, rows):

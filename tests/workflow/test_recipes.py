@@ -1,8 +1,9 @@
 """The four shipped recipes (config/recipes/*.yaml) run end to end through snakemake on tiny
 random weights in the published layouts (``bestofn fake-weights``), each as shipped except for
-what makes a CPU run small: the weights folder, the device, 2 takes of one group (the Anger
-row of the recipe's own emotions sheet: the tiny Empathic-Insight heads score Anger, and the
-recipes select on ei_target), a frame-budget cap and small batches. Everything a recipe says
+what makes a CPU run small: the weights folder, the device, 2 takes of two groups (the Anger
+and Jealousy_Envy rows of the recipe's own emotions sheet, whose heads the tiny Empathic-Insight
+fake has, so that ei_spec has two heads to compare; one prompt each of its prompts sheet), a
+frame-budget cap and small batches. Everything a recipe says
 about models, prompts, sampling, pacing, restorer, scorers and selection runs as written, and
 the takes show it (rate, restorer, columns, provenance)."""
 
@@ -72,8 +73,9 @@ def project_for(tmp_path: Path, name: str, weights: Path) -> tuple[Path, Path, d
     shutil.copytree(REPO / "config", project / "config")
     recipe = yaml.safe_load((REPO / f"config/recipes/{name}.yaml").read_text())
     for key, keep in (
-        ("emotions", lambda r: r[0] == "Anger"),
-        ("prompts", lambda r: r[0] == "p001"),
+        ("emotions", lambda r: r[0] in ("Anger", "Jealousy_Envy")),
+        # p001 is read by every emotion; the others were written for one
+        ("prompts", lambda r: r[0] in ("p001", "anger_1", "jealousy_envy_1")),
     ):
         write_rows(project / recipe[key], first_rows(REPO / recipe[key], keep))
     config = project / f"config/recipes/{name}.yaml"
@@ -97,7 +99,7 @@ def test_recipe_end_to_end(name, weights, tmp_path, capsys):
     warned = "sidon restores a 48000 Hz generator" in capsys.readouterr().err
     assert warned == (name == "base")  # Sidon on a 48 kHz-native generator: only base keeps it
     snakemake(project, "--configfile", str(config))
-    assert "1 groups checked, 0 problem(s)" in verify(project)
+    assert "2 groups checked, 0 problem(s)" in verify(project)
 
     folder, restorer, speaker, temperature = EXPECT[name]
     con = duckdb.connect(str(project / "results/bestofn.duckdb"), read_only=True)
@@ -105,7 +107,7 @@ def test_recipe_end_to_end(name, weights, tmp_path, capsys):
     rows = con.execute("SELECT sample_rate, models FROM takes").fetchall()
     groups = con.execute("SELECT count(*) FROM groups").fetchone()[0]
     con.close()
-    assert len(rows) == 2 and groups == 1
+    assert len(rows) == 4 and groups == 2
     # every recipe: the volume and the truncation check, the emotion scorers; the speaker
     # scorer only where the recipe has one
     assert {"vol_rms_db", "vol_peak_db", "finished", "wer", "ei_target", "vc_blend"} <= columns
@@ -122,6 +124,6 @@ def test_recipe_end_to_end(name, weights, tmp_path, capsys):
     if name == "clone":  # the group's instruction is empty, its voice the sheet's
         from bestofn.core.plan import build_plan, load_config
 
-        [spec] = build_plan(load_config(config), project).groups.values()
-        assert not spec.extra.get("instruction") and spec.reference_audio
+        for spec in build_plan(load_config(config), project).groups.values():
+            assert not spec.extra.get("instruction") and spec.reference_audio
         assert json.loads(rows[0][1])["scorers"][-1]["backend"] == "wavlm-speaker"

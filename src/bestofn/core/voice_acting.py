@@ -151,7 +151,9 @@ def check_targets(
     Empathic-Insight column of each group's own emotion, so an emotion that maps to no head is
     an error, naming it and the heads found in the scorer's ``heads_path``; where the selection
     does not use it, a note."""
-    from bestofn.select.held_out import referenced_columns
+    from bestofn.select.held_out import SelectionError, referenced_columns
+    from bestofn.select.rewards import rewards_of
+    from bestofn.select.scales import uses_spec
 
     entries = _empathic_entries(config["models"])
     if not entries:
@@ -159,7 +161,15 @@ def check_targets(
     from bestofn.backends.empathic import column_name, emotion_head_names, resolve_head
 
     sel = config["selection"]
-    used = referenced_columns(sel["filter"], "filter") | referenced_columns(sel["score"], "score")
+    try:
+        rewards = rewards_of(sel)
+    except SelectionError as e:  # a misnamed reward: the plan's error, not a traceback
+        return [str(e)], []
+    used, spec = set(), False  # every reward's columns; ei_spec reads the target head too
+    for reward in rewards:
+        used |= referenced_columns(reward.filter, "filter")
+        used |= referenced_columns(reward.score, "score")
+        spec = spec or uses_spec(f"{reward.filter} {reward.score}")
     for item in sel.get("held_out") or []:
         used.add((item if isinstance(item, str) else item.get("column", "")).lower())
     errors, notes = [], []
@@ -181,7 +191,7 @@ def check_targets(
             f"(by the sheet's ei_head, else the emotion's name); heads in {heads_path}: "
             f"{', '.join(heads)}"
         )
-        if column.lower() in used:
+        if column.lower() in used or spec:
             errors.append(f"{where}. The selection uses {column}: name the head in ei_head")
         else:
             notes.append(f"note: {where}. Their {column} is NaN (the selection does not use it)")

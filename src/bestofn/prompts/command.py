@@ -186,4 +186,9 @@ def _import(args) -> int:
         f"skipped (fewer than 4 dialogue words), {info['prompts_written']} written to "
         f"{args.out}/prompts.tsv and emotions.tsv (import.json records the source)"
     )
+    print(
+        "note: every emotion's class is speech: mark the non-verbal ones (laughing, sobbing, "
+        "sighing...) nonverbal in emotions.tsv, so that the recipes' word checks skip them",
+        file=sys.stderr,
+    )
     return 0

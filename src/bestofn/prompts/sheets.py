@@ -117,7 +117,9 @@ def unique_ids(prompts: list[Prompt]) -> list[Prompt]:
 
 NO_LABEL_EMOTION = "unlabelled"  # the one emotion of prompts their set gives no emotion
 
-EMOTION_COLUMNS = ["emotion", "description", "ei_head", "synonyms"]
+# class: the sets do not say which emotions are non-verbal; every emotion is written as speech
+# (the recipes' filters read the column), for the user to mark (the import says so)
+EMOTION_COLUMNS = ["emotion", "description", "ei_head", "synonyms", "class"]
 PROMPT_COLUMNS = ["prompt_id", "text", "emotions", "instruction", "vocal_burst", "language"]
 
 
@@ -135,12 +137,12 @@ def sheet_rows(prompts: list[Prompt]) -> tuple[list[list[str]], list[list[str]]]
             eid = NO_LABEL_EMOTION
             emotions.setdefault(
                 eid, [eid, "as each prompt's instruction directs (its set names no emotion)",
-                      "", ""],
+                      "", "", "speech"],
             )  # fmt: skip
         else:
             eid = emotion_id(p.head)
             words = p.synonyms or " ".join(eid.lower().split("_"))
-            emotions.setdefault(eid, [eid, words, p.head, p.synonyms])
+            emotions.setdefault(eid, [eid, words, p.head, p.synonyms, "speech"])
         rows.append(
             [p.prompt_id, _cell(p.text), eid, _cell(p.instruction), _cell(p.vocal_burst),
              p.language]

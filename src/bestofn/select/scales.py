@@ -51,6 +51,14 @@ def _masked(sql: str) -> str:
     return _STRING.sub(lambda m: "'" + " " * (len(m[0]) - 2) + "'", sql)
 
 
+_CLASS = re.compile(r'(?<![."\w])"?class\b"?(?!\s*\()', re.IGNORECASE)
+
+
+def uses_class(sql: str) -> bool:
+    """``sql`` reads the takes column ``class`` (the emotions sheet's), outside string literals."""
+    return bool(_CLASS.search(_masked(sql)))
+
+
 def calls(sql: str, name: str) -> list[Call]:
     """Every scale call in ``sql`` (not inside a string)."""
     masked = _masked(sql)

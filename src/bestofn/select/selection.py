@@ -133,6 +133,20 @@ def check_selection(
         if not sql.strip() or ";" in sql:
             raise SelectionError(f"{name}.{what} must be one SQL expression, got {sql!r}")
     known = {c.lower(): t for c, t in columns.items()}
+    if context.classes is None and scales.uses_class(f"{filter_sql} {score_sql}"):
+        # not left to the database rule, after the GPU work: unknown columns pass unchecked
+        # while some scorer's columns are unknown (strict=False)
+        raise SelectionError(
+            f"{name} reads the column class, and the emotions sheet has no class column "
+            "(speech | nonverbal): add it to the sheet, or leave class out of the SQL"
+        )
+    if scales.uses_spec(filter_sql + score_sql) and len(context.heads) < 2:
+        # caught here, not when the database is built after the GPU work
+        raise SelectionError(
+            f"{name}: ei_spec compares a group's own Empathic-Insight head with the other "
+            f"emotions' heads, and the emotions sheet maps its emotions to "
+            f"{len(context.heads)} head(s): it needs two or more (or score by ei_target)"
+        )
     spec = context.spec(columns)
     if spec is None and not strict and (scales.uses_spec(filter_sql + score_sql)):
         spec = "(NULL::DOUBLE)"  # the heads are known once the scorer loads its weights
