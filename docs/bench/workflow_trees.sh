@@ -38,6 +38,6 @@ for run in "$@"; do
         bash docs/bench/gpu_workflow.sh "$out/$tag" "$emotions" "$prompts" "${config[@]}" \
         >"$out/$tag.log" 2>&1)
     echo "workflow $tag ($root): rc $?"
-    (cd "$WORK/project" && PYTHONPATH="$root/src" "$py" -m bestofn.cli workers stop) || true
+    (cd "$WORK/project" && PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}" "$py" -m bestofn.cli workers stop) || true
     grep -E "snakemake:|verify:" "$out/$tag.log" | tail -n 3
 done

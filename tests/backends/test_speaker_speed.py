@@ -113,13 +113,13 @@ def test_max_seconds_embeds_the_central_seconds(tiny):
 def test_dials_default_from_the_schema_and_name_themselves(tiny):
     model, fe = tiny
     defaults = runtime_defaults()
-    assert defaults == {"precision": "auto", "max_seconds": None, "batch_size": 16}
+    assert defaults == {"precision": "auto", "max_seconds": None, "batch_size": 64}
     scorer = SpeakerScorer.from_modules(model, fe)
     assert scorer.dtype == "float32"  # auto on the CPU
-    assert scorer.batch_size == 16 and scorer.max_seconds is None
+    assert scorer.batch_size == 64 and scorer.max_seconds is None
     path = scorer.provenance()["kernel_path"]
     assert path == {"precision": "float32", "head": "float32", "batches": "one length each",
-                    "batch_size": 16, "max_seconds": None}  # fmt: skip
+                    "batch_size": 64, "max_seconds": None}  # fmt: skip
     # the option dtype (part of the identity) wins over runtime.precision
     fixed = SpeakerScorer.from_modules(model, fe, dtype="float32", precision="bfloat16")
     assert fixed.dtype == "float32"
