@@ -18,7 +18,6 @@ nothing; the snippet is written beside its destination, then renamed.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -128,26 +127,14 @@ def read_votes(files: list[Path], ctx) -> tuple[list[dict], int]:
     """The latest vote per (listener, group, pair) of ``files``, checked as the store's are
     (bestofn.report.votes.check_vote); (votes that count, votes left out as stale: their group
     no longer shows the pair they heard)."""
-    from bestofn.report.votes import FORMAT, _parse_time, check_vote
+    from bestofn.report.votes import VotesError, _parse_time, check_vote, read_votes_doc
 
     latest: dict[tuple, dict] = {}
     for path in files:
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as e:
-            raise FitError(f"{path}: cannot read: {e}") from None
-        except json.JSONDecodeError as e:
-            raise FitError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            got = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
-            raise FitError(f"{path}: not a bestofn votes file (format {got!r}, want {FORMAT!r})")
-        if doc.get("results_id") != ctx.results_id:
-            raise FitError(
-                f"{path}: votes of another results directory (results id "
-                f"{doc.get('results_id')!r}; this one's is {ctx.results_id!r})"
-            )
-        if not isinstance(doc.get("votes"), list):
-            raise FitError(f"{path}: 'votes' must be a list")
+            doc = read_votes_doc(path, ctx)
+        except VotesError as e:
+            raise FitError(str(e)) from None
         for i, vote in enumerate(doc["votes"]):
             why = check_vote(vote, ctx, strict_build=False, shape_only=True)
             if why:

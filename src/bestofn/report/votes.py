@@ -251,7 +251,9 @@ def read_votes_file(path: str | Path, ctx: Context) -> tuple[dict, list[dict]]:
         raise VotesError(f"{head}; nothing imported from this file{more}") from None
 
 
-def _read_votes_file(path: Path, ctx: Context) -> tuple[dict, list[dict]]:
+def read_votes_doc(path: Path, ctx: Context) -> dict:
+    """A votes file of this results directory, read and checked as a whole (JSON, format,
+    results id, a list of votes; each vote is the caller's to check); VotesError names it."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -265,13 +267,18 @@ def _read_votes_file(path: Path, ctx: Context) -> tuple[dict, list[dict]]:
         raise VotesError(f"{path}: the results directory has no listening page yet (no id)")
     if doc.get("results_id") != ctx.results_id:
         raise VotesError(
-            f"{path}: exported from the listening page of another results directory (results id "
-            f"{doc.get('results_id')!r}, page at {doc.get('results')!r}); this one's id is "
-            f"{ctx.results_id!r}"
+            f"{path}: votes of another results directory, exported from its listening page "
+            f"(results id {doc.get('results_id')!r}, page at {doc.get('results')!r}); this "
+            f"one's id is {ctx.results_id!r}"
         )
-    votes = doc.get("votes")
-    if not isinstance(votes, list):
+    if not isinstance(doc.get("votes"), list):
         raise VotesError(f"{path}: 'votes' must be a list")
+    return doc
+
+
+def _read_votes_file(path: Path, ctx: Context) -> tuple[dict, list[dict]]:
+    doc = read_votes_doc(path, ctx)
+    votes = doc["votes"]
     problems = []
     for i, vote in enumerate(votes):
         why = check_vote(vote, ctx)
