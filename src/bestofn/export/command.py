@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bestofn.export.settings import FORMATS, WHICH, ExportError, ExportSettings
+from bestofn.export.settings import WHICH, ExportError, ExportSettings
 
 
 def add_arguments(p) -> None:
     p.add_argument("results", nargs="?", help="results directory (default: the config's)")
-    p.add_argument("--format", help=f"one of {', '.join(FORMATS)} (default: export.format)")
+    p.add_argument(
+        "--format", help="an export format, as export.format names them (default: export.format)"
+    )
     p.add_argument("--out", help="export directory (default: export.out)")
     p.add_argument("--config", default="config/config.yaml")
     p.add_argument("--base", default=".", help="directory the config's results is relative to")
@@ -71,20 +73,24 @@ def load_config(path: str | Path) -> dict:
 
 
 def emotion_texts(config: dict, base: Path) -> dict:
-    """emotion -> (the Instruction text its takes were generated with, None where the generator
-    takes none; its direction text), from the emotions sheet as the plan reads it."""
+    """(emotion, prompt_id) -> (the Instruction text the group's takes were generated with, None
+    where the generator takes none; the emotion's direction text), from the emotions and
+    prompts sheets as the plan reads them."""
     from bestofn.core.plan import PlanError, read_sheet
-    from bestofn.core.voice_acting import emotion_extra, generator_instruction
+    from bestofn.core.voice_acting import generator_instruction, group_extra
 
     try:
-        rows = read_sheet(base / config["emotions"], "emotions")
+        emotions = read_sheet(base / config["emotions"], "emotions")
+        prompts = read_sheet(base / config["prompts"], "prompts")
         takes_instruction, option = generator_instruction(config["models"])
     except (PlanError, ValueError) as e:
         raise ExportError(str(e)) from None
     out = {}
-    for row in rows:
-        extra = emotion_extra(row, takes_instruction, option)
-        out[row["emotion"]] = (extra.get("instruction"), row["description"])
+    for emotion in emotions:
+        for prompt in prompts:
+            extra = group_extra(emotion, prompt, takes_instruction, option)
+            key = (emotion["emotion"], prompt["prompt_id"])
+            out[key] = (extra.get("instruction"), emotion["description"])
     return out
 
 
