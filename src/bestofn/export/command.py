@@ -8,6 +8,19 @@ from pathlib import Path
 from bestofn.export.settings import WHICH, ExportError, ExportSettings
 
 
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="the selection as training data: hf, webdataset, lhotse or nemo",
+        description="Writes the selected (or passing, or all) takes of RESULTS as a Hugging "
+        "Face dataset, WebDataset shards, or Lhotse or NeMo manifests, with a dataset card. "
+        "Every option defaults to the config's export: section. Exit 2 on bad input (nothing "
+        "written).",
+    )
+    add_arguments(p)
+    p.set_defaults(func=main)
+
+
 def add_arguments(p) -> None:
     p.add_argument("results", nargs="?", help="results directory (default: the config's)")
     p.add_argument(
