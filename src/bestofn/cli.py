@@ -10,7 +10,7 @@ from bestofn.util.parser import Parser
 
 COMMANDS = (
     "bestofn.ops.commands",
-    "bestofn.weights.command",
+    "bestofn.ops.weights_command",
     "bestofn.prompts.command",
     "bestofn.ops.run_commands",
     "bestofn.serve.command",

@@ -139,7 +139,7 @@ def test_good_selection_sql_passes():
 def test_missing_weights_paths_are_all_listed_before_any_load(project):
     from helpers import REPO
 
-    from bestofn.core.plan import load_config
+    from bestofn.core.config import load_config
 
     config = load_config(REPO / "config/recipes/base.yaml")
     config["emotions"] = "config/emotions.tsv"
@@ -281,7 +281,7 @@ def test_shipped_configs_use_only_known_options(config_name):
     from helpers import REPO
 
     from bestofn.backends.registry import backend_class
-    from bestofn.core.plan import load_config
+    from bestofn.core.config import load_config
 
     models = load_config(REPO / "config" / config_name)["models"]
     for role, entry in _entries(models):

@@ -46,7 +46,8 @@ def test_bestofn_check_refuses_a_speaker_floor_without_references(tmp_path, caps
     path.write_text(yaml.safe_dump(config))
     assert bestofn(["check", "--config", str(path), "--base", str(project)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: config selection.filter uses speaker_sim (resemblyzer)")
+    # the config file is named first, as every refused config field is (error: <file>: <what>)
+    assert err.startswith(f"error: {path}: config selection.filter uses speaker_sim (resemblyzer)")
     assert "happy/p1, happy/p2" in err and "calm/" not in err and "Traceback" not in err
 
 

@@ -45,6 +45,12 @@ class Backend:
             if p.kind in named and p.name != "device" and not p.name.startswith("_")
         )
 
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Check the values of the config's ``options`` and ``runtime`` (merged) without
+        loading anything: the plan calls it before any GPU work, the constructor again. A
+        ValueError names the option. By default there is nothing to check."""
+
     def provenance(self) -> dict:
         """Model ids/paths, hashes and settings that made this backend's output."""
         return {"backend": self.name}

@@ -36,9 +36,9 @@ from bestofn.moss.model import decode_attention_path
 from bestofn.moss.options import (
     COMMON_DEFAULTS,
     check_engine_options,
-    check_instruction_option,
     engine_defaults,
     group_instruction,
+    instruction_option,
 )
 from bestofn.moss.sampling import SamplingParams
 from bestofn.util.dtypes import resolve_dtype
@@ -77,6 +77,10 @@ class MossFastGenerator(Generator):
     @classmethod
     def known_options(cls) -> frozenset[str]:
         return frozenset(DEFAULTS)
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        instruction_option(options, cls.name)
 
     def __init__(self, device: str = "cpu", **options):
         t_start = time.perf_counter()
@@ -156,7 +160,7 @@ class MossFastGenerator(Generator):
         self.options = o = {**DEFAULTS, **options}
         self.decode_s = 0.0
         self._given = set(options)
-        check_instruction_option(o["instruction"], "moss-fast")
+        self.check_options(o)
         from bestofn.moss.int8 import WEIGHTS
 
         if o["weights"] not in WEIGHTS:

@@ -21,7 +21,7 @@ import numpy as np
 
 from bestofn.backends.base import Generator, Take
 from bestofn.moss.budget import FrameBudget
-from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option, group_instruction
+from bestofn.moss.options import COMMON_DEFAULTS, group_instruction, instruction_option
 from bestofn.moss.prompt import language_tag  # the same tags as moss-fast
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
@@ -166,6 +166,10 @@ class MossHFBase(Generator):
     def known_options(cls) -> frozenset[str]:
         return frozenset(DEFAULTS)
 
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        instruction_option(options, cls.name)
+
     def _configure(self, device: str, options: dict, text_temperature: float | None = None):
         """Options checked and merged with the defaults (``text_temperature``: the
         architecture's own default for it), the frame budget, the checkpoint's files and the
@@ -179,7 +183,7 @@ class MossHFBase(Generator):
         if text_temperature is not None and "text_temperature" not in options:
             self.options["text_temperature"] = text_temperature
         o = self.options
-        check_instruction_option(o["instruction"], "moss-hf")
+        self.check_options(o)
         self.budget = FrameBudget.from_options(o)
         self.device = device
         # Check every file before importing transformers: a typo fails in milliseconds.

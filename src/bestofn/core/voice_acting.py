@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bestofn.backends.registry import backend_class
-from bestofn.moss.options import NO_INSTRUCTION, instruction_text
+from bestofn.moss.options import NO_INSTRUCTION, instruction_option, instruction_text
 
 EMPATHIC = "empathic-insight"
 TARGET = "target"  # the Empathic-Insight column of the group's own emotion: <prefix>target
@@ -23,11 +23,8 @@ def generator_instruction(models: dict) -> tuple[bool, object]:
         return False, None
     if "instruction" not in known:
         return False, None
-    from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option
-
-    value = (gen.get("options") or {}).get("instruction", COMMON_DEFAULTS["instruction"])
-    check_instruction_option(value, "config models.generator.options")  # ValueError: refused
-    return True, value
+    # resolved and checked where the generators resolve it (ValueError: refused)
+    return True, instruction_option(gen.get("options") or {}, "config models.generator.options")
 
 
 def group_extra(emotion: dict, prompt: dict, takes_instruction: bool, option) -> dict:

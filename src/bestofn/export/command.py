@@ -68,23 +68,6 @@ def add_arguments(p) -> None:
     )
 
 
-def load_config(path: str | Path) -> dict:
-    """The config, validated against the schema, with its defaults."""
-    import jsonschema
-
-    from bestofn import schemas
-    from bestofn.util.user_input import load_yaml_file
-
-    config = load_yaml_file(path, "config")  # UserInputError: bestofn.cli prints it
-    errors = sorted(
-        jsonschema.Draft202012Validator(schemas.schema("config")).iter_errors(config), key=str
-    )
-    if errors:
-        where = ".".join(str(p) for p in errors[0].absolute_path) or "(top level)"
-        raise ExportError(f"{path}: config field {where}: {errors[0].message}")
-    return schemas.apply_defaults(config)
-
-
 def emotion_texts(config: dict, base: Path) -> dict:
     """(emotion, prompt_id) -> (the Instruction text the group's takes were generated with, None
     where the generator takes none; the emotion's direction text), from the emotions and
@@ -129,10 +112,11 @@ def _fractions(spec: str | None) -> dict | None:
 
 
 def main(args) -> int:
+    from bestofn.core.config import load_config
     from bestofn.export.core import export_results
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config)  # UserInputError: bestofn.cli prints it
         results = Path(args.results or Path(args.base) / config["results"])
         settings = ExportSettings.from_config(
             config["export"],

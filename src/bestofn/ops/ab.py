@@ -112,7 +112,8 @@ def load_thresholds(path) -> list[Threshold]:
 
 
 def _plan(config_path: Path, base: Path, takes: int | None):
-    from bestofn.core.plan import PlanError, build_plan, load_config
+    from bestofn.core.config import load_config
+    from bestofn.core.plan import PlanError, build_plan
 
     config = load_config(config_path)  # UserInputError: missing, malformed, not a mapping
     if takes is not None:

@@ -37,7 +37,8 @@ def _load_plan(args, *more_errors):
     """The plan of ``args.config`` (groups, checked config), or None after printing the error:
     every command that reads a config fails the same way, exit status 2. A missing or malformed
     config file raises UserInputError (main prints it)."""
-    from bestofn.core.plan import PlanError, build_plan, load_config
+    from bestofn.core.config import load_config
+    from bestofn.core.plan import PlanError, build_plan
 
     config = load_config(args.config)
     try:

@@ -45,7 +45,8 @@ def main(args) -> int:
 
 
 def run(args) -> str:
-    from bestofn.core.plan import PlanError, build_plan, load_config
+    from bestofn.core.config import load_config
+    from bestofn.core.plan import PlanError, build_plan
     from bestofn.select.held_out import SelectionError, scorer_directions
     from bestofn.select.rewards import DEFAULT, context_of, reward_named, rewards_of
     from bestofn.workflow_glue import check_selection_for

@@ -231,7 +231,8 @@ class Service:
 
     def _load(self) -> Snapshot:
         """Validate the config and sheets as `bestofn check` does (no model loads)."""
-        from bestofn.core.plan import build_plan, load_config, read_sheet
+        from bestofn.core.config import load_config
+        from bestofn.core.plan import build_plan, read_sheet
         from bestofn.worker.client.group_job import (
             Runtime,
             SlotPool,
@@ -279,7 +280,7 @@ class Service:
             paths.append(self.base / snap.config["emotions"])
         else:
             with contextlib.suppress(Exception):
-                from bestofn.core.plan import load_config
+                from bestofn.core.config import load_config
 
                 paths.append(self.base / load_config(self.config_path)["emotions"])
         return _stamp(paths)
