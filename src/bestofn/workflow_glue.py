@@ -21,30 +21,10 @@ def selection_columns(models: dict) -> tuple[dict[str, str], bool]:
     for entry in models.get("scorers", []):
         cls = backend_class("scorer", entry["backend"])
         columns.update(cls.columns)
-        found = _empathic_columns(entry) if cls.dynamic_columns else None
+        found = cls.planned_columns(entry.get("options") or {})
         columns.update(found or {})
-        complete &= not cls.dynamic_columns or found is not None
+        complete &= found is not None
     return columns, complete
-
-
-def _empathic_columns(entry: dict) -> dict[str, str] | None:
-    """Empathic-Insight's columns, known before loading from its head files' names (one per
-    head, and the group's own emotion's); None for another scorer or no heads folder."""
-    from pathlib import Path
-
-    options = entry.get("options") or {}
-    heads = Path(options.get("heads_path") or "").expanduser()
-    if (
-        entry["backend"] != "empathic-insight"
-        or not options.get("heads_path")
-        or not heads.is_dir()
-    ):
-        return None
-    from bestofn.backends.empathic import TARGET, column_name, head_files, head_name
-
-    prefix = options.get("column_prefix", "ei_")
-    names = [head_name(p) for p in head_files(heads)] + [TARGET]
-    return {column_name(n, prefix): "DOUBLE" for n in names}
 
 
 def config_file_problem(path: str, given: list) -> str | None:

@@ -161,6 +161,11 @@ def _default_cache_dir() -> Path:
 
 class MossHFBase(Generator):
     name = "moss-hf"
+    table_weights = (
+        "local MOSS-TTS-Local-Transformer-v1.5 or MOSS-TTS v1.5 Delay checkpoint (published "
+        "code path)"
+    )
+    table_options = "see `src/bestofn/backends/moss_hf.py` (Delay: `moss_hf_delay.py`)"
 
     @classmethod
     def known_options(cls) -> frozenset[str]:

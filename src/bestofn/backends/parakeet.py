@@ -230,6 +230,8 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
 
 class ParakeetScorer(Scorer):
     name = "parakeet"
+    table_weights = "local Parakeet-TDT-0.6b-v3 `.nemo`"
+    table_options = "`model_path`, `model_name`, `dtype` (below)"
     columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE", "finished": "BOOLEAN"}
     better = {"wer": "lower", "cer": "lower"}
     input_sample_rate = SAMPLE_RATE

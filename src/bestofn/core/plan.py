@@ -314,9 +314,11 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
             )
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
-    errors, notes = voice_acting.check_targets(config, groups, epath, base)
+    errors, notes = voice_acting.check_scorers(config, groups, epath, base)
     errors = voice_acting.check_languages(config["models"], groups, ppath) + errors
-    gate_errors, gate_notes = recipe_checks.speaker_gate(config.get("selection"), groups)
+    gate_errors, gate_notes = recipe_checks.speaker_gate(
+        config.get("selection"), groups, config["models"]
+    )
     errors += gate_errors
     notes += gate_notes + recipe_checks.restorer_notes(config["models"])
     if errors:

@@ -52,6 +52,10 @@ AUTOCAST_OPS = (
 
 class SidonRestorer(Restorer):
     name = "sidon"
+    table_weights = "local w2v-BERT 2.0 dir + Sidon adapter/decoder"
+    table_options = (
+        "`w2v_bert_dir`, `adapter_dir`, `decoder_path`, `batch_size`, `cache_dir` (below)"
+    )
     input_sample_rate = INPUT_SAMPLE_RATE
     output_sample_rate = OUTPUT_SAMPLE_RATE
 
