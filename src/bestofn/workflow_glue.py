@@ -134,7 +134,8 @@ def run_group_rule(
 ) -> dict:
     """The ``group`` rule's ``run:`` block. A ``run:`` block, not a ``script:``, and no ``log:``
     or input function: Snakemake's per-job work for those dominated planning at 100k groups
-    (docs/PERFORMANCE.md). The group's log goes to logs/groups/{emotion}/{prompt_id}.log.
+    (ledger figure planning.dry_run_100k). The group's log goes to
+    logs/groups/{emotion}/{prompt_id}.log.
     ``spec``: the group as the worker runs it (the reference voice's path included; the
     params hold only its digest); None: ``params.spec``."""
     path = group_log_path(config["results"], emotion, prompt_id)

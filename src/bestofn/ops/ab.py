@@ -8,7 +8,7 @@ directory, A's process exits; then B. Nothing one side leaves (a CUDA context, c
 allocator state, a broken device) reaches the other's figures: on an H200, B loaded in A's
 process once A had run refused every ``torch.load(weights_only=True)``, and A run in the
 command's own process hit an illegal memory access that the same side in a spawned process did
-not (docs/PERFORMANCE.md). A take of A is matched with the take of B of the same group and take
+not. A take of A is matched with the take of B of the same group and take
 index (and so the same seed: the seeds derive from group id and take index only).
 
 Thresholds file (YAML), one entry per score column, in the column's own units::
