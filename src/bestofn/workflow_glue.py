@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 from bestofn.backends.registry import backend_class
-from bestofn.select.selection import BASE_COLUMNS, check_rewards
+from bestofn.select.base import BASE_COLUMNS
+from bestofn.select.database import check_rewards
 
 log = logging.getLogger("bestofn")
 

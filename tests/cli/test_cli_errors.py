@@ -14,7 +14,7 @@ from helpers import HELD_OUT, make_project, trade_off_results
 
 from bestofn.cli import build_parser, main
 from bestofn.report.votes import results_id
-from bestofn.select.selection import build_database
+from bestofn.select.database import build_database
 from bestofn.weights.lock import LOCK_NAME
 
 CASES = ("missing", "malformed", "shape")

@@ -7,7 +7,7 @@ import yaml
 from helpers import tiny_config, write_tsv
 
 from bestofn.core.plan import PlanError, build_plan
-from bestofn.select.selection import SelectionError
+from bestofn.select.base import SelectionError
 from bestofn.weights.paths import weight_options
 from bestofn.workflow_glue import check_selection_for
 
@@ -341,7 +341,7 @@ def test_runtime_defaults_are_written_once_in_the_schema():
     import dataclasses
 
     from bestofn.schemas import runtime_defaults
-    from bestofn.worker.client.group_job import Runtime
+    from bestofn.worker.client.runtime import Runtime
 
     defaults = runtime_defaults()
     fields = {

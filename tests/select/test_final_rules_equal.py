@@ -34,6 +34,8 @@ import pytest
 from helpers import DATA
 from helpers import EXPECTED as _EXPECTED
 
+from bestofn.select import database
+
 EXPECTED = _EXPECTED / "final_rules"
 DEMO = DATA / "demo_groups"
 DIGESTED = ("takes", "selection")
@@ -134,7 +136,7 @@ def dump(db: Path) -> dict:
 
 
 def build(case: str, tmp: Path, **kwargs) -> Path:
-    from bestofn.select.selection import build_database
+    from bestofn.select.database import build_database
 
     results = tmp / "results"
     paths = demo_groups(results) if case == "demo" else synthetic_groups(results)
@@ -164,13 +166,12 @@ def assert_same(got: dict, want: dict) -> None:
 @pytest.mark.parametrize("chunk_takes", [None, 40])
 def test_tables_equal_the_old_implementation(case, chunk_takes, tmp_path, monkeypatch):
     """One chunk, and chunks of a few groups (the synthetic set: 16 chunks or more)."""
-    from bestofn.select import selection
 
     if chunk_takes:
-        monkeypatch.setattr(selection, "CHUNK_TAKES", chunk_takes)
-        monkeypatch.setattr(selection, "FIRST_CHUNK_FILES", 2)
+        monkeypatch.setattr(database, "CHUNK_TAKES", chunk_takes)
+        monkeypatch.setattr(database, "FIRST_CHUNK_FILES", 2)
         # the schema in batches of 3 files: the older file's batch merges into the union
-        monkeypatch.setattr(selection, "MAX_CHUNK_FILES", 3)
+        monkeypatch.setattr(database, "MAX_CHUNK_FILES", 3)
     db = build(case, tmp_path, directions=OLD_DIRECTIONS)
     assert_same(dump(db), json.loads((EXPECTED / f"{case}.json").read_text()))
 
@@ -184,7 +185,6 @@ def test_duckdb_settings_do_not_change_the_tables(tmp_path):
 def test_a_group_split_over_chunks_is_read_in_one_pass(tmp_path, monkeypatch):
     """Takes of one group in two files of different chunks (not the results layout, but the
     library accepts any files): the same tables as one pass."""
-    from bestofn.select import selection
 
     results = tmp_path / "results"
     paths = synthetic_groups(results)[:6]
@@ -196,10 +196,10 @@ def test_a_group_split_over_chunks_is_read_in_one_pass(tmp_path, monkeypatch):
     files = [str(p) for p in paths]
     files = files[:1] + [str(extra)] + files[1:]  # group 5's halves: files 2 and 7
     kw = dict(CASES["synthetic"], directions=OLD_DIRECTIONS)
-    one = selection.build_database(files, tmp_path / "one.duckdb", **kw)
-    monkeypatch.setattr(selection, "CHUNK_TAKES", 16)
-    monkeypatch.setattr(selection, "FIRST_CHUNK_FILES", 1)
-    two = selection.build_database(files, tmp_path / "two.duckdb", **kw)
+    one = database.build_database(files, tmp_path / "one.duckdb", **kw)
+    monkeypatch.setattr(database, "CHUNK_TAKES", 16)
+    monkeypatch.setattr(database, "FIRST_CHUNK_FILES", 1)
+    two = database.build_database(files, tmp_path / "two.duckdb", **kw)
     assert one == two == {"takes": 96, "groups": 6, "selected": two["selected"]}
     assert_same(dump(tmp_path / "two.duckdb"), dump(tmp_path / "one.duckdb"))
 
@@ -229,7 +229,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--write"]:
     import inspect
     import tempfile
 
-    from bestofn.select.selection import build_database
+    from bestofn.select.database import build_database
 
     assert "directions" not in inspect.signature(build_database).parameters, "not the old tree"
     EXPECTED.mkdir(parents=True, exist_ok=True)

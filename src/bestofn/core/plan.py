@@ -224,7 +224,7 @@ def check_models(models: dict, base: Path = Path(".")) -> None:
         )
     for role, where, entry in _roles(models):
         check_options(role, where, entry)
-    from bestofn.core.compat import AgreementError, check_files
+    from bestofn.core.agreement import AgreementError, check_files
 
     try:  # codebooks and sample rates the weight files state (small JSON/YAML reads)
         check_files(models, base)

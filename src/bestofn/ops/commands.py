@@ -60,7 +60,7 @@ def _results(args, plan) -> str:
 
 
 def _check(args) -> int:
-    from bestofn.select.selection import SelectionError
+    from bestofn.select.base import SelectionError
     from bestofn.weights.lock import lock_state
     from bestofn.workflow_glue import check_selection_for
 

@@ -178,7 +178,7 @@ def published_rate(results: Path, limit: int = RATE_SAMPLE_GROUPS) -> SlotRate |
 
 
 def box_slots(config: dict) -> int:
-    from bestofn.worker.client.group_job import detect_slots
+    from bestofn.worker.client.runtime import detect_slots
 
     slots = (config.get("runtime") or {}).get("slots")
     return int(slots) if slots else detect_slots(config.get("device", "cpu"))

@@ -221,7 +221,7 @@ def reward_sql(columns, means, stds, weights) -> str:
 def _take_table(con, columns, means, stds, filter_sql, score_sql, groups) -> dict:
     """(group, take) -> (standardised features, hand-written score) of the voted groups; the
     hand-written score evaluated as the selection does (``norm()`` over the run's takes)."""
-    from bestofn.select.selection import resolve_norm
+    from bestofn.select.database import resolve_norm
 
     _, score = resolve_norm(con, "takes", filter_sql, score_sql)
     zs = ", ".join(_z_sql(c, m, s) for c, m, s in zip(columns, means, stds, strict=True))
@@ -261,7 +261,7 @@ class Report:
 def fit_votes(con, ctx, votes, stale, config, settings: Settings, config_path) -> Report:
     import duckdb
 
-    from bestofn.select.selection import SelectionError
+    from bestofn.select.base import SelectionError
 
     columns = _columns(con, settings, config_path)
     columns, means, stds = _standardise(con, columns)
@@ -401,7 +401,7 @@ def run(args) -> tuple[list[str], Path, str]:
 
     from bestofn.core.config import load_config
     from bestofn.report.votes import IMPORTED, Context, VotesError, store_dir
-    from bestofn.select.selection import open_read_only
+    from bestofn.select.database import open_read_only
 
     config = load_config(args.config)  # UserInputError: bestofn.cli prints it
     settings = Settings.of(config, args.name)

@@ -45,7 +45,8 @@ def _workers(args) -> int:
     import json
     from pathlib import Path
 
-    from bestofn.worker.client.group_job import default_state_dir, list_workers, stop_all
+    from bestofn.worker.client.group_job import list_workers, stop_all
+    from bestofn.worker.client.runtime import default_state_dir
 
     state = Path(args.state_dir) if args.state_dir else default_state_dir()
     if args.action == "status":

@@ -2,7 +2,7 @@
 ``pip install`` can validate), and the defaults they declare.
 
 The schema is the one place a config default is written: ``apply_defaults`` fills them into a
-config, ``runtime_defaults`` feeds ``bestofn.worker.client.group_job.Runtime`` and the ``bestofn
+config, ``runtime_defaults`` feeds ``bestofn.worker.client.runtime.Runtime`` and the ``bestofn
 worker``
 command line. Light on purpose (yaml only): ``bestofn`` imports it on every call."""
 

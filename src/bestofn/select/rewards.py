@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bestofn.select import scales
-from bestofn.select.held_out import SelectionError
+from bestofn.select.base import SelectionError
 
 DEFAULT = "default"
 CLASSES = ("speech", "nonverbal")

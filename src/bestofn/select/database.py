@@ -13,10 +13,11 @@ import duckdb
 
 from bestofn.select import rewards, scales, trust
 from bestofn.select.arrow_io import insert_arrow
-from bestofn.select.held_out import BASE_COLUMNS, SelectionError, is_numeric
+from bestofn.select.base import BASE_COLUMNS, SelectionError
+from bestofn.select.held_out import is_numeric
 
 __all__ = [
-    "BASE_COLUMNS", "SelectionError", "build_database", "check_rewards", "check_selection",
+    "build_database", "check_rewards", "check_selection",
     "normed_columns",
     "open_read_only", "resolve_norm",
 ]  # fmt: skip
