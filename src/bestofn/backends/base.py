@@ -81,6 +81,12 @@ def hash_memo_dir(cache_dir) -> Path | None:
 
 class Generator(Backend):
     sample_rate: int
+    # What the plan and the speech path ask of a generator without naming it: whether its
+    # options hold the pacing dial (bestofn.moss.budget: part of a group's identity with the
+    # schema's defaults filled in, bestofn.core.pipeline), and whether it takes in new speech
+    # requests while it decodes (continuous batching, bestofn.moss.stream).
+    paced: ClassVar[bool] = False
+    feeds_while_decoding: ClassVar[bool] = False
 
     def generate(self, spec: GroupSpec) -> list[Take]:
         """Return ``spec.n_takes`` takes of ``spec.text``; take i uses seed ``spec.seeds()[i]``."""
@@ -88,6 +94,10 @@ class Generator(Backend):
 
 
 class Restorer(Backend):
+    # The rate its model hears, when it is below the takes' (it then makes the upper band
+    # again): the plan notes a wideband generator restored through it (core.recipe_checks).
+    input_sample_rate: ClassVar[int | None] = None
+
     def restore(self, audios: list[np.ndarray], sample_rate: int) -> tuple[list[np.ndarray], int]:
         """Return restored audio and its (possibly new) sample rate; same length list."""
         raise NotImplementedError

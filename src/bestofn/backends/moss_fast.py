@@ -71,6 +71,8 @@ def _auto(value, on_gpu: bool) -> bool:
 
 class MossFastGenerator(Generator):
     name = "moss-fast"
+    paced = True
+    feeds_while_decoding = True
     table_weights = "same checkpoints, own inference engines"
     table_options = "`weights`, `architecture`, `delay_min_frames`; runtime: below"
     decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)

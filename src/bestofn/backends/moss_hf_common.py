@@ -161,6 +161,7 @@ def _default_cache_dir() -> Path:
 
 class MossHFBase(Generator):
     name = "moss-hf"
+    paced = True
     table_weights = (
         "local MOSS-TTS-Local-Transformer-v1.5 or MOSS-TTS v1.5 Delay checkpoint (published "
         "code path)"

@@ -106,7 +106,9 @@ def models_identity(models: dict, memo_dir: Path | None = None) -> dict:
 def _with_pacing(entry: dict) -> dict:
     """A MOSS generator's entry with its whole pacing dial (the schema's defaults filled in):
     the dial changes the prompt and the budget, so a changed default reruns the groups too."""
-    if entry.get("backend") not in ("moss-fast", "moss-hf"):
+    from bestofn.backends.registry import backend_class
+
+    if not getattr(backend_class("generator", entry["backend"]), "paced", False):
         return entry
     from bestofn.moss.budget import FrameBudget
 

@@ -95,16 +95,21 @@ def generator_rate(generator: dict) -> tuple[str, int] | None:
 
 
 def restorer_notes(models: dict) -> list[str]:
+    from bestofn.backends.registry import backend_class
+
     restorer = models.get("restorer") or {}
-    if restorer.get("backend") != "sidon":
+    heard = restorer and backend_class("restorer", restorer["backend"]).input_sample_rate
+    if not heard:
         return []
     found = generator_rate(models.get("generator") or {})
     if found is None or found[1] < WIDEBAND_HZ:
         return []
     path, rate = found
+    khz = heard / 1000
     return [
-        f"config models.restorer: sidon restores a {rate} Hz generator ({path} states its "
-        "rate): its 16 kHz input drops the take's real 8-16 kHz band and its vocoder makes it "
-        "again. LAION's voice-acting recipe keeps 48 kHz-native output raw and uses Sidon only "
-        "for the 24 kHz Delay model; remove models.restorer (config/recipes/emotions.yaml does)"
+        f"config models.restorer: {restorer['backend']} restores a {rate} Hz generator ({path} "
+        f"states its rate): its {khz:g} kHz input drops the take's real {khz / 2:g}-{khz:g} kHz "
+        "band and its vocoder makes it again. LAION's voice-acting recipe keeps 48 kHz-native "
+        "output raw and uses Sidon only for the 24 kHz Delay model; remove models.restorer "
+        "(config/recipes/emotions.yaml does)"
     ]
