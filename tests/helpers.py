@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import soundfile as sf
 import yaml
 
-from bestofn.worker.client.group_job import _pid_alive, _read_pid, default_state_dir
+from bestofn.worker.client.group_job import _pid_alive, _read_pid
+from bestofn.worker.client.runtime import default_state_dir
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's console scripts: snakemake, bestofn

@@ -7,7 +7,7 @@ layout ``OUT/results/groups/{emotion}/{prompt_id}/scores.parquet`` (no FLACs: ne
 them). Values are random but shaped like a run's: group-level offsets, ~5 % truncated takes, a
 few empty ones, provenance strings of a real row's length.
 
-Then the product's own ``bestofn.select.selection.build_database`` and
+Then the product's own ``bestofn.select.database.build_database`` and
 ``bestofn.report.throughput.write_report``
 run, each in a fresh Python process (as Snakemake's ``script:`` runs them), and their wall time
 and peak RSS (``wait4``'s ``ru_maxrss`` of that process) are printed and written as JSON:
@@ -68,7 +68,7 @@ def schema(n_heads: int = 43):
     """The arrow schema of a synthetic scores.parquet: base columns, then the scorers'."""
     import pyarrow as pa
 
-    from bestofn.select.selection import BASE_COLUMNS
+    from bestofn.select.base import BASE_COLUMNS
 
     arrow = {
         "VARCHAR": pa.string(),
@@ -202,7 +202,7 @@ import json, resource, sys, time
 args = json.loads(open(sys.argv[1]).read())
 t0 = time.perf_counter()
 if args["phase"] == "database":
-    from bestofn.select.selection import build_database
+    from bestofn.select.database import build_database
     out = build_database(**args["kwargs"])
 else:
     from bestofn.report.throughput import write_report

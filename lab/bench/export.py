@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import soundfile as sf
 
-from bestofn.select.selection import BASE_COLUMNS
+from bestofn.select.base import BASE_COLUMNS
 
 ARROW_TYPES = {
     "VARCHAR": pa.string(), "DOUBLE": pa.float64(), "INTEGER": pa.int32(),
@@ -95,7 +95,7 @@ def make_results(root: Path, groups: int, takes: int, seconds: float, rate: int,
 
 def build_db(root: Path, results: Path, groups: int | None = None) -> None:
     """The database of every group, or of the first ``groups`` to finish."""
-    from bestofn.select.selection import build_database
+    from bestofn.select.database import build_database
 
     src = root / "takes.parquet"
     if groups is not None:

@@ -9,7 +9,8 @@ import threading
 from pathlib import Path
 
 from bestofn.backends.registry import backend_class
-from bestofn.select.selection import BASE_COLUMNS, check_rewards
+from bestofn.select.base import BASE_COLUMNS
+from bestofn.select.database import check_rewards
 
 log = logging.getLogger("bestofn")
 
@@ -21,30 +22,10 @@ def selection_columns(models: dict) -> tuple[dict[str, str], bool]:
     for entry in models.get("scorers", []):
         cls = backend_class("scorer", entry["backend"])
         columns.update(cls.columns)
-        found = _empathic_columns(entry) if cls.dynamic_columns else None
+        found = cls.planned_columns(entry.get("options") or {})
         columns.update(found or {})
-        complete &= not cls.dynamic_columns or found is not None
+        complete &= found is not None
     return columns, complete
-
-
-def _empathic_columns(entry: dict) -> dict[str, str] | None:
-    """Empathic-Insight's columns, known before loading from its head files' names (one per
-    head, and the group's own emotion's); None for another scorer or no heads folder."""
-    from pathlib import Path
-
-    options = entry.get("options") or {}
-    heads = Path(options.get("heads_path") or "").expanduser()
-    if (
-        entry["backend"] != "empathic-insight"
-        or not options.get("heads_path")
-        or not heads.is_dir()
-    ):
-        return None
-    from bestofn.backends.empathic import TARGET, column_name, head_files, head_name
-
-    prefix = options.get("column_prefix", "ei_")
-    names = [head_name(p) for p in head_files(heads)] + [TARGET]
-    return {column_name(n, prefix): "DOUBLE" for n in names}
 
 
 def config_file_problem(path: str, given: list) -> str | None:
@@ -154,7 +135,8 @@ def run_group_rule(
 ) -> dict:
     """The ``group`` rule's ``run:`` block. A ``run:`` block, not a ``script:``, and no ``log:``
     or input function: Snakemake's per-job work for those dominated planning at 100k groups
-    (docs/PERFORMANCE.md). The group's log goes to logs/groups/{emotion}/{prompt_id}.log.
+    (ledger figure planning.dry_run_100k). The group's log goes to
+    logs/groups/{emotion}/{prompt_id}.log.
     ``spec``: the group as the worker runs it (the reference voice's path included; the
     params hold only its digest); None: ``params.spec``."""
     path = group_log_path(config["results"], emotion, prompt_id)

@@ -14,7 +14,7 @@ from helpers import HELD_OUT, make_project, trade_off_results
 
 from bestofn.cli import build_parser, main
 from bestofn.report.votes import results_id
-from bestofn.select.selection import build_database
+from bestofn.select.database import build_database
 from bestofn.weights.lock import LOCK_NAME
 
 CASES = ("missing", "malformed", "shape")
@@ -227,3 +227,25 @@ def test_version_and_defaults_in_every_help(capsys):
                 continue
             said = "default" in (action.help or "").lower()  # the help says it in words
             assert said or f"(default: {action.default})" in text, (parser.prog, action.dest)
+
+
+def test_every_subcommand_is_registered_by_its_package():
+    """bestofn.cli only routes: each subcommand (parity aside: it parses its own argv) runs a
+    function of the package that registered it."""
+    import bestofn.cli as cli
+
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if name == "parity":
+                    continue
+                func = sub.get_default("func")
+                if func is None:  # a group of subcommands: its leaves carry the function
+                    sub = next(
+                        s
+                        for a in sub._actions
+                        if isinstance(a, argparse._SubParsersAction)
+                        for s in a.choices.values()
+                    )
+                    func = sub.get_default("func")
+                assert func is not None and func.__module__ != cli.__name__, name

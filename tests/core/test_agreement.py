@@ -11,7 +11,7 @@ import types
 import pytest
 import yaml
 
-from bestofn.core.compat import AgreementError, check_files, check_loaded
+from bestofn.core.agreement import AgreementError, check_files, check_loaded
 from bestofn.core.pipeline import load_backends
 from bestofn.core.plan import PlanError, build_plan
 

@@ -47,6 +47,21 @@ def test_a_bad_instruction_option_is_refused(value, match):
         check_instruction_option(value, "moss-fast")
 
 
+@pytest.mark.parametrize("backend", ["moss-fast", "moss-hf"])
+def test_the_plan_refuses_a_bad_instruction_as_the_generator_does(backend):
+    """One check: the generator's own (check_options), run by the plan before any model loads
+    and by the generator when it is built."""
+    from bestofn.backends.registry import backend_class
+    from bestofn.core.plan import check_options
+
+    entry = {"backend": backend, "options": {"instruction": "be {mood}"}}
+    with pytest.raises(PlanError, match=rf"config models.generator: {backend}: .*names \{{mood\}}"):
+        check_options("generator", "models.generator", entry)
+    with pytest.raises(ValueError, match=r"names \{mood\}"):
+        backend_class("generator", backend).check_options(entry["options"])
+    check_options("generator", "models.generator", {"backend": backend, "options": {}})
+
+
 def test_the_plans_instruction_wins_over_the_option():
     spec = GroupSpec("Anger", "p1", "Hi.", 1, emotion_description="Hot.")
     assert group_instruction("emotion_description", spec) == "Hot."

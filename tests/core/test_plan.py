@@ -7,7 +7,7 @@ import yaml
 from helpers import tiny_config, write_tsv
 
 from bestofn.core.plan import PlanError, build_plan
-from bestofn.select.selection import SelectionError
+from bestofn.select.base import SelectionError
 from bestofn.weights.paths import weight_options
 from bestofn.workflow_glue import check_selection_for
 
@@ -139,7 +139,7 @@ def test_good_selection_sql_passes():
 def test_missing_weights_paths_are_all_listed_before_any_load(project):
     from helpers import REPO
 
-    from bestofn.core.plan import load_config
+    from bestofn.core.config import load_config
 
     config = load_config(REPO / "config/recipes/base.yaml")
     config["emotions"] = "config/emotions.tsv"
@@ -281,7 +281,7 @@ def test_shipped_configs_use_only_known_options(config_name):
     from helpers import REPO
 
     from bestofn.backends.registry import backend_class
-    from bestofn.core.plan import load_config
+    from bestofn.core.config import load_config
 
     models = load_config(REPO / "config" / config_name)["models"]
     for role, entry in _entries(models):
@@ -341,7 +341,7 @@ def test_runtime_defaults_are_written_once_in_the_schema():
     import dataclasses
 
     from bestofn.schemas import runtime_defaults
-    from bestofn.worker.client.group_job import Runtime
+    from bestofn.worker.client.runtime import Runtime
 
     defaults = runtime_defaults()
     fields = {

@@ -20,21 +20,33 @@ def _groups(**refs):
     }
 
 
+# the scorer that writes spk_sim declares it a reference column (SpeakerScorer)
+SPEAKER = {"scorers": [{"backend": "duration"}, {"backend": "wavlm-speaker"}]}
+
+
 def test_a_spk_sim_gate_without_a_reference_is_refused_naming_the_groups():
     groups = _groups(**{"calm/p1": "v.flac", "happy/p1": None, "happy/p2": None})
-    errors, notes = speaker_gate({"filter": "wer < 0.1 AND spk_sim >= 0.86", "score": "1"}, groups)
+    errors, notes = speaker_gate(
+        {"filter": "wer < 0.1 AND spk_sim >= 0.86", "score": "1"}, groups, SPEAKER
+    )
     assert len(errors) == 1 and not notes
     assert "selection.filter uses spk_sim" in errors[0]
     assert "2 group(s) have no reference voice: happy/p1, happy/p2." in errors[0]
     assert "calm/p1" not in errors[0]
     # in the score only: a note; every group with a voice, or no speaker column: nothing
-    errors, notes = speaker_gate({"filter": "wer < 0.1", "score": "norm(spk_sim)"}, groups)
+    errors, notes = speaker_gate({"filter": "wer < 0.1", "score": "norm(spk_sim)"}, groups, SPEAKER)
     assert not errors and "selection.score uses spk_sim" in notes[0]
     assert speaker_gate({"filter": "spk_sim > 0.8", "score": "1"},
-                        _groups(**{"calm/p1": "v.flac"})) == ([], [])  # fmt: skip
-    assert speaker_gate({"filter": "wer < 0.1", "score": "1"}, groups) == ([], [])
+                        _groups(**{"calm/p1": "v.flac"}), SPEAKER) == ([], [])  # fmt: skip
+    assert speaker_gate({"filter": "wer < 0.1", "score": "1"}, groups, SPEAKER) == ([], [])
+    # without the scorer that writes it, spk_sim is no speaker column here
+    gate = {"filter": "spk_sim > 0.8", "score": "1"}
+    assert speaker_gate(gate, groups, {"scorers": [{"backend": "duration"}]}) == ([], [])
     # a string literal naming the column is no use of it
-    assert speaker_gate({"filter": "stop_reason <> 'spk_sim'", "score": "1"}, groups) == ([], [])
+    assert speaker_gate({"filter": "stop_reason <> 'spk_sim'", "score": "1"}, groups, SPEAKER) == (
+        [],
+        [],
+    )
 
 
 def test_bestofn_check_refuses_a_speaker_floor_without_references(tmp_path, capsys):
@@ -46,7 +58,8 @@ def test_bestofn_check_refuses_a_speaker_floor_without_references(tmp_path, caps
     path.write_text(yaml.safe_dump(config))
     assert bestofn(["check", "--config", str(path), "--base", str(project)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: config selection.filter uses speaker_sim (resemblyzer)")
+    # the config file is named first, as every refused config field is (error: <file>: <what>)
+    assert err.startswith(f"error: {path}: config selection.filter uses speaker_sim (resemblyzer)")
     assert "happy/p1, happy/p2" in err and "calm/" not in err and "Traceback" not in err
 
 

@@ -18,7 +18,8 @@ from bestofn.core.groupio import UnpublishableTake, partial_dirs, write_group
 from bestofn.core.pipeline import EMPTY_TAKE_S, load_backends, take_ending
 from bestofn.core.runner import run_group
 from bestofn.ops.verify import verify_group
-from bestofn.select.selection import BASE_COLUMNS, check_selection
+from bestofn.select.base import BASE_COLUMNS
+from bestofn.select.database import check_selection
 from bestofn.util.spec import GroupSpec
 
 SCRIPTED = "lab.faults:ScriptedGenerator"

@@ -19,7 +19,7 @@ from helpers import REPO, make_tiny_project, tiny_config
 from readme_snippets import code_blocks
 
 from bestofn.cli import main as cli
-from bestofn.select.selection import build_database
+from bestofn.select.database import build_database
 
 pytestmark = pytest.mark.slow  # each test exports the results of one `make demo`-like run
 

@@ -37,6 +37,8 @@ SMOKED = {
     "docs/bench/plan_sheets.py": "tests/lab/test_gpu_scripts.py",
     "probe worker_start": "tests/lab/test_gpu_scripts.py",
     "probe speech_profile": "tests/lab/test_gpu_scripts.py",
+    "docs/bench/steady_from_group_logs.py": "tests/lab/test_gpu_scripts.py",
+    "docs/bench/project_256k.py": "tests/lab/test_gpu_scripts.py",
     "bench scorers": "tests/lab/test_gpu_scripts.py",
     "bench database": "tests/lab/test_gpu_scripts.py",
     "bench pipeline": "tests/lab/test_bench_pipeline.py",

@@ -11,7 +11,8 @@ import yaml
 from helpers import BIN, REPO, tiny_config
 
 from bestofn.cli import main as bestofn
-from bestofn.core.plan import build_plan, load_config
+from bestofn.core.config import load_config
+from bestofn.core.plan import build_plan
 from bestofn.ops import doctor
 
 

@@ -14,7 +14,7 @@ from helpers import tiny_config, write_group
 from bestofn.cli import main
 from bestofn.ops.bradley_terry import agreement_hits, fit, group_folds
 from bestofn.report.votes import FORMAT, Context, left_first, order_seed, results_id
-from bestofn.select.selection import build_database
+from bestofn.select.database import build_database
 
 HAND_SCORE = "quality"
 LISTENERS = ("ann", "bob", "cyd")

@@ -6,8 +6,8 @@ import pytest
 from helpers import group_parquet  # hand-made scores.parquet of one group
 
 from bestofn.report.throughput import gain_histogram, score_gain_table, write_report
+from bestofn.select.database import build_database
 from bestofn.select.held_out import scorer_directions
-from bestofn.select.selection import build_database
 
 ASR = scorer_directions({"scorers": [{"backend": "whisper-asr"}]})
 
@@ -69,7 +69,7 @@ def test_report_connections_carry_the_database_settings(tmp_path):
     it reads up to its memory limit: 80 % of RAM unset), and its connections agree."""
     import duckdb
 
-    from bestofn.select.selection import database_defaults, open_read_only
+    from bestofn.select.database import database_defaults, open_read_only
 
     db = tmp_path / "x.duckdb"
     duckdb.connect(str(db)).execute("CREATE TABLE t AS SELECT 1 AS a").close()

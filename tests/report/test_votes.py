@@ -22,7 +22,7 @@ from bestofn.report.votes import (
     share_interval,
     wilson,
 )
-from bestofn.select.selection import build_database
+from bestofn.select.database import build_database
 
 
 @pytest.fixture(scope="module")

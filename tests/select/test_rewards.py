@@ -13,6 +13,8 @@ from helpers import REPO, trade_off_results, write_group, write_tsv
 
 from bestofn.backends.empathic import column_name
 from bestofn.select import scales
+from bestofn.select.base import SelectionError
+from bestofn.select.database import build_database, check_rewards, resolve_norm
 from bestofn.select.rewards import (
     Context,
     Reward,
@@ -21,7 +23,6 @@ from bestofn.select.rewards import (
     knee,
     rewards_of,
 )
-from bestofn.select.selection import SelectionError, build_database, check_rewards, resolve_norm
 
 NAMED = {
     "nat": {"score": "z(naturalness, emotion) + norm(clarity, emotion)", "top": 3},

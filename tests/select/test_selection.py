@@ -5,7 +5,9 @@ import pyarrow.parquet as pq
 import pytest
 from helpers import group_parquet
 
-from bestofn.select.selection import SelectionError, build_database
+from bestofn.select import database
+from bestofn.select.base import SelectionError
+from bestofn.select.database import build_database
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def test_sql_that_fails_on_data_is_reported(tmp_path):
 
 
 def test_memory_share_of_a_duckdb_limit():
-    from bestofn.select.selection import memory_share
+    from bestofn.select.database import memory_share
 
     assert memory_share("1GB", 0.25) == "250000000 bytes"  # DuckDB: GB = 10^9 bytes
     assert memory_share("1.5 GiB", 0.5) == f"{int(1.5 * 2**30 * 0.5)} bytes"
@@ -74,11 +76,11 @@ def test_an_error_in_a_chunk_stops_the_next_read_and_leaves_no_database(tmp_path
     it before the work database closes, and the half-built file is removed."""
     import threading
 
-    from bestofn.select import selection, trust
+    from bestofn.select import trust
 
     files = [group_parquet(tmp_path, f"calm/p{i}", [0.0, 0.1], [1.0, 2.0]) for i in range(8)]
-    monkeypatch.setattr(selection, "CHUNK_TAKES", 4)
-    monkeypatch.setattr(selection, "FIRST_CHUNK_FILES", 2)
+    monkeypatch.setattr(database, "CHUNK_TAKES", 4)
+    monkeypatch.setattr(database, "FIRST_CHUNK_FILES", 2)
     calls = []
     add_chunk = trust.TrustTables.add_chunk
 
@@ -102,21 +104,20 @@ def test_an_error_in_a_chunk_stops_the_next_read_and_leaves_no_database(tmp_path
 def test_a_chunk_with_an_older_file_is_read_by_name(tmp_path, monkeypatch):
     """A chunk whose files differ in schema is read again by name (missing columns NULL),
     chunk by chunk; the others keep the plain read."""
-    from bestofn.select import selection
 
     files = [group_parquet(tmp_path, f"calm/p{i}", [0.0, 0.1], [1.0, 2.0]) for i in range(6)]
     older = pq.read_table(files[3]).drop_columns(["quality"])
     pq.write_table(older, files[3])
-    monkeypatch.setattr(selection, "CHUNK_TAKES", 4)
-    monkeypatch.setattr(selection, "FIRST_CHUNK_FILES", 2)
+    monkeypatch.setattr(database, "CHUNK_TAKES", 4)
+    monkeypatch.setattr(database, "FIRST_CHUNK_FILES", 2)
     reads = []
-    read = selection._read_chunk
+    read = database._read_chunk
 
     def spy(reader, chunk, union):
         reads.append(len(chunk))
         return read(reader, chunk, union)
 
-    monkeypatch.setattr(selection, "_read_chunk", spy)
+    monkeypatch.setattr(database, "_read_chunk", spy)
     counts = build_database(files, tmp_path / "x.duckdb", "wer <= 0.1", "coalesce(quality, 0)")
     assert counts == {"takes": 12, "groups": 6, "selected": 6}
     assert reads == [2, 2, 2]  # no restart of the build

@@ -16,6 +16,8 @@ import pytest
 from helpers import DATA, HELD_OUT, REPO, chromium, tiny_config, trade_off_results, write_group
 
 from bestofn.report.throughput import write_report
+from bestofn.select.base import SelectionError
+from bestofn.select.database import build_database
 from bestofn.select.held_out import (
     check_held_out,
     filter_clauses,
@@ -23,7 +25,6 @@ from bestofn.select.held_out import (
     referenced_columns,
     scorer_directions,
 )
-from bestofn.select.selection import SelectionError, build_database
 from bestofn.select.trust import presentation_order
 from bestofn.workflow_glue import check_selection_for
 
@@ -390,7 +391,7 @@ def test_the_database_rule_does_not_import_pandas(tmp_path):
     demo = DATA / "demo_groups"
     files = sorted(str(p) for p in demo.rglob("scores.parquet"))
     code = (
-        "import json, sys; from bestofn.select.selection import build_database; "
+        "import json, sys; from bestofn.select.database import build_database; "
         f"build_database(json.loads(sys.argv[1]), {str(tmp_path / 'db.duckdb')!r}, "
         "'wer <= 0.1', 'dnsmos_ovrl - cer', "
         "held_out=[{'column': 'dnsmos_p808', 'better': 'higher'}]); "

@@ -7,9 +7,8 @@ import pytest
 import yaml
 from helpers import REPO, scores_parquet
 
-from bestofn.select.selection import (
-    BASE_COLUMNS,
-    SelectionError,
+from bestofn.select.base import BASE_COLUMNS, SelectionError
+from bestofn.select.database import (
     build_database,
     check_selection,
     resolve_norm,

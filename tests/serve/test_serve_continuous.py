@@ -235,7 +235,13 @@ def test_through_the_server_a_late_request_joins_the_running_decode(tmp_path):
         after = srv.health()["worker"]["speech_batching"]
         assert len(b"".join(parts)) == 2 * 24000 * 96 * 0.08  # its whole budget, 24 kHz pcm
         assert after["joined_running"] - before["joined_running"] == 1
-        assert result["late"] == late_alone
+        # the same audio as alone, to the last 16-bit step: its codec chunks may share a batched
+        # decode with the long request's, and a batched matmul can round a float's last bit
+        # differently (bestofn.moss.stream: exact "float rounding aside")
+        late, alone = (
+            np.frombuffer(b, "<i2").astype(np.int32) for b in (result["late"], late_alone)
+        )
+        assert late.shape == alone.shape and np.abs(late - alone).max() <= 1
     finally:
         srv.close()
 

@@ -75,11 +75,11 @@ def test_parquet(tmp_path):
 
 
 def test_cli_prints_it_with_exit_2(tmp_path, capsys, monkeypatch):
-    import bestofn.cli as cli
+    import bestofn.ops.commands as commands
 
     def raises(args):
         raise UserInputError(tmp_path / "f.yaml", "what is wrong")
 
-    monkeypatch.setattr(cli, "_check", raises)
+    monkeypatch.setattr(commands, "_check", raises)
     assert main(["check"]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'f.yaml'}: what is wrong\n"

@@ -171,7 +171,8 @@ def test_entries_for_config_are_the_folders_it_names():
 
 
 def test_worker_key_follows_the_weights_bytes_not_only_their_path(tmp_path):
-    from bestofn.worker.client.group_job import Runtime, SlotPool, _weights_digest, slot_spec
+    from bestofn.worker.client.group_job import _weights_digest, slot_spec
+    from bestofn.worker.client.runtime import Runtime, SlotPool
     from bestofn.worker.key import worker_key
 
     root = tmp_path / "models"

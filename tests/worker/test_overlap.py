@@ -244,7 +244,7 @@ def test_throughput_table_has_gpu_columns(backends, tmp_path):
     import duckdb
     import pyarrow as pa
 
-    from bestofn.select.selection import build_database
+    from bestofn.select.database import build_database
 
     timings = run_group(_spec(0), backends, tmp_path / "g/calm/p0")
     # plain numbers (the group job logs them rounded); no GPU keys off CUDA

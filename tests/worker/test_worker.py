@@ -16,13 +16,8 @@ import yaml
 from helpers import BIN, REPO, gone, snakemake, verify, write_tsv
 
 from bestofn.core.pipeline import stable_hash
-from bestofn.worker.client.group_job import (
-    Runtime,
-    SlotPool,
-    _read_pid,
-    ensure_worker,
-    health,
-)
+from bestofn.worker.client.group_job import _read_pid, ensure_worker, health
+from bestofn.worker.client.runtime import Runtime, SlotPool
 from bestofn.worker.uds_http import request
 
 pytestmark = pytest.mark.slow  # workers started, killed and reaped; snakemake through them
@@ -192,7 +187,7 @@ def test_worker_sigkill_mid_group_is_retried_and_completes(project):
         str(REPO / "profiles/local"), "--retries", "2",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    from bestofn.worker.client.group_job import default_state_dir
+    from bestofn.worker.client.runtime import default_state_dir
 
     pool = SlotPool(default_state_dir(project), 1, 2, "cpu")
     killed = None
@@ -216,7 +211,7 @@ def test_worker_sigkill_mid_group_is_retried_and_completes(project):
 
 
 def test_gpu_slots_follow_cuda_visible_devices(tmp_path, monkeypatch):
-    from bestofn.worker.client.group_job import detect_slots
+    from bestofn.worker.client.runtime import detect_slots
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # e.g. what a SLURM allocation exposes
     assert detect_slots("cuda") == 2

@@ -17,13 +17,8 @@ import yaml
 from helpers import BIN, gone, snakemake, verify
 
 from bestofn.worker import key as contract
-from bestofn.worker.client.group_job import (
-    Runtime,
-    SlotPool,
-    _read_pid,
-    ensure_worker,
-    health,
-)
+from bestofn.worker.client.group_job import _read_pid, ensure_worker, health
+from bestofn.worker.client.runtime import Runtime, SlotPool
 from bestofn.worker.lifecycle import fatal_device_error
 from bestofn.worker.uds_http import request
 

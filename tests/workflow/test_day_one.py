@@ -68,16 +68,19 @@ def planned_groups(project: Path) -> int:
 
 def checkout(project: Path, hub: Path) -> None:
     """A workflow directory as a user has it, and the production config of the tiny weights
-    with every model path relative to ``weights_root: weights``; 1 emotion x 2 prompts."""
+    with every model path relative to ``weights_root: weights``; 2 emotions x 1 prompt."""
     (project / "config/voices").mkdir(parents=True)
     (project / CONFIG).parent.mkdir(parents=True)
     for name in ("Snakefile", "workflow", "profiles"):
         (project / name).symlink_to(REPO / name)
     shutil.copy(hub / "joe_reference.flac", project / "config/voices/ref.flac")
-    header, calm = (hub / "emotions.tsv").read_text().splitlines()[:2]  # calm: with a voice
-    calm = calm.replace(str(hub / "joe_reference.flac"), "config/voices/ref.flac")
-    (project / "config/emotions.tsv").write_text(f"{header}\n{calm}\n")
-    shutil.copy(hub / "prompts.tsv", project / "config/prompts.tsv")
+    # both emotions (calm has a voice), one prompt: the config's reward `emo` compares each
+    # group's own Empathic-Insight head with the other emotion's (ei_spec needs two)
+    emotions = (hub / "emotions.tsv").read_text()
+    emotions = emotions.replace(str(hub / "joe_reference.flac"), "config/voices/ref.flac")
+    (project / "config/emotions.tsv").write_text(emotions)
+    header, first = (hub / "prompts.tsv").read_text().splitlines()[:2]
+    (project / "config/prompts.tsv").write_text(f"{header}\n{first}\n")
     text = (hub / "config.yaml").read_text().replace(f'"{hub}/', '"')
     config = yaml.safe_load(text)
     config.update(emotions="config/emotions.tsv", prompts="config/prompts.tsv", takes=2,

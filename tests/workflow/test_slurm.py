@@ -16,7 +16,8 @@ import pytest
 import yaml
 from helpers import REPO, tiny_config, write_tsv
 
-from bestofn.worker.client.group_job import default_state_dir, health
+from bestofn.worker.client.group_job import health
+from bestofn.worker.client.runtime import default_state_dir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]  # SLURM jobs through the one-node SLURM
 
@@ -344,7 +345,7 @@ def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypat
 
 
 def test_worker_state_is_per_slurm_job_and_slots_follow_the_allocation(tmp_path, monkeypatch):
-    from bestofn.worker.client.group_job import detect_slots
+    from bestofn.worker.client.runtime import detect_slots
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     plain = default_state_dir(tmp_path)

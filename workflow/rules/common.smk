@@ -4,7 +4,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from bestofn.core.plan import PlanError, build_plan
-from bestofn.select.selection import SelectionError
+from bestofn.select.base import SelectionError
 from bestofn.util.user_input import UserInputError
 from bestofn.workflow_glue import check_selection_for, run_group_rule
 from bestofn import snakemake_speedups
@@ -53,11 +53,8 @@ def group_params(wildcards):
 
 def clear_load_failures():
     """A new run starts workers again: forget the models that could not load in a run before."""
-    from bestofn.worker.client.group_job import (
-        Runtime,
-        clear_load_failure,
-        default_state_dir,
-    )
+    from bestofn.worker.client.runtime import Runtime, default_state_dir
+    from bestofn.worker.client.group_job import clear_load_failure
 
     rt = Runtime.from_config(config.get("runtime"))
     clear_load_failure(rt.state_dir or default_state_dir())
@@ -69,7 +66,8 @@ onstart:
 
 def stop_workers():
     """Stop this workflow directory's warm workers (onsuccess / onerror)."""
-    from bestofn.worker.client.group_job import Runtime, default_state_dir, stop_all
+    from bestofn.worker.client.runtime import Runtime, default_state_dir
+    from bestofn.worker.client.group_job import stop_all
 
     rt = Runtime.from_config(config.get("runtime"))
     stop_all(rt.state_dir or default_state_dir())

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from bestofn.core.groupio import SCORES
 from bestofn.report.votes import reapply
-from bestofn.select.selection import build_database
+from bestofn.select.database import build_database
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
 parquets = [Path(d) / SCORES for d in snakemake.input]

@@ -381,6 +381,11 @@ class AudioboxAestheticsScorer(Scorer):
     ``cache_dir`` (optional; memoises weight hashes)."""
 
     name = "audiobox-aesthetics"
+    table_weights = (
+        "local facebook/audiobox-aesthetics folder (config.json + model.safetensors) or its "
+        "`checkpoint.pt`"
+    )
+    table_options = "`model_path`, `dtype`, `batch_size` (below)"
     columns = COLUMNS
     better = {"aes_ce": "higher", "aes_cu": "higher", "aes_pq": "higher"}
     input_sample_rate = SAMPLE_RATE

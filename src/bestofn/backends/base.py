@@ -27,6 +27,10 @@ class Backend:
     """Common surface: a name, a device, and provenance for every row it touches."""
 
     name: ClassVar[str] = "?"
+    # its row of config/README.md's backend table (bestofn.backends.doc writes the table): the
+    # weights it reads and its options, in markdown
+    table_weights: ClassVar[str] = "–"
+    table_options: ClassVar[str] = "–"
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
@@ -44,6 +48,12 @@ class Backend:
             for p in params
             if p.kind in named and p.name != "device" and not p.name.startswith("_")
         )
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """Check the values of the config's ``options`` and ``runtime`` (merged) without
+        loading anything: the plan calls it before any GPU work, the constructor again. A
+        ValueError names the option. By default there is nothing to check."""
 
     def provenance(self) -> dict:
         """Model ids/paths, hashes and settings that made this backend's output."""
@@ -71,6 +81,12 @@ def hash_memo_dir(cache_dir) -> Path | None:
 
 class Generator(Backend):
     sample_rate: int
+    # What the plan and the speech path ask of a generator without naming it: whether its
+    # options hold the pacing dial (bestofn.moss.budget: part of a group's identity with the
+    # schema's defaults filled in, bestofn.core.pipeline), and whether it takes in new speech
+    # requests while it decodes (continuous batching, bestofn.moss.stream).
+    paced: ClassVar[bool] = False
+    feeds_while_decoding: ClassVar[bool] = False
 
     def generate(self, spec: GroupSpec) -> list[Take]:
         """Return ``spec.n_takes`` takes of ``spec.text``; take i uses seed ``spec.seeds()[i]``."""
@@ -78,6 +94,10 @@ class Generator(Backend):
 
 
 class Restorer(Backend):
+    # The rate its model hears, when it is below the takes' (it then makes the upper band
+    # again): the plan notes a wideband generator restored through it (core.recipe_checks).
+    input_sample_rate: ClassVar[int | None] = None
+
     def restore(self, audios: list[np.ndarray], sample_rate: int) -> tuple[list[np.ndarray], int]:
         """Return restored audio and its (possibly new) sample rate; same length list."""
         raise NotImplementedError
@@ -99,10 +119,32 @@ class Scorer(Backend):
     # How the pipeline resamples for it: soxr on the host or torch on the device
     # (``runtime.resampler`` of any scorer, taken by the registry, bestofn.backends.scorer_input).
     resampler: str = "soxr"
+    # What the plan asks of a scorer without naming it (bestofn.core.voice_acting,
+    # recipe_checks, bestofn.select.rewards): the ASR model when it reads English only (prompts
+    # in another language are refused); the columns that measure a take against the group's
+    # reference voice (the group's centroid without one); whether it writes one column per
+    # emotion head, ``<column_prefix><head>`` (ei_target, ei_spec).
+    english_only: ClassVar[str | None] = None
+    reference_columns: ClassVar[frozenset[str]] = frozenset()
+    emotion_heads: ClassVar[bool] = False
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
         return super().known_options() | {"resampler"}
+
+    @classmethod
+    def planned_columns(cls, options: dict) -> dict[str, str] | None:
+        """The columns it will write, known before it loads: its ``columns``; a scorer with
+        ``dynamic_columns`` says which its ``options`` give (None: not known before loading)."""
+        return None if cls.dynamic_columns else dict(cls.columns)
+
+    @classmethod
+    def check_plan(cls, options: dict, groups: dict, selection_uses, sheet, base):
+        """(errors, notes) about the plan's groups for this scorer, before any model loads:
+        ``groups`` (emotion, prompt_id) -> GroupSpec, ``selection_uses(column)`` whether the
+        selection reads a column, ``sheet`` the emotions sheet, ``base`` what relative paths
+        are under."""
+        return [], []
 
     def score(self, audios: list[np.ndarray], sample_rate: int, spec: GroupSpec) -> dict[str, list]:
         """Return one list per column in ``columns``, each ``len(audios)`` long."""

@@ -129,6 +129,8 @@ def _subgraph(model, start: str, end: str, in_shape: list, out_shape: list) -> b
 
 class DNSMOSScorer(Scorer):
     name = "dnsmos"
+    table_weights = "DNSMOS ONNX models in the `speechmos` package"
+    table_options = "runtime `threads`, `batch_windows`, `share_frames` (below)"
     columns = {
         "dnsmos_sig": "DOUBLE",
         "dnsmos_bak": "DOUBLE",

@@ -10,6 +10,8 @@ from bestofn.util.spec import GroupSpec
 
 class DurationScorer(Scorer):
     name = "duration"
+    table_weights = "–"
+    table_options = "columns `words_per_s`, `n_words`"
     columns = {"words_per_s": "DOUBLE", "n_words": "BIGINT"}
 
     def __init__(self, device: str = "cpu"):

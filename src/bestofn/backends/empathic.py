@@ -239,12 +239,51 @@ class EmpathicInsightScorer(Scorer):
     """
 
     name = "empathic-insight"
+    table_weights = "local BUD-E-Whisper encoder + head directory"
+    table_options = "`encoder_path`, `heads_path`, `batch_size`, `dtype` (below)"
     dynamic_columns = True  # one column per head file found in heads_path
     # the four quality heads (score_overall_quality...): more is better; emotion heads measure
     # how much of an emotion a take carries, which has no better side (with the default prefix);
     # ei_target is the group's own emotion: more of it is the acting asked for
     better = {"ei_score_*": "higher", "ei_target": "higher"}
     input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
+    emotion_heads = True
+
+    @classmethod
+    def planned_columns(cls, options: dict) -> dict[str, str] | None:
+        """One column per head file in ``heads_path`` and the group's own emotion's
+        (``<prefix>target``), from the files' names; None without a heads folder."""
+        heads = Path(options.get("heads_path") or "").expanduser()
+        if not options.get("heads_path") or not heads.is_dir():
+            return None
+        prefix = options.get("column_prefix", "ei_")
+        names = [head_name(p) for p in head_files(heads)] + [TARGET]
+        return {column_name(n, prefix): "DOUBLE" for n in names}
+
+    @classmethod
+    def check_plan(cls, options: dict, groups: dict, selection_uses, sheet, base):
+        """The selection reads ``<prefix>target``, the head of each group's own emotion: an
+        emotion that maps to no head is an error, naming it and the heads found in
+        ``heads_path``; where the selection does not read it, a note."""
+        column = column_name(TARGET, options.get("column_prefix", "ei_"))
+        heads_path = options.get("heads_path")
+        path = Path(heads_path or "").expanduser()
+        path = path if path.is_absolute() else Path(base) / path
+        if not heads_path or not path.is_dir():
+            return [], []  # the plan's check_models names a missing weights path
+        heads = emotion_head_names(path)
+        emotions = {spec.emotion: spec.extra.get("ei_head") for spec in groups.values()}
+        unmapped = sorted(e for e, h in emotions.items() if resolve_head(e, h, heads) is None)
+        if not unmapped:
+            return [], []
+        where = (
+            f"{sheet}: emotion(s) {', '.join(unmapped)} map to no Empathic-Insight head "
+            f"(by the sheet's ei_head, else the emotion's name); heads in {heads_path}: "
+            f"{', '.join(heads)}"
+        )
+        if selection_uses(column):
+            return [f"{where}. The selection uses {column}: name the head in ei_head"], []
+        return [], [f"note: {where}. Their {column} is NaN (the selection does not use it)"]
 
     def __init__(
         self,

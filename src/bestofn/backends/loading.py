@@ -21,9 +21,9 @@ device copies, and CUDA work. Python itself (imports, module construction) holds
   Python's default 5 ms. A thread that reads weights releases the GIL inside every tensor read
   and device copy, and must take it back from whichever thread is running Python (an import,
   OmegaConf): with 5 ms it waits up to 5 ms after each of its tensor operations (the convoy
-  effect). On the H200 moss-fast's codec load took 13.8-14.9 s beside Parakeet's build against
-  3.2 s beside lighter work, and 3.4-4.6 s beside it with 0.5 ms (docs/PERFORMANCE.md, worker
-  start).
+  effect). On the H200 moss-fast's codec load took several times longer beside Parakeet's
+  build than beside lighter work, and about as long as alone with a short interval (ledger
+  figure worker_start.gil_convoy).
 
 The first error, in config order, is raised once every thread is done (a thread cannot be
 stopped half way through a load), so an error reads as it does in a serial load."""

@@ -36,9 +36,9 @@ from bestofn.moss.model import decode_attention_path
 from bestofn.moss.options import (
     COMMON_DEFAULTS,
     check_engine_options,
-    check_instruction_option,
     engine_defaults,
     group_instruction,
+    instruction_option,
 )
 from bestofn.moss.sampling import SamplingParams
 from bestofn.util.dtypes import resolve_dtype
@@ -71,12 +71,20 @@ def _auto(value, on_gpu: bool) -> bool:
 
 class MossFastGenerator(Generator):
     name = "moss-fast"
+    paced = True
+    feeds_while_decoding = True
+    table_weights = "same checkpoints, own inference engines"
+    table_options = "`weights`, `architecture`, `delay_min_frames`; runtime: below"
     decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)
     load_seconds: dict = {}  # set by a build from a checkpoint: where its seconds went
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
         return frozenset(DEFAULTS)
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        instruction_option(options, cls.name)
 
     def __init__(self, device: str = "cpu", **options):
         t_start = time.perf_counter()
@@ -156,7 +164,7 @@ class MossFastGenerator(Generator):
         self.options = o = {**DEFAULTS, **options}
         self.decode_s = 0.0
         self._given = set(options)
-        check_instruction_option(o["instruction"], "moss-fast")
+        self.check_options(o)
         from bestofn.moss.int8 import WEIGHTS
 
         if o["weights"] not in WEIGHTS:

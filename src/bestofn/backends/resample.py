@@ -10,6 +10,8 @@ from bestofn.util.audio import resample
 
 class IdentityRestorer(Restorer):
     name = "identity"
+    table_weights = "–"
+    table_options = "–"
 
     def __init__(self, device: str = "cpu"):
         pass
@@ -22,6 +24,8 @@ class ResampleRestorer(Restorer):
     """Resample every take to ``sample_rate`` (e.g. to match a production restorer's rate)."""
 
     name = "resample"
+    table_weights = "–"
+    table_options = "`sample_rate`"
 
     def __init__(self, device: str = "cpu", sample_rate: int = 48000):
         if int(sample_rate) <= 0:

@@ -34,7 +34,14 @@ def _torch_threads(n: int):
 
 class ResemblyzerScorer(Scorer):
     name = "resemblyzer"
+    table_weights = "GE2E encoder in the `resemblyzer` package"
+    table_options = (
+        "runtime `threads` (torch threads while embedding, default 1); columns `speaker_sim`, "
+        "`speaker_ref` (`reference` or `group_centroid` when the group has no reference "
+        "voice)"
+    )
     columns = {"speaker_sim": "DOUBLE", "speaker_ref": "VARCHAR"}
+    reference_columns = frozenset({"speaker_sim"})
     better = {"speaker_sim": "higher"}
     input_sample_rate = 16000
 

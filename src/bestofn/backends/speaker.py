@@ -184,7 +184,14 @@ class SpeakerScorer(Scorer):
     their defaults)."""
 
     name = "wavlm-speaker"
+    table_weights = (
+        "local microsoft/wavlm-base-plus-sv folder (config.json, preprocessor_config.json, weights)"
+    )
+    table_options = (
+        "`model_path`, `dtype`; runtime `precision`, `batch_size`, `max_seconds` (below)"
+    )
     columns = {"spk_sim": "DOUBLE", "spk_ref": "VARCHAR"}
+    reference_columns = frozenset({"spk_sim"})
     better = {"spk_sim": "higher"}
     input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer
 

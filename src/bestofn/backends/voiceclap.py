@@ -249,6 +249,8 @@ class VoiceCLAPScorer(Scorer):
     """
 
     name = "voiceclap"
+    table_weights = "local laion/voiceclap-commercial folder"
+    table_options = "`model_path`, `genuineness_path`, `blend_path` (below)"
     columns = {"vc_genuineness": "DOUBLE", "vc_blend": "DOUBLE", "vc_prompt_sim": "DOUBLE"}
     better = {"vc_genuineness": "higher", "vc_prompt_sim": "higher"}  # vc_blend: no direction
     input_sample_rate = SAMPLE_RATE  # the pipeline resamples once per group for every 16 kHz scorer

@@ -36,6 +36,12 @@ def levels(audio: np.ndarray) -> tuple[float, float]:
 
 class VolumeScorer(Scorer):
     name = "volume"
+    table_weights = "–"
+    table_options = (
+        "columns `vol_rms_db` (10 log10 of the mean square of every sample: the take's RMS in "
+        "dBFS), `vol_peak_db` (the largest absolute sample in dBFS; a clipped take reaches "
+        "0); silence floored at -120"
+    )
     columns = {"vol_rms_db": "DOUBLE", "vol_peak_db": "DOUBLE"}
 
     def __init__(self, device: str = "cpu"):

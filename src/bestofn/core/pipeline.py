@@ -106,7 +106,9 @@ def models_identity(models: dict, memo_dir: Path | None = None) -> dict:
 def _with_pacing(entry: dict) -> dict:
     """A MOSS generator's entry with its whole pacing dial (the schema's defaults filled in):
     the dial changes the prompt and the budget, so a changed default reruns the groups too."""
-    if entry.get("backend") not in ("moss-fast", "moss-hf"):
+    from bestofn.backends.registry import backend_class
+
+    if not getattr(backend_class("generator", entry["backend"]), "paced", False):
         return entry
     from bestofn.moss.budget import FrameBudget
 
@@ -148,12 +150,12 @@ def load_backends(models: dict, device: str = "cpu", parallel: bool | None = Non
     """Build every backend named in the config's ``models`` section, once.
 
     The weight files' facts are compared first (nothing loads on a mismatch), the rates between
-    the loaded stages after (bestofn.core.compat): either raises AgreementError naming both.
+    the loaded stages after (bestofn.core.agreement): either raises AgreementError naming both.
     ``parallel`` (config ``runtime.parallel_load``; None: the schema's default): build the
     backends in threads at once (bestofn.backends.loading); the backends are the same either
     way. ``Backends.load_report`` says where the seconds went."""
     from bestofn.backends.loading import build_all
-    from bestofn.core import compat as agreement
+    from bestofn.core import agreement
 
     if parallel is None:
         from bestofn.schemas import runtime_defaults

@@ -23,8 +23,8 @@ from bestofn.backends.registry import (
     is_plugin,
 )
 from bestofn.core import recipe_checks, voice_acting
+from bestofn.core.config import ConfigError, check_config
 from bestofn.util.spec import GroupSpec
-from bestofn.util.user_input import load_yaml_file
 from bestofn.weights import lock as weights_lock
 from bestofn.weights import paths as weight_paths
 
@@ -183,6 +183,7 @@ def check_options(role: str, where: str, entry: dict) -> None:
     both = sorted(set(options) & set(runtime))
     if both:
         raise PlanError(f"config {where}: {both} set in both options and runtime; keep one")
+    cls = backend_class(role, name)
     for section, keys in (("options", options), ("runtime", runtime)):
         for key in keys:
             if key in known:
@@ -194,6 +195,10 @@ def check_options(role: str, where: str, entry: dict) -> None:
                 f"config {where}.{section}: {role} backend {name!r} has no option {key!r}; "
                 f"{hint}{name}'s options: {listed}"
             )
+    try:  # the values, as the backend checks them when it is built
+        cls.check_options({**options, **runtime})
+    except ValueError as e:
+        raise PlanError(f"config {where}: {e}") from None
 
 
 def check_models(models: dict, base: Path = Path(".")) -> None:
@@ -219,7 +224,7 @@ def check_models(models: dict, base: Path = Path(".")) -> None:
         )
     for role, where, entry in _roles(models):
         check_options(role, where, entry)
-    from bestofn.core.compat import AgreementError, check_files
+    from bestofn.core.agreement import AgreementError, check_files
 
     try:  # codebooks and sample rates the weight files state (small JSON/YAML reads)
         check_files(models, base)
@@ -227,21 +232,13 @@ def check_models(models: dict, base: Path = Path(".")) -> None:
         raise PlanError(f"config models: {e}") from None
 
 
-def load_config(path: str | Path) -> dict:
-    """The config file's mapping; a missing or malformed file, or YAML that is not a mapping,
-    raises UserInputError naming it."""
-    return load_yaml_file(path, "config")
-
-
 def build_plan(config: dict, base: str | Path = ".") -> Plan:
     """Validate ``config`` (paths relative to ``base``) and expand emotions x prompts to groups."""
     base = Path(base)
-    errors = sorted(jsonschema.Draft202012Validator(schema("config")).iter_errors(config), key=str)
-    if errors:
-        e = errors[0]
-        where = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise PlanError(f"config field {where}: {e.message}")
-    config = schemas.apply_defaults(config)  # Plan.config: every default the schema declares
+    try:  # Plan.config: every default the schema declares
+        config = check_config(config)
+    except ConfigError as e:
+        raise PlanError(str(e)) from None
     try:  # weights paths relative to weights_root (or base), made absolute for the workers
         root = weight_paths.weights_root(config, base)
     except weight_paths.WeightsRootError as e:
@@ -317,9 +314,11 @@ def build_plan(config: dict, base: str | Path = ".") -> Plan:
             )
     if not groups:
         raise PlanError("no groups: every emotion/prompt combination is filtered out")
-    errors, notes = voice_acting.check_targets(config, groups, epath, base)
+    errors, notes = voice_acting.check_scorers(config, groups, epath, base)
     errors = voice_acting.check_languages(config["models"], groups, ppath) + errors
-    gate_errors, gate_notes = recipe_checks.speaker_gate(config.get("selection"), groups)
+    gate_errors, gate_notes = recipe_checks.speaker_gate(
+        config.get("selection"), groups, config["models"]
+    )
     errors += gate_errors
     notes += gate_notes + recipe_checks.restorer_notes(config["models"])
     if errors:

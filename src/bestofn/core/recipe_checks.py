@@ -20,18 +20,23 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# columns that fall back to the group's centroid without a reference voice (their scorers)
-SPEAKER_COLUMNS = {"spk_sim": "wavlm-speaker", "speaker_sim": "resemblyzer"}
 WIDEBAND_HZ = 48000  # a generator at this rate or above has nothing for Sidon to extend
 SHOWN_GROUPS = 8  # groups named in the message; the rest counted
 
 
-def speaker_gate(selection: dict, groups: dict) -> tuple[list[str], list[str]]:
-    """(errors, notes) of a selection that uses a speaker column for groups with no reference
-    voice. ``groups``: (emotion, prompt_id) -> GroupSpec."""
+def speaker_gate(selection: dict, groups: dict, models: dict) -> tuple[list[str], list[str]]:
+    """(errors, notes) of a selection that uses a speaker column (a scorer's
+    ``reference_columns``: the group's centroid without a reference voice) for groups with no
+    reference voice. ``groups``: (emotion, prompt_id) -> GroupSpec."""
+    from bestofn.backends.registry import backend_class
     from bestofn.select.held_out import referenced_columns
 
-    if not selection:
+    speaker_columns = {
+        column: entry["backend"]
+        for entry in models.get("scorers", [])
+        for column in backend_class("scorer", entry["backend"]).reference_columns
+    }
+    if not selection or not speaker_columns:
         return [], []
     blind = sorted(f"{e}/{p}" for (e, p), spec in groups.items() if not spec.reference_audio)
     if not blind:
@@ -44,10 +49,10 @@ def speaker_gate(selection: dict, groups: dict) -> tuple[list[str], list[str]]:
         sql = selection.get(field)
         if not sql:
             continue
-        used = sorted(c for c in referenced_columns(sql, field) if c in SPEAKER_COLUMNS)
+        used = sorted(c for c in referenced_columns(sql, field) if c in speaker_columns)
         for column in used:
             what = (
-                f"config selection.{field} uses {column} ({SPEAKER_COLUMNS[column]}), but "
+                f"config selection.{field} uses {column} ({speaker_columns[column]}), but "
                 f"{len(blind)} group(s) have no reference voice: {named}. Without one, "
                 f"{column} is the similarity to the group's own centroid (how typical a take "
                 "is), not to a voice"
@@ -90,16 +95,21 @@ def generator_rate(generator: dict) -> tuple[str, int] | None:
 
 
 def restorer_notes(models: dict) -> list[str]:
+    from bestofn.backends.registry import backend_class
+
     restorer = models.get("restorer") or {}
-    if restorer.get("backend") != "sidon":
+    heard = restorer and backend_class("restorer", restorer["backend"]).input_sample_rate
+    if not heard:
         return []
     found = generator_rate(models.get("generator") or {})
     if found is None or found[1] < WIDEBAND_HZ:
         return []
     path, rate = found
+    khz = heard / 1000
     return [
-        f"config models.restorer: sidon restores a {rate} Hz generator ({path} states its "
-        "rate): its 16 kHz input drops the take's real 8-16 kHz band and its vocoder makes it "
-        "again. LAION's voice-acting recipe keeps 48 kHz-native output raw and uses Sidon only "
-        "for the 24 kHz Delay model; remove models.restorer (config/recipes/emotions.yaml does)"
+        f"config models.restorer: {restorer['backend']} restores a {rate} Hz generator ({path} "
+        f"states its rate): its {khz:g} kHz input drops the take's real {khz / 2:g}-{khz:g} kHz "
+        "band and its vocoder makes it again. LAION's voice-acting recipe keeps 48 kHz-native "
+        "output raw and uses Sidon only for the 24 kHz Delay model; remove models.restorer "
+        "(config/recipes/emotions.yaml does)"
     ]

@@ -24,11 +24,11 @@ FIFO gate, so groups keep their arrival order in every phase:
 
 The results are the same in every mode (the same stages on the same inputs; the stages hand
 each other host arrays, so no device tensor crosses a stream). Why restore and score are apart
-under ``full``: a trace of the production set's steady state (``bench pipeline --profile``,
-docs/PERFORMANCE.md) had the GPU busy 69 % of the time, the restore + score phase's span equal
-to the whole group period, and its kernels under half that span: its host work (feature
-extraction, copies, the decoders' host loops) was the bound, and a group's score can run while
-the next one is restored (after the split: busy 80 %, 0.0288 s/clip against 0.0365).
+under ``full``: a trace of the production set's steady state (``bench pipeline --profile``)
+had the GPU idle for a good part of the time, the restore + score phase's span equal to the
+whole group period, and its kernels under half that span: its host work (feature extraction,
+copies, the decoders' host loops) was the bound, and a group's score can run while the next
+one is restored (ledger figures workflow.profile.gpu_busy, workflow.profile.steady_s_per_clip).
 
 Pairs: with a generator that pairs groups (moss-fast's runtime option ``pair_groups``), the
 group that enters the generate phase takes the first group queued behind it (``run`` called,
@@ -72,14 +72,14 @@ PAIR_WAIT_S = 5.0
 # ... and how long with no group ahead (the GPU idle), at most. A worker's first groups arrive
 # a few ms apart (snakemake submits queue_depth jobs at once); a first group that starts alone
 # shifts every later pair by one, so an even number of groups costs one pair-shape call more
-# (16 groups on one H200: 0.032-0.034 s/clip steady against 0.029). A group with
+# (ledger figure workflow.s_per_clip_per_gpu, whose note has those runs). A group with
 # no partner coming pays this wait once.
 PAIR_IDLE_WAIT_S = 0.25
 # runtime.experimental.generate_priority -> the CUDA stream priority the generate phase runs at
 # (lower is higher; -1 is the highest torch asks for on every GPU it supports)
 STREAM_PRIORITY = {"normal": 0, "high": -1}
 # How consecutive groups overlap (config ``runtime.overlap``; the schema holds the default).
-# auto: full on CUDA (it ran through snakemake on two H200s, docs/PERFORMANCE.md), off elsewhere.
+# auto: full on CUDA (it ran through snakemake on two H200s), off elsewhere.
 # host (config ``runtime.experimental.overlap``): the GPU stages in one phase, the write apart.
 OVERLAP_MODES = ("auto", "off", "host", "full")
 

@@ -65,7 +65,7 @@ def stream_batch(generator, specs: list[GroupSpec], feed: Feed | None = None) ->
     own = getattr(generator, "stream_batch", None)
     if own is not None:
         yield from own(specs)
-    elif getattr(generator, "name", "") == "moss-fast":
+    elif getattr(generator, "feeds_while_decoding", False):
         from bestofn.moss.stream import stream_batch as moss_stream
 
         yield from moss_stream(generator, specs, feed)

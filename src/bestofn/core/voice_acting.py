@@ -8,10 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bestofn.backends.registry import backend_class
-from bestofn.moss.options import NO_INSTRUCTION, instruction_text
-
-EMPATHIC = "empathic-insight"
-TARGET = "target"  # the Empathic-Insight column of the group's own emotion: <prefix>target
+from bestofn.moss.options import NO_INSTRUCTION, instruction_option, instruction_text
 
 
 def generator_instruction(models: dict) -> tuple[bool, object]:
@@ -23,11 +20,8 @@ def generator_instruction(models: dict) -> tuple[bool, object]:
         return False, None
     if "instruction" not in known:
         return False, None
-    from bestofn.moss.options import COMMON_DEFAULTS, check_instruction_option
-
-    value = (gen.get("options") or {}).get("instruction", COMMON_DEFAULTS["instruction"])
-    check_instruction_option(value, "config models.generator.options")  # ValueError: refused
-    return True, value
+    # resolved and checked where the generators resolve it (ValueError: refused)
+    return True, instruction_option(gen.get("options") or {}, "config models.generator.options")
 
 
 def group_extra(emotion: dict, prompt: dict, takes_instruction: bool, option) -> dict:
@@ -81,15 +75,12 @@ def missing_bursts(option, prompts: list[dict], sheet: Path) -> list[str]:
     ]
 
 
-# ASR backends that read one language only, and that language
-ENGLISH_ONLY_ASR = {"whisper-asr": "faster-whisper tiny.en"}
-
-
 def check_languages(models: dict, groups: dict, sheet: Path) -> list[str]:
     """Errors for prompts in a language an ASR scorer cannot read: whisper-asr runs Whisper
     tiny.en, an English-only model, which writes English-sounding words for French or German
     speech, so every such take's WER would be near 1 and the selection would drop good takes
-    as unintelligible. Parakeet TDT 0.6B v3 is multilingual (25 European languages)."""
+    as unintelligible (a scorer says so in ``english_only``; Parakeet TDT 0.6B v3 is
+    multilingual, 25 European languages)."""
     from bestofn.util.textnorm import is_english
 
     foreign = sorted(
@@ -99,7 +90,7 @@ def check_languages(models: dict, groups: dict, sheet: Path) -> list[str]:
         return []
     errors = []
     for scorer in models.get("scorers", []):
-        model = ENGLISH_ONLY_ASR.get(scorer.get("backend"))
+        model = backend_class("scorer", scorer["backend"]).english_only
         if model is None:
             continue
         listed = ", ".join(f"{p} ({lang})" for p, lang in foreign[:5])
@@ -140,59 +131,41 @@ def same_for_every_emotion(groups: dict, sheet: Path) -> list[str]:
     ]
 
 
-def _empathic_entries(models: dict) -> list[dict]:
-    return [s for s in models.get("scorers", []) if s.get("backend") == EMPATHIC]
-
-
-def check_targets(
+def check_scorers(
     config: dict, groups: dict, sheet: Path, base: Path = Path(".")
 ) -> tuple[list[str], list[str]]:
-    """(errors, notes) about ``ei_target``: the selection (filter, score or held_out) uses the
-    Empathic-Insight column of each group's own emotion, so an emotion that maps to no head is
-    an error, naming it and the heads found in the scorer's ``heads_path``; where the selection
-    does not use it, a note."""
+    """(errors, notes) of each scorer's own plan-time check (``Scorer.check_plan``), such as
+    Empathic-Insight's: the selection reads the head of each group's own emotion, so an emotion
+    that maps to no head is an error where the selection uses it, else a note."""
     from bestofn.select.held_out import SelectionError, referenced_columns
     from bestofn.select.rewards import rewards_of
     from bestofn.select.scales import uses_spec
-
-    entries = _empathic_entries(config["models"])
-    if not entries:
-        return [], []
-    from bestofn.backends.empathic import column_name, emotion_head_names, resolve_head
 
     sel = config["selection"]
     try:
         rewards = rewards_of(sel)
     except SelectionError as e:  # a misnamed reward: the plan's error, not a traceback
         return [str(e)], []
-    used, spec = set(), False  # every reward's columns; ei_spec reads the target head too
-    for reward in rewards:
-        used |= referenced_columns(reward.filter, "filter")
-        used |= referenced_columns(reward.score, "score")
-        spec = spec or uses_spec(f"{reward.filter} {reward.score}")
-    for item in sel.get("held_out") or []:
-        used.add((item if isinstance(item, str) else item.get("column", "")).lower())
+    used: set[str] = set()
+    spec = False  # ei_spec reads the group's own head (<prefix>target) too
+
+    def selection_uses(column: str) -> bool:  # the SQL is parsed only when a check asks
+        nonlocal spec
+        if not used:  # every reward's filter and score, and the held-out columns
+            for reward in rewards:
+                used.update(referenced_columns(reward.filter, "filter"))
+                used.update(referenced_columns(reward.score, "score"))
+                spec = spec or uses_spec(f"{reward.filter} {reward.score}")
+            for item in sel.get("held_out") or []:
+                used.add((item if isinstance(item, str) else item.get("column", "")).lower())
+            used.add("")  # parsed
+        return column.lower() in used or (spec and column.lower().endswith("target"))
+
     errors, notes = [], []
-    for entry in entries:
+    for entry in config["models"].get("scorers", []):
+        cls = backend_class("scorer", entry["backend"])
         options = entry.get("options") or {}
-        column = column_name(TARGET, options.get("column_prefix", "ei_"))
-        heads_path = options.get("heads_path")
-        path = Path(heads_path or "").expanduser()
-        path = path if path.is_absolute() else base / path
-        if not heads_path or not path.is_dir():
-            continue  # check_models names a missing weights path
-        heads = emotion_head_names(path)
-        emotions = {spec.emotion: spec.extra.get("ei_head") for spec in groups.values()}
-        unmapped = sorted(e for e, h in emotions.items() if resolve_head(e, h, heads) is None)
-        if not unmapped:
-            continue
-        where = (
-            f"{sheet}: emotion(s) {', '.join(unmapped)} map to no Empathic-Insight head "
-            f"(by the sheet's ei_head, else the emotion's name); heads in {heads_path}: "
-            f"{', '.join(heads)}"
-        )
-        if column.lower() in used or spec:
-            errors.append(f"{where}. The selection uses {column}: name the head in ei_head")
-        else:
-            notes.append(f"note: {where}. Their {column} is NaN (the selection does not use it)")
+        found = cls.check_plan(options, groups, selection_uses, sheet, base)
+        errors += found[0]
+        notes += found[1]
     return errors, notes

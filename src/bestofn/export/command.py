@@ -5,12 +5,27 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bestofn.export.settings import FORMATS, WHICH, ExportError, ExportSettings
+from bestofn.export.settings import WHICH, ExportError, ExportSettings
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="the selection as training data: hf, webdataset, lhotse or nemo",
+        description="Writes the selected (or passing, or all) takes of RESULTS as a Hugging "
+        "Face dataset, WebDataset shards, or Lhotse or NeMo manifests, with a dataset card. "
+        "Every option defaults to the config's export: section. Exit 2 on bad input (nothing "
+        "written).",
+    )
+    add_arguments(p)
+    p.set_defaults(func=main)
 
 
 def add_arguments(p) -> None:
     p.add_argument("results", nargs="?", help="results directory (default: the config's)")
-    p.add_argument("--format", help=f"one of {', '.join(FORMATS)} (default: export.format)")
+    p.add_argument(
+        "--format", help="an export format, as export.format names them (default: export.format)"
+    )
     p.add_argument("--out", help="export directory (default: export.out)")
     p.add_argument("--config", default="config/config.yaml")
     p.add_argument("--base", default=".", help="directory the config's results is relative to")
@@ -53,38 +68,25 @@ def add_arguments(p) -> None:
     )
 
 
-def load_config(path: str | Path) -> dict:
-    """The config, validated against the schema, with its defaults."""
-    import jsonschema
-
-    from bestofn import schemas
-    from bestofn.util.user_input import load_yaml_file
-
-    config = load_yaml_file(path, "config")  # UserInputError: bestofn.cli prints it
-    errors = sorted(
-        jsonschema.Draft202012Validator(schemas.schema("config")).iter_errors(config), key=str
-    )
-    if errors:
-        where = ".".join(str(p) for p in errors[0].absolute_path) or "(top level)"
-        raise ExportError(f"{path}: config field {where}: {errors[0].message}")
-    return schemas.apply_defaults(config)
-
-
 def emotion_texts(config: dict, base: Path) -> dict:
-    """emotion -> (the Instruction text its takes were generated with, None where the generator
-    takes none; its direction text), from the emotions sheet as the plan reads it."""
+    """(emotion, prompt_id) -> (the Instruction text the group's takes were generated with, None
+    where the generator takes none; the emotion's direction text), from the emotions and
+    prompts sheets as the plan reads them."""
     from bestofn.core.plan import PlanError, read_sheet
-    from bestofn.core.voice_acting import emotion_extra, generator_instruction
+    from bestofn.core.voice_acting import generator_instruction, group_extra
 
     try:
-        rows = read_sheet(base / config["emotions"], "emotions")
+        emotions = read_sheet(base / config["emotions"], "emotions")
+        prompts = read_sheet(base / config["prompts"], "prompts")
         takes_instruction, option = generator_instruction(config["models"])
     except (PlanError, ValueError) as e:
         raise ExportError(str(e)) from None
     out = {}
-    for row in rows:
-        extra = emotion_extra(row, takes_instruction, option)
-        out[row["emotion"]] = (extra.get("instruction"), row["description"])
+    for emotion in emotions:
+        for prompt in prompts:
+            extra = group_extra(emotion, prompt, takes_instruction, option)
+            key = (emotion["emotion"], prompt["prompt_id"])
+            out[key] = (extra.get("instruction"), emotion["description"])
     return out
 
 
@@ -110,10 +112,11 @@ def _fractions(spec: str | None) -> dict | None:
 
 
 def main(args) -> int:
+    from bestofn.core.config import load_config
     from bestofn.export.core import export_results
 
     try:
-        config = load_config(args.config)
+        config = load_config(args.config)  # UserInputError: bestofn.cli prints it
         results = Path(args.results or Path(args.base) / config["results"])
         settings = ExportSettings.from_config(
             config["export"],

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from bestofn.export import audio as taudio
 from bestofn.export.card import write_card
-from bestofn.export.pairs import export_pairs
+from bestofn.export.formats import registry
 from bestofn.export.rows import open_database, select_rows, split_of
 from bestofn.export.settings import MARKER, ExportError, ExportSettings
 from bestofn.export.steps import (
@@ -87,14 +87,14 @@ def export_results(
 
     ``selection``: the config's selection section (filter, score, held_out), which must be the
     one the database was built with. ``log`` gets a line per skipped take and the summary.
-    ``texts`` (format pairs): emotion -> (its Instruction text or None, its direction text)."""
+    ``texts`` (format pairs): (emotion, prompt_id) -> (its Instruction or None, its direction)."""
     t0 = time.perf_counter()
     results = Path(results)
     settings.check()
     settings.check_out_dir(results)
-    writer = writer_for(settings)  # imports the format's library: fails here if absent
-    if settings.format == "pairs":
-        return export_pairs(results, settings, selection, writer, log, t0, texts)
+    writer = registry()[settings.format]()  # imports the format's library: fails if absent
+    if writer.unit == "whole":
+        return writer.export(results, settings, selection, log, t0, texts)
     con = open_database(results)
     try:
         table = select_rows(con, settings, selection)
@@ -135,7 +135,7 @@ def export_results(
         settings.out, meta.num_rows, written, reused, skipped, counts["split"],
         time.perf_counter() - t0,
     )  # fmt: skip
-    for line in summary.lines(settings.format):
+    for line in summary.lines(settings.format, writer.unit):
         log(line)
     return summary
 
@@ -196,17 +196,3 @@ def _counts(meta: pa.Table) -> dict:
         "split": count("split"),
         "emotion_split": {(r["emotion"], r["split"]): r["count_all"] for r in both},
     }
-
-
-# The writers import their format's library; each is imported only when its format is asked
-# for (and the writers import the shared helpers in formats.py, so this lives here).
-def writer_for(settings: ExportSettings):
-    if settings.format in ("hf", "pairs"):
-        from bestofn.export.hf import HFWriter as cls
-    elif settings.format == "webdataset":
-        from bestofn.export.wds import WebDatasetWriter as cls
-    elif settings.format == "lhotse":
-        from bestofn.export.lhotse_cuts import LhotseWriter as cls
-    else:
-        from bestofn.export.nemo_manifest import NemoWriter as cls
-    return cls()

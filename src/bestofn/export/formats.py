@@ -1,17 +1,83 @@
-"""The writer of each format, and what they share: a take's key and its row as JSON.
+"""The writer base every export format subclasses, the registry of formats, and what the
+writers share: a take's key and its row as JSON.
 
-A writer has ``name``, ``unit`` ('shard': files of many rows; 'take': one audio file per take,
-plus manifests written by ``finish``), the paths of its units, ``begin`` (once, with every
-row), ``write_shard`` (shard writers), ``finish`` (manifests; returns the rows as exported) and
-``load_lines`` (the Python a trainer loads it with, for the card and README)."""
+A format is one module of ``bestofn.export`` holding one ``Writer`` subclass: subclassing
+registers it under its ``name`` (what ``--format`` and the schema's ``export.format`` enum
+spell), and ``registry()`` finds every such module. A new format is its module and its test
+(tests/export/test_formats.py checks the schema's enum against the registry)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
+import pkgutil
+from typing import ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+_WRITERS: dict[str, type[Writer]] = {}
+
+
+class Writer:
+    """One export format. ``unit`` says what the export writes as one file: 'shard' (files of
+    many rows: ``shard_path`` and ``write_shard``), 'take' (one audio file per take at
+    ``audio_path``, manifests written by ``finish``) or 'whole' (the writer runs the export
+    itself: ``export``). The constructor imports the format's library, so a missing one fails
+    before any work."""
+
+    name: ClassVar[str]
+    unit: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.unit not in ("shard", "take", "whole"):
+            raise TypeError(f"{cls.__name__}.unit {cls.unit!r}: 'shard', 'take' or 'whole'")
+        if cls.name in _WRITERS and _WRITERS[cls.name] is not cls:
+            raise TypeError(f"export format {cls.name!r} declared twice: {cls.__name__}")
+        _WRITERS[cls.name] = cls
+
+    def shard_path(self, split: str, n: int) -> str:
+        """A shard's path in the export ('shard' writers)."""
+        raise NotImplementedError
+
+    def audio_path(self, group_id: str, take: int) -> str:
+        """A take's audio file in the export ('take' writers)."""
+        return audio_path(group_id, take)
+
+    def begin(self, meta: pa.Table, settings) -> None:
+        """Once, with every row, before any unit is written."""
+
+    def write_shard(self, path, part: pa.Table, audio: list[tuple], settings) -> None:
+        """Write one shard of rows ('shard' writers); ``audio``: (bytes, rate, channels,
+        frames) per row."""
+        raise NotImplementedError
+
+    def finish(self, tmp, meta: pa.Table, units, settings) -> pa.Table:
+        """After every unit: write the manifests; returns the rows as exported."""
+        return meta
+
+    def card_yaml(self, splits: list[str]) -> dict:
+        """What the format adds to the card's YAML front matter."""
+        return {}
+
+    def load_lines(self, out: str, splits: list[str]) -> str:
+        """The Python a trainer loads the export with, for the card."""
+        raise NotImplementedError
+
+    def export(self, results, settings, selection: dict, log, t0: float, texts):
+        """The whole export ('whole' writers); returns its ExportSummary."""
+        raise NotImplementedError
+
+
+def registry() -> dict[str, type[Writer]]:
+    """Every export format, by name: the Writer subclasses of the modules of bestofn.export
+    (imported here, not at startup: a writer imports its library only when built)."""
+    package = importlib.import_module("bestofn.export")
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"bestofn.export.{module.name}")
+    return dict(sorted(_WRITERS.items()))
 
 
 def take_key(group_id: str, take: int) -> str:

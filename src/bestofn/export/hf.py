@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bestofn.export.formats import take_key, with_audio_facts
+from bestofn.export.formats import Writer, take_key, with_audio_facts
 
 # datasets' own choice for audio: small row groups, so a random access reads little.
 ROW_GROUP_SIZE = 100
@@ -45,7 +45,7 @@ def _binary(blobs: list[bytes]) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(blobs), [None, pa.py_buffer(offsets), data])
 
 
-class HFWriter:
+class HFWriter(Writer):
     name = "hf"
     unit = "shard"
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from bestofn.export.formats import audio_path, json_rows, with_exported_files
+from bestofn.export.formats import Writer, json_rows, with_exported_files
 
 SUPERVISION_CUSTOM = ("emotion", "prompt_id")
 
 
-class LhotseWriter:
+class LhotseWriter(Writer):
     name = "lhotse"
     unit = "take"
 
@@ -22,12 +22,6 @@ class LhotseWriter:
         import lhotse
 
         self.lhotse = lhotse
-
-    def audio_path(self, group_id: str, take: int) -> str:
-        return audio_path(group_id, take)
-
-    def begin(self, meta: pa.Table, settings) -> None:
-        pass
 
     def finish(self, tmp, meta: pa.Table, units, settings) -> pa.Table:
         from lhotse import (
@@ -78,9 +72,6 @@ class LhotseWriter:
             CutSet.from_cuts(cuts).to_file(tmp / f"cuts_{split}.jsonl.gz")
         self.relative = settings.paths == "relative"
         return meta
-
-    def card_yaml(self, splits: list[str]) -> dict:
-        return {}
 
     def load_lines(self, out: str, splits: list[str]) -> str:
         prefix = f'.with_recording_path_prefix("{out}")' if self.relative else ""

@@ -9,18 +9,12 @@ import os
 
 import pyarrow as pa
 
-from bestofn.export.formats import audio_path, dumps, json_rows, with_exported_files
+from bestofn.export.formats import Writer, dumps, json_rows, with_exported_files
 
 
-class NemoWriter:
+class NemoWriter(Writer):
     name = "nemo"
     unit = "take"
-
-    def audio_path(self, group_id: str, take: int) -> str:
-        return audio_path(group_id, take)
-
-    def begin(self, meta: pa.Table, settings) -> None:
-        pass
 
     def finish(self, tmp, meta: pa.Table, units, settings) -> pa.Table:
         meta = with_exported_files(tmp, meta, units, settings)
@@ -43,9 +37,6 @@ class NemoWriter:
             self.splits.append(split)
         self.relative = settings.paths == "relative"
         return meta
-
-    def card_yaml(self, splits: list[str]) -> dict:
-        return {}
 
     def load_lines(self, out: str, splits: list[str]) -> str:
         prefix = f'"{out}/" + ' if self.relative else ""

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from bestofn.export import steps
-from bestofn.export.formats import take_key
+from bestofn.export.formats import Writer, take_key
 from bestofn.export.hf import AUDIO_TYPE, ROW_GROUP_SIZE, _binary
 from bestofn.export.rows import open_database, select_rows, split_of
 from bestofn.export.settings import ExportError, ExportSettings
@@ -68,7 +68,8 @@ def _pairs_table(table: pa.Table, settings: ExportSettings, texts: dict) -> pa.T
             for c in SHARED:
                 if c in out:
                     out[c].append(chosen[c])
-            instruction, description = texts.get(chosen["emotion"], (None, None))
+            group = (chosen["emotion"], chosen["prompt_id"])
+            instruction, description = texts.get(group, (None, None))
             out["instruction"].append(instruction)
             out["description"].append(description)
             out["score_margin"].append(chosen["score"] - rejected["score"])
@@ -88,10 +89,23 @@ def _pairs_table(table: pa.Table, settings: ExportSettings, texts: dict) -> pa.T
     return pa.table({f.name: pa.array(out[f.name], f.type) for f in fields})
 
 
-def export_pairs(results: Path, settings: ExportSettings, selection: dict, writer, log, t0,
+class PairsWriter(Writer):
+    """Preference pairs: the writer runs the whole export (its rows are pairs, not takes)."""
+
+    name = "pairs"
+    unit = "whole"
+
+    def __init__(self):
+        import datasets  # noqa: F401  (fail before any work when it is not installed)
+
+    def export(self, results, settings, selection: dict, log, t0: float, texts):
+        return export_pairs(results, settings, selection, log, t0, texts)
+
+
+def export_pairs(results: Path, settings: ExportSettings, selection: dict, log, t0,
                  texts: dict | None = None) -> steps.ExportSummary:  # fmt: skip
-    """``texts``: emotion -> (the Instruction its takes were generated with or None, its
-    direction text), from the emotions sheet (export.command)."""
+    """``texts``: (emotion, prompt_id) -> (the Instruction its takes were generated with or
+    None, the emotion's direction text), from the sheets (export.command)."""
     from datasets import Audio, Features
 
     con = open_database(results)

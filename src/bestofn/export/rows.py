@@ -51,8 +51,9 @@ def reward_sql(con, selection: dict, name: str) -> tuple[str, str, int]:
     """The reward ``name``'s filter and score with their scales written out, and its top: as
     the database recorded them when the config's SQL is the one it was built with, else (a
     database from before named rewards; the default reward only) resolved over its takes."""
+    from bestofn.select.base import SelectionError
+    from bestofn.select.database import resolve_norm
     from bestofn.select.rewards import reward_named, rewards_of
-    from bestofn.select.selection import SelectionError, resolve_norm
 
     try:
         reward = reward_named(rewards_of(selection), name)

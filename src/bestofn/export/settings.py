@@ -8,7 +8,6 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMATS = ("hf", "webdataset", "lhotse", "nemo", "pairs")
 WHICH = ("selected", "passing", "all")
 MARKER = "bestofn_export.json"  # in every export: settings, counts, unit fingerprints
 # Shares written as decimals (0.9 + 0.05 + 0.05) miss 1 by float rounding only.
@@ -71,9 +70,12 @@ class ExportSettings:
     def check(self) -> None:
         """Every option on its own; the reward's name is checked against the config's rewards
         when the export opens the database (export_results), before anything is written."""
-        if self.format not in FORMATS:
+        from bestofn.export.formats import registry
+
+        formats = registry()
+        if self.format not in formats:
             raise ExportError(
-                f"unknown export format {self.format!r}; one of: {', '.join(FORMATS)}"
+                f"unknown export format {self.format!r}; one of: {', '.join(formats)}"
             )
         if self.which not in WHICH:
             raise ExportError(f"--which {self.which!r}: one of {', '.join(WHICH)}")

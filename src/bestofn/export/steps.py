@@ -38,8 +38,8 @@ class ExportSummary:
     splits: dict = field(default_factory=dict)
     seconds: float = 0.0
 
-    def lines(self, fmt: str) -> list[str]:
-        what = "shard(s)" if fmt in ("hf", "webdataset") else "audio file(s)"
+    def lines(self, fmt: str, unit: str) -> list[str]:
+        what = "shard(s)" if unit == "shard" else "audio file(s)"
         out = [f"skipped: {s}" for s in self.skipped]
         splits = ", ".join(f"{k}={v}" for k, v in self.splits.items())
         out.append(

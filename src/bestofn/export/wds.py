@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from bestofn.export.formats import dumps, json_rows, take_key, with_audio_facts
+from bestofn.export.formats import Writer, dumps, json_rows, take_key, with_audio_facts
 
 
-class WebDatasetWriter:
+class WebDatasetWriter(Writer):
     name = "webdataset"
     unit = "shard"
 
@@ -20,9 +20,6 @@ class WebDatasetWriter:
 
     def shard_path(self, split: str, n: int) -> str:
         return f"shards/{split}-{n:06d}.tar"
-
-    def begin(self, meta: pa.Table, settings) -> None:
-        pass
 
     def write_shard(self, path, part: pa.Table, audio: list[tuple], settings) -> None:
         part = with_audio_facts(part, audio)
@@ -36,9 +33,6 @@ class WebDatasetWriter:
         for u in units:
             self.shards.setdefault(u.split, []).append(u.relpath)
         return meta
-
-    def card_yaml(self, splits: list[str]) -> dict:
-        return {}
 
     def load_lines(self, out: str, splits: list[str]) -> str:
         s = splits[0]

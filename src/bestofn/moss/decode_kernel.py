@@ -1,8 +1,8 @@
 """Decode attention of one new token per row as a split-K ("flash-decoding") Triton kernel.
 
 The frame step's largest item on an H200 was the backbone's decode attention through SDPA
-(cutlass' memory-efficient kernel, picked because of the key mask): 51 us per layer at batch
-64 and 320 cached slots, about a third of the HBM speed its K/V reads need (docs/PERFORMANCE.md).
+(cutlass' memory-efficient kernel, picked because of the key mask), well below the HBM speed
+its K/V reads need (ledger figure generation.local.decode_attention_triton).
 That kernel tiles queries by 64 while a kv head here has 4 (its group of query heads),
 and walks all keys in one program per (row, kv head): 512 programs for a 132-SM GPU.
 

@@ -11,7 +11,8 @@ the model dtype when the layer runs, so the per-token pieces of ``bestofn.moss.m
 functions taking weight tensors, compiled and CUDA-graph captured as they are) run unchanged;
 the transient full-precision copy lives only for that one layer's matmul. The price is one
 dequantize kernel per Linear per step (extra memory traffic): on a GPU this is a memory dial,
-not a speed dial; `bestofn ab` measures both (docs/PERFORMANCE.md, "Pending GPU measurements").
+not a speed dial; `bestofn ab` measures both (ledger figures serve.int8.peak_memory and
+serve.int8_cap.rtf_c1).
 
 The local transformer, the embeddings and the heads stay in the model dtype (small, or tied to
 the codebook embeddings).

@@ -31,8 +31,9 @@ from bestofn.moss.sampling import apply_repetition_penalty, sample_tokens_fused
 # (moss-fast's runtime option local_attention; its default is in the config schema).
 # "sdpa": one SDPA call. "reduce": the two products written as float32 multiply-and-sum
 # reductions, which torch.compile turns into one or two small kernels inside the fused local
-# frame. Why: on an H200 the SDPA call ran cutlass/flash kernels of ~40 us each for a dozen
-# keys (11 per frame, ~0.44 ms of a 6.5 ms frame step; docs/PERFORMANCE.md). "auto": reduce on
+# frame. Why: on an H200 the SDPA call ran a cutlass/flash kernel launch per call for a dozen
+# keys, eleven calls a frame, a visible share of the frame step (ledger figure
+# generation.local.gemm_step). "auto": reduce on
 # CUDA, SDPA elsewhere (the CPU stays bit for bit what parity checked).
 LOCAL_ATTENTION_MODES = ("auto", "sdpa", "reduce")
 

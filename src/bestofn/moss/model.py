@@ -28,8 +28,8 @@ from bestofn.moss.options import engine_defaults
 # Attention of one new token per row over the KV cache (the engine option decode_attention;
 # its default is in the config schema). "sdpa": one SDPA call with the key mask. "triton": a
 # split-K (flash-decoding) kernel, faster than SDPA on the decode shapes (decode_kernel says
-# why; docs/PERFORMANCE.md has the figures). "auto": triton on CUDA where Triton imports and the
-# head dim suits it (a power of 2 >= 16), else SDPA.
+# why; ledger figure generation.local.decode_attention_triton). "auto": triton on CUDA where
+# Triton imports and the head dim suits it (a power of 2 >= 16), else SDPA.
 DECODE_ATTENTION_MODES = ("auto", "sdpa", "triton")
 
 

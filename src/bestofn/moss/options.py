@@ -100,6 +100,14 @@ def check_instruction_option(value, who: str = "moss") -> None:
         )
 
 
+def instruction_option(options: dict, who: str = "moss"):
+    """The ``instruction`` option of a MOSS generator's options (the default where unset),
+    checked: the one place the option is resolved, for the plan and the generators alike."""
+    value = options.get("instruction", COMMON_DEFAULTS["instruction"])
+    check_instruction_option(value, who)
+    return value
+
+
 def emotion_words(emotion: str) -> str:
     """An emotion id as words: ``Astonishment_Surprise`` -> ``astonishment surprise``."""
     return " ".join(emotion.replace("_", " ").replace("-", " ").split()).lower()

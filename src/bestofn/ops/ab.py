@@ -8,7 +8,7 @@ directory, A's process exits; then B. Nothing one side leaves (a CUDA context, c
 allocator state, a broken device) reaches the other's figures: on an H200, B loaded in A's
 process once A had run refused every ``torch.load(weights_only=True)``, and A run in the
 command's own process hit an illegal memory access that the same side in a spawned process did
-not (docs/PERFORMANCE.md). A take of A is matched with the take of B of the same group and take
+not. A take of A is matched with the take of B of the same group and take
 index (and so the same seed: the seeds derive from group id and take index only).
 
 Thresholds file (YAML), one entry per score column, in the column's own units::
@@ -112,7 +112,8 @@ def load_thresholds(path) -> list[Threshold]:
 
 
 def _plan(config_path: Path, base: Path, takes: int | None):
-    from bestofn.core.plan import PlanError, build_plan, load_config
+    from bestofn.core.config import load_config
+    from bestofn.core.plan import PlanError, build_plan
 
     config = load_config(config_path)  # UserInputError: missing, malformed, not a mapping
     if takes is not None:

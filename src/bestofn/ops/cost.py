@@ -80,11 +80,10 @@ class SlotRate:
     detail: str
 
 
-# Seconds per take on one GPU slot, per GPU model, as measured and documented in
-# docs/PERFORMANCE.md ("The workflow through snakemake (the product figure)"): the production
-# set of config/recipes/base.yaml (N=64, moss-fast with pair_groups, Sidon, Parakeet, VoiceCLAP,
-# Empathic-Insight) through snakemake, steady state, on random weights at real size. The runs
-# that paired from the start gave 0.0286-0.0303 s/clip on one H200; 0.030 is the goal they met.
+# Seconds per take on one GPU slot, per GPU model, as measured (ledger figure
+# workflow.s_per_clip_per_gpu): the production set of config/recipes/base.yaml (N=64, moss-fast
+# with pair_groups, Sidon, Parakeet, VoiceCLAP, Empathic-Insight) through snakemake, steady
+# state, on random weights at real size; the value is the goal those runs met.
 # No other GPU model has a measured figure: there the estimate waits for the doctor's pilot.
 DOCUMENTED = {
     "H200": (
@@ -179,7 +178,7 @@ def published_rate(results: Path, limit: int = RATE_SAMPLE_GROUPS) -> SlotRate |
 
 
 def box_slots(config: dict) -> int:
-    from bestofn.worker.client.group_job import detect_slots
+    from bestofn.worker.client.runtime import detect_slots
 
     slots = (config.get("runtime") or {}).get("slots")
     return int(slots) if slots else detect_slots(config.get("device", "cpu"))

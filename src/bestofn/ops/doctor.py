@@ -35,18 +35,19 @@ from bestofn.workflow_glue import run_group_job
 PILOT_DIR = "doctor/pilot"  # under the results directory
 
 # Peak GPU memory of the production set (config/recipes/base.yaml: moss-fast at N=64, Sidon,
-# Parakeet, VoiceCLAP, Empathic-Insight), measured on one H200 and written in
-# docs/PERFORMANCE.md. Keyed by moss-fast's runtime pair_groups.
+# Parakeet, VoiceCLAP, Empathic-Insight), measured on one H200: the values of ledger figures
+# workflow.run.p4_n4.gpu_memory_used_peak (paired) and
+# workflow.gpu_memory_allocated_peak.unpaired_decode16. Keyed by moss-fast's runtime pair_groups.
 MEASURED_GPU_GIB = {
     True: (
         73.5,
         "peak GPU memory used (nvidia-smi) of the production set with pair_groups, decode "
-        "batch 64, queue depth 4 (docs/PERFORMANCE.md, the workflow on one H200, run N4)",
+        "batch 64, queue depth 4 (docs/PERFORMANCE.md, the workflow on one H200)",
     ),
     False: (
         52.4,
         "the allocator's peak reserved memory of the production set with pair_groups false, "
-        "decode batch 16 (docs/PERFORMANCE.md, run A; 37.8 GiB allocated); the CUDA context "
+        "decode batch 16 (docs/PERFORMANCE.md, the workflow on one H200); the CUDA context "
         "comes on top",
     ),
 }

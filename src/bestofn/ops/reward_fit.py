@@ -88,26 +88,6 @@ class Settings:
         return cls(**got)
 
 
-def _load_config(path: str) -> dict:
-    import jsonschema
-    import yaml
-
-    from bestofn.schemas import schema
-
-    try:
-        config = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise FitError(f"{path}: cannot read: {e}") from None
-    except yaml.YAMLError as e:
-        raise FitError(f"{path}: not valid YAML ({e})") from None
-    errors = sorted(jsonschema.Draft202012Validator(schema("config")).iter_errors(config), key=str)
-    if errors:
-        e = errors[0]
-        where = ".".join(str(x) for x in e.absolute_path) or "(top level)"
-        raise FitError(f"{path}: {where}: {e.message}")
-    return config
-
-
 def _vote_files(paths: list[str]) -> list[Path]:
     files = []
     for p in map(Path, paths):
@@ -228,7 +208,7 @@ def reward_sql(columns, means, stds, weights) -> str:
 def _take_table(con, columns, means, stds, filter_sql, score_sql, groups) -> dict:
     """(group, take) -> (standardised features, hand-written score) of the voted groups; the
     hand-written score evaluated as the selection does (``norm()`` over the run's takes)."""
-    from bestofn.select.selection import resolve_norm
+    from bestofn.select.database import resolve_norm
 
     _, score = resolve_norm(con, "takes", filter_sql, score_sql)
     zs = ", ".join(_z_sql(c, m, s) for c, m, s in zip(columns, means, stds, strict=True))
@@ -268,7 +248,7 @@ class Report:
 def fit_votes(con, ctx, votes, stale, config, settings: Settings, config_path) -> Report:
     import duckdb
 
-    from bestofn.select.selection import SelectionError
+    from bestofn.select.base import SelectionError
 
     columns = _columns(con, settings, config_path)
     columns, means, stds = _standardise(con, columns)
@@ -406,10 +386,11 @@ def run(args) -> tuple[list[str], Path, str]:
     """Everything but the printing: (report lines, output path, snippet)."""
     import duckdb
 
+    from bestofn.core.config import load_config
     from bestofn.report.votes import IMPORTED, Context, VotesError, store_dir
-    from bestofn.select.selection import open_read_only
+    from bestofn.select.database import open_read_only
 
-    config = _load_config(args.config)
+    config = load_config(args.config)  # UserInputError: bestofn.cli prints it
     settings = Settings.of(config, args.name)
     results = Path(args.results or Path(args.base) / config.get("results", "results"))
     db = results / "bestofn.duckdb"

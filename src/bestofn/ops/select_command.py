@@ -45,8 +45,10 @@ def main(args) -> int:
 
 
 def run(args) -> str:
-    from bestofn.core.plan import PlanError, build_plan, load_config
-    from bestofn.select.held_out import SelectionError, scorer_directions
+    from bestofn.core.config import load_config
+    from bestofn.core.plan import PlanError, build_plan
+    from bestofn.select.base import SelectionError
+    from bestofn.select.held_out import scorer_directions
     from bestofn.select.rewards import DEFAULT, context_of, reward_named, rewards_of
     from bestofn.workflow_glue import check_selection_for
 
@@ -79,7 +81,7 @@ def run(args) -> str:
         )
     from bestofn.core.groupio import SCORES
     from bestofn.report.votes import reapply
-    from bestofn.select.selection import build_database
+    from bestofn.select.database import build_database
 
     files = [results / "groups" / e / p / SCORES for e, p in sorted(plan.groups)]
     missing = [f for f in files if not f.is_file()]
@@ -111,7 +113,7 @@ def run(args) -> str:
 def _one_reward(db: Path, rewards, name: str, context, database: dict) -> dict:
     import duckdb
 
-    from bestofn.select.held_out import SelectionError
+    from bestofn.select.base import SelectionError
     from bestofn.select.rewards import resolve_over, write_reward_tables
 
     config = {"memory_limit": database["memory_limit"]}

@@ -208,7 +208,7 @@ def listener_section(
     """:func:`votes_section` for the report: the database read-only (``database``: the config's
     settings, as the report's other connections), the results directory its parent (as for the
     listening page)."""
-    from bestofn.select.selection import open_read_only
+    from bestofn.select.database import open_read_only
 
     con = open_read_only(db_path, database)
     try:

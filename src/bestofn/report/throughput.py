@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from bestofn.select.selection import open_read_only
+from bestofn.select.database import open_read_only
 
 STAGES = ["load", "generate", "restore", "score", "write", "idle"]
 UNSELECTED_LISTED = 200  # groups with no passing take named in throughput.md at most

@@ -287,7 +287,7 @@ def write_selection_report(
 
     from bestofn.report.listen import write_listening_page
     from bestofn.report.listeners import listener_section
-    from bestofn.select.selection import open_read_only
+    from bestofn.select.database import open_read_only
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

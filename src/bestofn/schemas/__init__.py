@@ -2,7 +2,7 @@
 ``pip install`` can validate), and the defaults they declare.
 
 The schema is the one place a config default is written: ``apply_defaults`` fills them into a
-config, ``runtime_defaults`` feeds ``bestofn.worker.client.group_job.Runtime`` and the ``bestofn
+config, ``runtime_defaults`` feeds ``bestofn.worker.client.runtime.Runtime`` and the ``bestofn
 worker``
 command line. Light on purpose (yaml only): ``bestofn`` imports it on every call."""
 
@@ -14,8 +14,9 @@ from importlib.resources import files
 
 import yaml
 
-# libyaml's loader where PyYAML has it: the config schema in 6 ms against 56 ms (every report
-# and database rule reads it for the database defaults; the same dict, tests/core/test_schemas.py)
+# libyaml's loader where PyYAML has it: the config schema loads about ten times faster (every
+# report and database rule reads it for the database defaults; the same dict,
+# tests/core/test_schemas.py)
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 

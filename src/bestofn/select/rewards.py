@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bestofn.select import scales
-from bestofn.select.held_out import SelectionError
+from bestofn.select.base import SelectionError
 
 DEFAULT = "default"
 CLASSES = ("speech", "nonverbal")
@@ -102,12 +102,15 @@ class Context:
 
 
 def context_of(emotions_path: str | Path, models: dict | None = None) -> Context:
-    """The Context of an emotions sheet (checked by the plan: ``bestofn check``)."""
+    """The Context of an emotions sheet (checked by the plan: ``bestofn check``); the head
+    columns' prefix is that of the scorer that writes a column per emotion head."""
+    from bestofn.backends.registry import backend_class
+
     text = Path(emotions_path).read_bytes().decode("utf-8-sig")
     rows = list(csv.DictReader(io.StringIO(text, newline=""), delimiter="\t"))
     prefix = "ei_"
     for entry in (models or {}).get("scorers", []):
-        if entry.get("backend") == "empathic-insight":
+        if backend_class("scorer", entry["backend"]).emotion_heads:
             prefix = (entry.get("options") or {}).get("column_prefix", "ei_")
     header = rows[0].keys() if rows else []
     classes = None

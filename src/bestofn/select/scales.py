@@ -25,7 +25,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from bestofn.select.held_out import SelectionError
+from bestofn.select.base import SelectionError
 
 _CALL = re.compile(r"\b(norm|z)\s*\(", re.IGNORECASE)
 _ARGS = re.compile(

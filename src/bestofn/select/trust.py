@@ -35,10 +35,9 @@ import duckdb
 import numpy as np
 
 from bestofn.select.arrow_io import arrow_array, filled, insert_arrow
+from bestofn.select.base import BASE_COLUMNS, SelectionError
 from bestofn.select.held_out import (
-    BASE_COLUMNS,
     HeldOut,
-    SelectionError,
     declared_better,
     filter_clauses,
     held_out_columns,
@@ -73,7 +72,7 @@ def presentation_order(seed: int, group_id: str, takes: Sequence[int]) -> list[i
 
 
 # ---------------------------------------------------------------------------------------------
-# Tables, built chunk by chunk (bestofn.select.selection.build_database feeds the chunks)
+# Tables, built chunk by chunk (bestofn.select.database.build_database feeds the chunks)
 #
 # Every statistic is a per-group aggregate or a sum over takes, so the takes of a chunk of
 # whole groups are read once, reduced to per-group rows (or to sums), and dropped: memory
@@ -168,7 +167,7 @@ class TrustTables:
 
     ``add_chunk`` reads ``chunk_scored`` (a chunk's takes with ``score`` and ``passes``) and
     ``chunk_groups`` (those groups' rows of the ``groups`` table) on ``work`` (the build's
-    connection where None; bestofn.select.selection passes an in-memory database of its own, so the
+    connection where None; bestofn.select.database passes an in-memory database of its own, so the
     per-chunk tables are not versioned by the build's one transaction) and appends what it
     keeps of them to the ``part_*`` tables on ``con``; ``finish`` writes the tables from those."""
 

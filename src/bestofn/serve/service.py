@@ -98,8 +98,8 @@ class Snapshot:
     models: dict
     model_ids: tuple[str, ...]
     results: Path
-    runtime: object  # bestofn.worker.client.group_job.Runtime
-    pool: object  # bestofn.worker.client.group_job.SlotPool
+    runtime: object  # bestofn.worker.client.runtime.Runtime
+    pool: object  # bestofn.worker.client.runtime.SlotPool
     log_dir: Path
     key: str  # the worker key a request needs
     stamp: tuple  # (path, mtime, size) of the config and the emotions sheet it was read from
@@ -231,14 +231,10 @@ class Service:
 
     def _load(self) -> Snapshot:
         """Validate the config and sheets as `bestofn check` does (no model loads)."""
-        from bestofn.core.plan import build_plan, load_config, read_sheet
-        from bestofn.worker.client.group_job import (
-            Runtime,
-            SlotPool,
-            default_state_dir,
-            detect_slots,
-            slot_spec,
-        )
+        from bestofn.core.config import load_config
+        from bestofn.core.plan import build_plan, read_sheet
+        from bestofn.worker.client.group_job import slot_spec
+        from bestofn.worker.client.runtime import Runtime, SlotPool, default_state_dir, detect_slots
         from bestofn.worker.key import worker_key
 
         stamp_before = self._stamp_paths(None)
@@ -279,7 +275,7 @@ class Service:
             paths.append(self.base / snap.config["emotions"])
         else:
             with contextlib.suppress(Exception):
-                from bestofn.core.plan import load_config
+                from bestofn.core.config import load_config
 
                 paths.append(self.base / load_config(self.config_path)["emotions"])
         return _stamp(paths)

@@ -5,8 +5,8 @@
 While planning, Snakemake 9 evaluates every resource and every input/params function of every
 job through ``apply_input_function``, which asks ``inspect.signature`` of the callable two or
 three times per call: about ten signatures per group job, the same few functions each time
-(``Resource.evaluate`` and the workflow's params function), 15 % of a dry run at 16,000 groups
-(py-spy, docs/PERFORMANCE.md). A function's signature does not change, so
+(``Resource.evaluate`` and the workflow's params function), a visible share of a dry run
+(py-spy; ledger figure planning.dry_run_16k). A function's signature does not change, so
 ``snakemake.common.get_function_params`` gets a cache in front of it:
 
 - bound methods are cached by their function (the signature without ``self`` is the same for

@@ -63,7 +63,7 @@ def tree_digest(root: Path) -> str:
 def code_identity() -> str:
     """The bestofn this process runs, as ``tree_digest`` of its package: equal for two
     processes that run the same code, whatever the version string says (an editable checkout
-    keeps one version across edits). ~20 ms, once a process."""
+    keeps one version across edits). Computed once a process."""
     return tree_digest(PACKAGE)
 
 

@@ -271,10 +271,10 @@ class RequestThreads:
     only when every thread is busy, so there are as many as the most requests ever in flight.
 
     Why not a thread per connection (``socketserver.ThreadingMixIn``): every group then ran its
-    CUDA work on a brand-new thread, and on the H200 soak glibc's count of live heap
-    grew ~8.5 MiB a group, linearly over 150 groups, with Python's objects and the pinned cache
-    flat and no such growth on the CPU (docs/PERFORMANCE.md, soak); on pooled threads it stayed
-    flat over 60 groups. Which library keeps that state per thread was not pinned down."""
+    CUDA work on a brand-new thread, and on the H200 soak glibc's count of live heap grew
+    linearly with the groups, with Python's objects and the pinned cache flat and no such growth
+    on the CPU (ledger figure soak.host_rss_growth); on pooled threads it stayed flat. Which
+    library keeps that state per thread was not pinned down."""
 
     def __init__(self, handle, name: str = "bestofn-request"):
         self._handle, self._name = handle, name

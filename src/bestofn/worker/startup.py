@@ -159,11 +159,11 @@ def trim_host_heap() -> float | None:
     until the worker pooled its request threads, the group itself ran on a new one too); a new
     thread takes whichever of up to 8 x cores arenas is free, so over the groups every arena
     grows to the largest set of buffers any thread ever left in it, and RSS climbs in steps of
-    an arena heap (64 MiB) for hundreds of groups (the H200 soak: +1.27 GB over 150 groups on
-    a 16-core H200 box, up to 128 arenas). glibc itself only returns the top of a heap past
-    M_TRIM_THRESHOLD, which its dynamic mmap threshold raises to as much as 64 MiB. On the CPU
-    soak (2 cores, 16 arenas) the growth was in those arena heaps, and this call cut it from 5.8
-    to 1.1 MiB a group (docs/PERFORMANCE.md)."""
+    an arena heap (64 MiB) for hundreds of groups (the H200 soak, ledger figure
+    soak.host_rss_growth). glibc itself only returns the top of a heap past M_TRIM_THRESHOLD,
+    which its dynamic mmap threshold raises to as much as 64 MiB. On the CPU soak the growth was
+    in those arena heaps, and this call cut most of it (ledger figure
+    soak.cpu_tiny_rss_growth)."""
     global _trim
     if _trim is False:
         _trim = _glibc("malloc_trim", ctypes.c_int, [ctypes.c_size_t])

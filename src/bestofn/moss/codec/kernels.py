@@ -6,27 +6,26 @@ projection's output [B, T, 3 * H * dh] split into heads, RoPE on interleaved pai
 a contiguous [B, H, Tp, dh] block with zeros in the steps T..Tp that pad to whole window blocks.
 
 Why by hand: ``torch.compile`` of that function, with the steps dimension dynamic, gave kernels
-that moved their bytes at about a tenth of the H200's bandwidth (the RoPE piece and v's padded
-copy were 181 + 69 ms of a 64-clip decode, more than its attention; why was not profiled).
-Here every program owns one (which of q/k/v, clip, head) and a block of steps, index work is
-per program, not per element, and each head's row is read and written as wide vectors, the
-pairs split and joined in registers: 23 ms for the same call (docs/PERFORMANCE.md, codec). A
-first version that read and wrote each element on its own took 386 ms: the access width is
-what matters.
+that moved their bytes far below the GPU's bandwidth (the RoPE piece and v's padded copy took
+longer than the decode's attention; why was not profiled). Here every program owns one (which
+of q/k/v, clip, head) and a block of steps, index work is per program, not per element, and
+each head's row is read and written as wide vectors, the pairs split and joined in registers
+(ledger figure codec.v2.decode_bf16_b64). A first version that read and wrote each element on
+its own was slower than the compiled one: the access width is what matters.
 
 ``residual_layer_norm`` computes ``codec_layers.residual_norm``: x + scale * u and that sum
 LayerNorm'd, in one pass over each row of D channels. Why by hand: under ``torch.compile``
-that piece was 106 ms of the same 64-clip decode where its bytes need about 30
-(docs/PERFORMANCE.md, codec), and it was the compiled path's last ``torch.compile``: 30 ms
-by hand, and the codec's first call 3.8 s instead of 18.
+that piece took several times what its bytes need, and it was the compiled path's last
+``torch.compile``: by hand it runs at its bytes' speed, and the codec's first call no longer
+waits for a compile (ledger figure codec.v2.decode_bf16_b64).
 
 ``window_attention`` computes ``codec_layers.sliding_window_attention``: each query attends to
 the ``window`` steps up to and including its own, online softmax over tiles of keys (the
 FlashAttention recurrence, float32 statistics), written straight into the [B, T, H * dh] layout
 the output projection reads. Why by hand: the SDPA form computes every block of ``window``
 queries against two blocks of keys under a mask (half the scores thrown away), in two calls
-whose outputs are then copied twice into that layout (the ``cat`` alone was 46 ms of a 64-clip
-decode, docs/PERFORMANCE.md, codec). Here a program owns one (clip, head) and BLOCK_M queries,
+whose outputs are then copied twice into that layout (the ``cat`` alone was a visible share
+of the decode). Here a program owns one (clip, head) and BLOCK_M queries,
 visits only the key tiles its window reaches, and needs no padding to whole window blocks.
 
 Import this module only where Triton imports (``codec_layers.resolve_kernels`` checks); the
@@ -168,7 +167,7 @@ def residual_layer_norm(x, u, scale, w, b, eps: float):
 # window_attention: queries a program owns, keys per step of its loop, and its warps; the keys a
 # program visits are its window plus BLOCK_M - 1 steps, rounded out to whole BLOCK_N tiles.
 # 64 x 32, 4 warps, 3 stages: the fastest of five tried at the v2 decoder's shapes on an H200
-# (61 ms per 64-clip decode against 68-109 for 64x64 to 128x128; lab/probes/window_attention_probe)
+# (64x64 to 128x128 were slower; lab/probes/window_attention_probe measures them)
 ATTN_BLOCK_M, ATTN_BLOCK_N, ATTN_WARPS, ATTN_STAGES, ATTN_MAX_DH = 64, 32, 4, 3, 256
 assert ATTN_BLOCK_M % ATTN_BLOCK_N == 0  # a block of queries is whole key tiles
 LOG2_E = 1.4426950408889634

@@ -28,9 +28,8 @@ scale and the next LayerNorm). ``eager`` runs them as plain torch ops (SDPA for 
 the published layer's ops in its order; ``compiled`` runs each piece as one hand-written Triton
 kernel instead (``bestofn.moss.codec.kernels`` says why; the heads are then not padded, the
 attention kernel needs no whole blocks): no ``torch.compile`` is left in this path, so nothing
-compiles per stage shape or clip length beyond Triton's own build per width. bf16 decode of
-64 x 15-s clips on an H200: 0.0061 against 0.0134 s/clip eager (0.0077 with only the first
-and last pieces by hand; docs/PERFORMANCE.md, codec). The kernels compute in fp32 and round
+compiles per stage shape or clip length beyond Triton's own build per width, and it decodes
+faster than eager (ledger figure codec.v2.decode_bf16_b64). The kernels compute in fp32 and round
 once, so bf16 output differs from ``eager`` in its last bits: a kernel path, named in the
 provenance (``kernel_path``). The encoder (a reference voice, once per worker) always runs
 eager.

@@ -110,8 +110,8 @@ def fp8_matmul_problem(device) -> str | None:
 
 def _to_host(x: torch.Tensor) -> torch.Tensor:
     """``x`` on the host. From a GPU through page-locked memory (torch's caching host
-    allocator reuses the block call after call): a pageable copy of a batch's fp32 audio
-    (64 x 15-s stereo clips, 370 MB) took ~250 ms on an H200, a quarter of the decode."""
+    allocator reuses the block call after call): a pageable copy of a batch's fp32 audio took a
+    large share of the decode on an H200."""
     if x.device.type != "cuda":
         return x.cpu()
     host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)

@@ -249,7 +249,8 @@ def run_group_in_bundle(
 ) -> dict:  # fmt: skip
     """A group job inside a SLURM job: claim the group the feeder made, starting the feeder
     first if this is the job's first group; else run it through the worker as usual."""
-    from bestofn.worker.client.group_job import default_state_dir, run_group_via_worker
+    from bestofn.worker.client.group_job import run_group_via_worker
+    from bestofn.worker.client.runtime import default_state_dir
 
     bundle = Bundle(Path((runtime or {}).get("state_dir") or default_state_dir()))
     key = stage_key(params, models_json, device, flac_subtype)
@@ -299,12 +300,8 @@ def run_group_in_bundle(
 def feed(request_path: Path) -> int:
     """The feeder step: stage every group of this job's bundle through the warm worker."""
     from bestofn.core.plan import build_plan
-    from bestofn.worker.client.group_job import (
-        Runtime,
-        default_state_dir,
-        detect_slots,
-        run_group_via_worker,
-    )
+    from bestofn.worker.client.group_job import run_group_via_worker
+    from bestofn.worker.client.runtime import Runtime, default_state_dir, detect_slots
 
     req = json.loads(Path(request_path).read_text())
     os.chdir(req["workdir"])

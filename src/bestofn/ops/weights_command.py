@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from bestofn.util.user_input import UserInputError, load_yaml_file
+from bestofn.util.user_input import UserInputError
 
 
 def add_parser(sub) -> None:
@@ -54,7 +54,9 @@ def _size(n: int | None) -> str:
 
 def _config_root(path: str) -> tuple[dict, Path]:
     """A config file's mapping and its weights_root (UserInputError when not set)."""
-    config = load_yaml_file(path, "config")
+    from bestofn.core.config import load_config
+
+    config = load_config(path)
     if not config.get("weights_root"):
         raise UserInputError(path, "config field weights_root is not set")
     return config, Path(config["weights_root"]).expanduser()
@@ -66,7 +68,9 @@ def _list(args) -> int:
 
     entries, root = MANIFEST, Path(args.root) if args.root else None
     if args.config:
-        config = load_yaml_file(args.config, "config")
+        from bestofn.core.config import load_config
+
+        config = load_config(args.config)
         entries = entries_for_config(config)
         if root is None and config.get("weights_root"):
             root = Path(config["weights_root"]).expanduser()

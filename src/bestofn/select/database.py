@@ -13,10 +13,11 @@ import duckdb
 
 from bestofn.select import rewards, scales, trust
 from bestofn.select.arrow_io import insert_arrow
-from bestofn.select.held_out import BASE_COLUMNS, SelectionError, is_numeric
+from bestofn.select.base import BASE_COLUMNS, SelectionError
+from bestofn.select.held_out import is_numeric
 
 __all__ = [
-    "BASE_COLUMNS", "SelectionError", "build_database", "check_rewards", "check_selection",
+    "build_database", "check_rewards", "check_selection",
     "normed_columns",
     "open_read_only", "resolve_norm",
 ]  # fmt: skip
@@ -28,19 +29,19 @@ __all__ = [
 CHUNK_TAKES = 32_768  # takes per chunk of whole groups (files)
 # The whole build is one transaction: DuckDB then writes the appended takes' row groups
 # straight to the file as they fill, not through the WAL (an append per chunk outside a
-# transaction went through the WAL: 2-3x slower). The chunk's own tables live in an in-memory
-# database of their own (_work_database), outside that transaction: inside it, every chunk's
-# deleted and updated rows were kept until the commit (610 MB at 256k takes, peak RSS growing
-# with the run).
+# transaction went through the WAL: several times slower). The chunk's own tables live in an
+# in-memory database of their own (_work_database), outside that transaction: inside it, every
+# chunk's deleted and updated rows were kept until the commit (peak RSS growing with the run).
 FIRST_CHUNK_FILES = 64
-# Files per chunk at most: each open parquet reader holds its footer and buffers (~0.4 MB at 90
-# columns, outside DuckDB's memory_limit): 2,048 files a chunk peaked at 1.6 GB, 512 at 1.06 GB
-# (6,000 files of 4 takes), and 8k files ran DuckDB out of its 1 GB.
+# Files per chunk at most: each open parquet reader holds its footer and buffers (outside
+# DuckDB's memory_limit), so the peak grows with the files a chunk opens: 512 keeps the database
+# rule within its default limit (ledger figure final_rules.peak_rss_4m), where several
+# thousand ran DuckDB out of it.
 MAX_CHUNK_FILES = 512
 # Shares of database.memory_limit while the chunks are read: the work database's (one chunk) and
 # the build's connection's, which then only appends (takes and per-group rows). Its buffer pool
 # kept every written block of takes and the per-group rows in memory up to the whole limit
-# (~20 MB a chunk: 660 MB at 1M takes, peak RSS 1.31 GB); capped, DuckDB evicts the written
+# (growing with the run); capped, DuckDB evicts the written
 # blocks and spills the per-group rows, so the peak follows the chunk, not the run. The whole
 # limit is back for the final tables (sorts, trust tables), after the work database is closed.
 WORK_MEMORY_SHARE = 0.5
