@@ -7,12 +7,11 @@ module (not its weights' libraries' models): a documentation tool, not a run's p
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
-from pathlib import Path
 
 from bestofn.backends.registry import REGISTRY, backend_class
+from bestofn.util.generated_page import page_main
 
 MARKERS = re.compile(r"(<!-- backends:begin -->\n)(.*?)(<!-- backends:end -->)", re.S)
 
@@ -36,20 +35,13 @@ def render(page: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bestofn.backends.doc", description=__doc__)
-    ap.add_argument("page", type=Path, help="the page to rewrite, e.g. config/README.md")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the page is out of date")
-    args = ap.parse_args(argv)
-    old = args.page.read_text()
-    new = render(old)
-    if args.check:
-        if new != old:
-            print(f"{args.page}: the backend table differs from the registry; run "
-                  f"python -m bestofn.backends.doc {args.page}", file=sys.stderr)  # fmt: skip
-            return 1
-        return 0
-    args.page.write_text(new)
-    return 0
+    return page_main(
+        "python -m bestofn.backends.doc",
+        __doc__,
+        render,
+        "the backend table differs from the registry",
+        argv,
+    )
 
 
 if __name__ == "__main__":

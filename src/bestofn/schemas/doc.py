@@ -7,14 +7,13 @@ hand-written. ``python -m bestofn.schemas.doc config/README.md`` rewrites the ta
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
-from pathlib import Path
 
 import yaml
 
 from bestofn.schemas import schema
+from bestofn.util.generated_page import page_main
 
 # table name -> (the schema node, the prefix of its rows' names, the options under it that
 # have a table of their own and so are left out of this one)
@@ -84,20 +83,13 @@ def render(page: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bestofn.schemas.doc", description=__doc__)
-    ap.add_argument("page", type=Path, help="the page to rewrite, e.g. config/README.md")
-    ap.add_argument("--check", action="store_true", help="exit 1 when the page is out of date")
-    args = ap.parse_args(argv)
-    old = args.page.read_text()
-    new = render(old)
-    if args.check:
-        if new != old:
-            print(f"{args.page}: the option tables differ from the schema; run "
-                  f"python -m bestofn.schemas.doc {args.page}", file=sys.stderr)  # fmt: skip
-            return 1
-        return 0
-    args.page.write_text(new)
-    return 0
+    return page_main(
+        "python -m bestofn.schemas.doc",
+        __doc__,
+        render,
+        "the option tables differ from the schema",
+        argv,
+    )
 
 
 if __name__ == "__main__":
