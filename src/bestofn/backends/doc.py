@@ -11,7 +11,7 @@ import re
 import sys
 
 from bestofn.backends.registry import REGISTRY, backend_class
-from bestofn.util.generated_page import page_main
+from bestofn.schemas.generated_page import page_main
 
 MARKERS = re.compile(r"(<!-- backends:begin -->\n)(.*?)(<!-- backends:end -->)", re.S)
 

@@ -13,7 +13,7 @@ import sys
 import yaml
 
 from bestofn.schemas import schema
-from bestofn.util.generated_page import page_main
+from bestofn.schemas.generated_page import page_main
 
 # table name -> (the schema node, the prefix of its rows' names, the options under it that
 # have a table of their own and so are left out of this one)
