@@ -238,14 +238,9 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
     run(["bash", "docs/bench/lab.sh", "probe", "speech_profile", "--device", "cpu",
          "--model-dir", str(tiny_weights / "MOSS-TTS-Local-Transformer-v1.5"),
          "--codec-dir", str(tiny_weights / "MOSS-Audio-Tokenizer-v2"),
-         "--batches", "1,2", "--repeats", "1", "--out", str(out)], env(tmp_path))  # fmt: skip
+         "--batches", "2", "--repeats", "1", "--out", str(out)], env(tmp_path))  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["batch"], r.get("warmup", False)) for r in rows] == [
-        (1, True),
-        (1, False),
-        (2, True),
-        (2, False),
-    ]
+    assert [(r["batch"], r.get("warmup", False)) for r in rows] == [(2, True), (2, False)]
     for r in rows:
         assert r["audio_s"] > 0 and r["decode_loop_s"] > 0 and r["codec_s"] > 0
         assert r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3
