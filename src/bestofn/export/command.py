@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from bestofn.export.settings import WHICH, ExportError, ExportSettings
+from bestofn.util.parser import config_options
 
 
 def add_parser(sub) -> None:
@@ -27,8 +28,7 @@ def add_arguments(p) -> None:
         "--format", help="an export format, as export.format names them (default: export.format)"
     )
     p.add_argument("--out", help="export directory (default: export.out)")
-    p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--base", default=".", help="directory the config's results is relative to")
+    config_options(p, "directory the config's results is relative to")
     p.add_argument("--which", help=f"{', '.join(WHICH)} (default: export.which)")
     p.add_argument("--where", help="extra DuckDB filter over the takes columns, score, rank")
     p.add_argument(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from bestofn.util.parser import config_options
+
 
 def _verify(args) -> int:
     from bestofn.ops.verify import quarantine_group, verify_groups
@@ -123,15 +125,13 @@ def add_parser(sub) -> None:
     p.set_defaults(func=_verify)
 
     p = sub.add_parser("check", help="validate config, sheets and selection SQL (no models load)")
-    p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--base", default=".", help="directory that sheet paths are relative to")
+    config_options(p, "directory that sheet paths are relative to")
     p.set_defaults(func=_check)
 
     p = sub.add_parser(
         "plan", help="groups remaining per emotion and the GPU-hours left at the measured rate"
     )
-    p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--base", default=".", help="directory that sheet paths are relative to")
+    config_options(p, "directory that sheet paths are relative to")
     p.add_argument("--results", help="results directory (default: the config's, under --base)")
     p.add_argument("--limit", type=int, default=50, help="emotions listed one by one")
     p.set_defaults(func=_plan)
@@ -141,16 +141,14 @@ def add_parser(sub) -> None:
         help="before a long run: CUDA build vs driver, GPU memory, disk, weights lock, then "
         "one real group per slot, timed (for bestofn plan)",
     )
-    p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--base", default=".", help="the workflow directory (sheets, results)")
+    config_options(p, "the workflow directory (sheets, results)")
     p.add_argument("--no-pilot", action="store_true", help="the checks only, no group")
     p.set_defaults(func=_doctor)
 
     p = sub.add_parser(
         "status", help="a run's progress: groups done and left, takes/s, ETA, failures"
     )
-    p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--base", default=".", help="the workflow directory (sheets, results)")
+    config_options(p, "the workflow directory (sheets, results)")
     p.add_argument("--results", help="results directory (default: the config's, under --base)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="again every SECONDS")
     p.set_defaults(func=_status)

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from bestofn.ops import bradley_terry as bt
+from bestofn.util.parser import config_options
 
 CHOSEN = {"left": 1.0, "right": 0.0}
 
@@ -57,8 +58,7 @@ def add_parser(sub) -> None:
         help="exported votes files (bestofn-votes/1) or folders of them (default: the "
         "results' votes store, RESULTS/votes/imported)",
     )  # fmt: skip
-    q.add_argument("--config", default="config/config.yaml")
-    q.add_argument("--base", default=".", help="directory that config paths are relative to")
+    config_options(q, "directory that config paths are relative to")
     q.add_argument("--results", help="results directory (default: the config's, under --base)")
     q.add_argument("--name", help="the reward's name (default: reward_fit.name)")
     q.add_argument("--out", help="the YAML snippet to write (default: RESULTS/rewards/NAME.yaml)")

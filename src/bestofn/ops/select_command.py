@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from bestofn.util.parser import config_options
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
@@ -24,8 +26,7 @@ def add_parser(sub) -> None:
         "reward's tables (reward_picks, reward_selection, best_of_k) in place. Exit 2 on bad "
         "input; the database is then unchanged.",
     )
-    p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--base", default=".", help="directory the config's paths are relative to")
+    config_options(p, "directory the config's paths are relative to")
     p.add_argument("--results", help="results directory (default: the config's)")
     p.add_argument("--reward", help="recompute only this named reward (selection.rewards)")
     p.set_defaults(func=main)

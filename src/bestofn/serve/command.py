@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bestofn.util.parser import config_options
+
 
 def _serve(args) -> int:
     from bestofn.serve.http import main as serve_main
@@ -20,8 +22,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="any non-loopback address needs a key")
     p.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
-    p.add_argument("--config", default="config/config.yaml")
-    p.add_argument("--base", default=".", help="directory that config paths are relative to")
+    config_options(p, "directory that config paths are relative to")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (or BESTOFN_API_KEY)")
     p.add_argument("--slot", type=int, default=0, help="the worker slot (GPU) to serve from")
     p.add_argument(

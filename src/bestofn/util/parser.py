@@ -42,3 +42,13 @@ class Parser(argparse.ArgumentParser):
         if kwargs.get("help") is None and _has_default(kwargs.get("default")):
             kwargs["help"] = "(default: %(default)s)"
         return super().add_argument(*args, **kwargs)
+
+
+DEFAULT_CONFIG = "config/config.yaml"  # the workflow's own config, as the Snakefile reads it
+
+
+def config_options(parser: argparse.ArgumentParser, base_help: str) -> None:
+    """``--config`` (the workflow's config by default) and ``--base`` (where its relative paths
+    start, ``base_help`` saying which), as every command that reads a config takes them."""
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
+    parser.add_argument("--base", default=".", help=base_help)
