@@ -13,7 +13,10 @@ is a warm-up (compiles, CUDA-graph captures) and is reported apart.
 
     PYTHONPATH=src python3 -m lab.probes.speech_profile \
         --model-dir W/MOSS-TTS-Local-Transformer-v1.5 --codec-dir W/MOSS-Audio-Tokenizer-v2 \
-        --batches 1,64,128 [--out FILE]
+        --batches 1,64,128 [--stream-modes eager,graphs] [--out FILE]
+
+``--stream-modes``: the codec's streaming decode modes to render with, one after the other in
+this process (``bestofn.moss.codec.stream``: ``graphs`` is the product's default on CUDA).
 CPU smoke: ``--device cpu --batches 1,2`` on ``bestofn fake-weights --size tiny``.
 """
 
@@ -35,8 +38,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def render(gen, batch: int, device: str, seed0: int) -> dict:
-    """One ``stream_batch`` of ``batch`` requests, timed by part."""
+def render(gen, batch: int, device: str, seed0: int, mode: str | None = None) -> dict:
+    """One ``stream_batch`` of ``batch`` requests, timed by part; ``mode``: the streaming
+    decode's (None: the product's default)."""
     from bestofn.core import speech
     from bestofn.moss import continuous
     from bestofn.util.spec import GroupSpec
@@ -59,7 +63,7 @@ def render(gen, batch: int, device: str, seed0: int) -> dict:
             yield block
 
     def timed_stream(*a, **k):
-        streamer = real_stream(*a, **k)
+        streamer = real_stream(*a, **k, mode=mode)
         inner = streamer.decode
 
         def decode(new):
@@ -101,6 +105,7 @@ def render(gen, batch: int, device: str, seed0: int) -> dict:
     rest = wall - timers["decode_loop_s"] - timers["codec_s"]
     return {
         "batch": batch,
+        "stream_mode": getattr(getattr(codec, "_stream", None), "mode", None),
         "wall_s": round(wall, 4),
         "audio_s": round(audio_s, 2),
         "audio_s_per_s": round(audio_s / wall, 1) if wall else None,
@@ -117,6 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="1,64,128")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--stream-modes", default="", help="e.g. eager,graphs (default: the product's)")
     ap.add_argument("--out", help="write the rows as JSON lines here too")
     args = ap.parse_args(argv)
     from bestofn.backends import registry
@@ -126,13 +132,15 @@ def main(argv=None) -> int:
     gen = registry.build("generator", "moss-fast", opts, device=args.device)
     print(json.dumps({"load_s": round(time.perf_counter() - t0, 2)}), flush=True)
     rows = []
+    modes = [m for m in args.stream_modes.split(",") if m] or [None]
     for b in (int(x) for x in args.batches.split(",")):
-        warm = render(gen, b, args.device, seed0=10_000)
-        rows.append({**warm, "warmup": True})
-        print(json.dumps(rows[-1]), flush=True)
-        for r in range(args.repeats):
-            rows.append(render(gen, b, args.device, seed0=1000 * r))
+        for mode in modes:
+            warm = render(gen, b, args.device, seed0=10_000, mode=mode)
+            rows.append({**warm, "warmup": True})
             print(json.dumps(rows[-1]), flush=True)
+            for r in range(args.repeats):
+                rows.append(render(gen, b, args.device, seed0=1000 * r, mode=mode))
+                print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -495,6 +495,33 @@ def test_stream_decoder_joins_to_the_one_shot_decode(codec):
     np.testing.assert_allclose(again, one[1][: 9 * 3840], rtol=0, atol=1e-5 * np.abs(again).max())
 
 
+def test_padded_stream_decode_is_the_eager_one(codec):
+    # The CUDA-graph path's padding (3 requests -> a bucket of 4 rows; 7 and 5 new frames -> 8)
+    # on CPU: the scratch row and the padded frames leave every request's audio and its cache
+    # as the unpadded call leaves them, chunk after chunk.
+    from bestofn.moss.codec.stream import StreamDecoder
+
+    clips = _clips([30, 23, 12], seed=5)
+    eager, padded = StreamDecoder(codec, 5, "eager"), StreamDecoder(codec, 5, "padded")
+    done = [0, 0, 0]
+    for step in (4, 7, 5, 16):
+        new = {}
+        for slot, clip in zip((4, 0, 2), clips, strict=True):
+            i = (4, 0, 2).index(slot)
+            end = min(len(clip), done[i] + step)
+            if end > done[i]:
+                new[slot], done[i] = clip[done[i] : end], end
+        a, b = eager.decode(new), padded.decode(new)
+        assert a.keys() == b.keys() == new.keys()
+        for slot in new:
+            assert a[slot].shape == b[slot].shape == (len(new[slot]) * 3840, 2)
+            np.testing.assert_allclose(b[slot], a[slot], rtol=0, atol=1e-5 * np.abs(a[slot]).max())
+    # rows, frames: powers of two (the last call: two requests left, 7 and 16 frames)
+    assert sorted(padded._buckets) == [(2, 16), (4, 4), (4, 8)]
+    with pytest.raises(ValueError, match="needs a CUDA codec"):
+        StreamDecoder(codec, 2, "graphs")
+
+
 def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
     import torch
 

@@ -12,6 +12,17 @@ State lives in slots (``StreamDecoder(codec, slots)``): per stage and layer a [s
 context - 1, dh] key and value cache in the compute dtype (about 90 MB per slot for the real v2
 decoder in bf16), plus the frames each slot has seen. ``decode({slot: new codes})`` appends;
 ``reset(slot)`` starts a slot over (a new request).
+
+CUDA graphs (``mode="graphs"``, the default on CUDA): a call is a few thousand small kernels
+(every layer's norms, projections, RoPE, cache reads and writes), so at a few requests a call
+the GPU waits on the host's launches. On CUDA each call is padded to a bucket (requests and
+frames each to the next power of two), its inputs copied into that bucket's fixed buffers, and
+the bucket's graph replayed: captured on the bucket's first call (``run_captured``, as the
+engine's steps are). Padded requests read and write one scratch slot past the last; padded
+frames are masked out of every real request's attention and never enter a cache (a cache keeps
+the steps before each request's own length), so padding changes only the float rounding of the
+matmuls' other shapes. ``mode="padded"`` is that path without graphs (the tests compare it with
+``eager`` on CPU).
 """
 
 from __future__ import annotations
@@ -23,6 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from bestofn.moss.codec.layers import Transformer, patch_up, rotate_pairs
+from bestofn.moss.engine_shell import run_captured
+
+MODES = ("eager", "padded", "graphs")
 
 
 class _StageCache:
@@ -78,22 +92,84 @@ def _stream_stage(stage: Transformer, cache: _StageCache, slots, pos, lens, x):
     return x
 
 
-class StreamDecoder:
-    """Batched exact streaming decode over ``slots`` request slots of one codec."""
+def _bucket(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
 
-    def __init__(self, codec, slots: int):
+
+class _Bucket:
+    """The fixed buffers of one (requests, frames) shape and its graph (``run_captured``'s
+    state: ``graphs``, ``graph_pool``)."""
+
+    def __init__(self, rows: int, frames: int, n_vq: int, out_shape: tuple, device, pool):
+        self.codes = torch.zeros(rows, frames, n_vq, dtype=torch.long, device=device)
+        self.slots = torch.zeros(rows, dtype=torch.long, device=device)
+        self.pos = torch.zeros(rows, dtype=torch.long, device=device)
+        self.lens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.out = torch.zeros(out_shape, dtype=torch.float32, device=device)
+        self.graphs: dict = {}
+        self.graph_pool = pool
+
+
+class StreamDecoder:
+    """Batched exact streaming decode over ``slots`` request slots of one codec; ``mode``:
+    ``eager``, ``padded`` or ``graphs`` (the module docstring; default: graphs on CUDA)."""
+
+    def __init__(self, codec, slots: int, mode: str | None = None):
         self.codec, self.slots = codec, int(slots)
         if any(isinstance(s, Transformer) and not s.cfg.context for s in codec.decoder):
             raise ValueError("streaming decode needs every decoder stage to have a window")
+        cuda = torch.device(codec.device).type == "cuda"
+        self.mode = mode or ("graphs" if cuda else "eager")
+        if self.mode not in MODES:
+            raise ValueError(f"stream decode mode is {self.mode!r}; known: {', '.join(MODES)}")
+        if self.mode == "graphs" and not cuda:
+            raise ValueError("stream decode mode 'graphs' needs a CUDA codec")
+        # one row more than the slots: the scratch row of a bucket's padded requests
         self.caches = {
-            i: _StageCache(s, self.slots, codec.device)
+            i: _StageCache(s, self.slots + 1, codec.device)
             for i, s in enumerate(codec.decoder)
             if isinstance(s, Transformer)
         }
         self.frames = [0] * self.slots
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._pool = None  # the buckets' graphs replay one at a time: one memory pool
 
     def reset(self, slot: int) -> None:
         self.frames[slot] = 0  # old cache entries sit at negative positions: masked
+
+    def _run(self, codes, slots, pos, lens) -> torch.Tensor:
+        """The decoder on device inputs: codes [B, N, n_vq], each row's slot, frames seen and
+        valid new frames -> audio [B, N * hop, channels] float32 on the device."""
+        codec = self.codec
+        B, N = codes.shape[:2]
+        x = codec.embed_codes(codes)
+        per_frame = 1  # steps per frame at the current stage
+        for i, stage in enumerate(codec.decoder):
+            if isinstance(stage, Transformer):
+                x = _stream_stage(
+                    stage, self.caches[i], slots, pos * per_frame, lens * per_frame, x
+                )
+            else:
+                x, per_frame = patch_up(x, stage), per_frame * stage
+        return x.reshape(B, N * codec.hop, codec.channels).float()
+
+    def _run_bucket(self, grid, slots, pos, lens) -> torch.Tensor:
+        rows, frames = grid.shape[:2]
+        bucket = self._buckets.get((rows, frames))
+        if bucket is None:
+            shape = (rows, frames * self.codec.hop, self.codec.channels)
+            bucket = _Bucket(rows, frames, grid.shape[2], shape, self.codec.device, self._pool)
+            self._buckets[(rows, frames)] = bucket
+        for buf, host in ((bucket.codes, grid), (bucket.slots, slots), (bucket.pos, pos)):
+            buf.copy_(host)
+        bucket.lens.copy_(lens)
+
+        def step():
+            bucket.out.copy_(self._run(bucket.codes, bucket.slots, bucket.pos, bucket.lens))
+
+        run_captured(bucket, (), step, self.mode == "graphs")
+        self._pool = self._pool or bucket.graph_pool
+        return bucket.out
 
     @torch.inference_mode()
     def decode(self, new: dict[int, torch.Tensor]) -> dict[int, np.ndarray]:
@@ -104,24 +180,23 @@ class StreamDecoder:
         out = {s: np.zeros((0, codec.channels), np.float32) for s in new}
         if not items:
             return out
-        dev = codec.device
-        n = torch.tensor([len(c) for _, c in items], device=dev)
-        N = int(n.max())
-        grid = torch.zeros(len(items), N, codec.n_vq, dtype=torch.long)
-        for b, (_, c) in enumerate(items):
+        B, N = len(items), max(len(c) for _, c in items)
+        if self.mode != "eager":
+            B, N = _bucket(B), _bucket(N)
+        grid = torch.zeros(B, N, codec.n_vq, dtype=torch.long)
+        slots = torch.full((B,), self.slots, dtype=torch.long)  # padded rows: the scratch slot
+        pos = torch.zeros(B, dtype=torch.long)
+        lens = torch.zeros(B, dtype=torch.long)
+        for b, (s, c) in enumerate(items):
             grid[b, : len(c)] = c
-        x = codec.embed(grid)
-        slots = torch.tensor([s for s, _ in items], device=dev)
-        frames = torch.tensor([self.frames[s] for s, _ in items], device=dev)
-        per_frame = 1  # steps per frame at the current stage
-        for i, stage in enumerate(codec.decoder):
-            if isinstance(stage, Transformer):
-                x = _stream_stage(
-                    stage, self.caches[i], slots, frames * per_frame, n * per_frame, x
-                )
-            else:
-                x, per_frame = patch_up(x, stage), per_frame * stage
-        audio = x.reshape(len(items), N * codec.hop, codec.channels).float().cpu().numpy()
+            slots[b], pos[b], lens[b] = s, self.frames[s], len(c)
+        codec.check_codes(grid)
+        if self.mode == "eager":
+            dev = codec.device
+            x = self._run(grid.to(dev), slots.to(dev), pos.to(dev), lens.to(dev))
+        else:
+            x = self._run_bucket(grid, slots, pos, lens)
+        audio = x[: len(items)].cpu().numpy()
         for b, (s, c) in enumerate(items):
             self.frames[s] += len(c)
             out[s] = np.ascontiguousarray(audio[b, : len(c) * codec.hop])

@@ -270,15 +270,16 @@ class MossAudioTokenizer:
             qs.append((e, proj_in, proj_out))
         self._enc_quant = (in_w, qs)
 
-    def stream_decoder(self, slots: int):
-        """An exact streaming decoder over ``slots`` requests (``bestofn.moss.codec.stream``),
-        kept: a later call for as many slots or fewer gets the same one (its caches reused)."""
+    def stream_decoder(self, slots: int, mode: str | None = None):
+        """An exact streaming decoder over ``slots`` requests (``bestofn.moss.codec.stream``;
+        ``mode`` as there), kept: a later call for as many slots or fewer, in the same mode,
+        gets the same one (its caches and graphs reused)."""
         from bestofn.moss.codec.stream import StreamDecoder
 
         have = getattr(self, "_stream", None)
-        if have is None or have.slots < slots:
+        if have is None or have.slots < slots or (mode is not None and have.mode != mode):
             self._stream = None  # free the old caches before allocating the new ones
-            self._stream = StreamDecoder(self, slots)
+            self._stream = StreamDecoder(self, slots, mode)
         return self._stream
 
     def weight_bytes(self) -> int:
@@ -295,7 +296,12 @@ class MossAudioTokenizer:
         """codes [B, T, >= n_vq] -> the decoder's input [B, T, dim] fp32 on the device: the sum
         of each codebook's decoded entry (one gathered table row per code) + the output bias."""
         codes = codes[..., : self.n_vq].to(self.device, torch.long)
-        B, T, n = codes.shape
+        self.check_codes(codes)
+        return self.embed_codes(codes)
+
+    def check_codes(self, codes: torch.Tensor) -> None:
+        """Refuse codes [B, T, n] with fewer than n_vq codebooks or outside the codebook."""
+        n = codes.shape[-1]
         if n < self.n_vq:
             raise AudioTokenizerError(
                 f"codes have {n} codebooks, the codec decodes n_vq = {self.n_vq}"
@@ -305,6 +311,11 @@ class MossAudioTokenizer:
             raise AudioTokenizerError(
                 f"codes outside 0..{size - 1} (codebook_size in {self.codec_dir / 'config.json'})"
             )
+
+    def embed_codes(self, codes: torch.Tensor) -> torch.Tensor:
+        """``embed`` of checked codes [B, T, n_vq] already on the device: no host sync (a CUDA
+        graph captures it)."""
+        B, T, n = codes.shape
         flat = (codes + self._offsets).reshape(B * T, n)
         x = F.embedding_bag(flat, self._tables, mode="sum") + self._out_bias
         return x.view(B, T, -1)
