@@ -15,7 +15,9 @@
 #   SIZE=tiny DEVICE=cpu bash docs/bench/serve_gpu.sh /tmp/serve-out 1,2
 # (on a CPU the memory cap is ignored with a log line; the second run still uses int8).
 # Other knobs: PARTS (main,cap), WORK (weights + configs), PYTHON, PORT, CAP_GB, CAP_LEVELS (default 1),
-# REQUESTS (per level; default max(16, 4 x level)).
+# REQUESTS (per level; default max(16, 4 x level)), STREAM_DECODES (e.g. eager,graphs: the main
+# part once per moss-fast runtime.stream_decode, side by side -> OUT/serve-MODE.json; default:
+# once, the config's default -> OUT/serve.json).
 set -euo pipefail
 out=$(realpath -m "${1:?usage: serve_gpu.sh OUT [CONCURRENCY]}")
 levels=${2:-1,16,64,128}
@@ -32,7 +34,7 @@ max_batch=$((max_batch > 1 ? max_batch : 1))
 mkdir -p "$out" "$work"
 
 t0=$(date +%s)
-$py - "$work" "$size" "$device" "$cap_gb" <<'EOF'
+$py - "$work" "$size" "$device" "$cap_gb" "${STREAM_DECODES:-}" <<'EOF'
 import sys
 from pathlib import Path
 
@@ -41,6 +43,7 @@ import yaml
 from bestofn.fakes import moss
 
 work, size, device, cap_gb = Path(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+modes = [m for m in sys.argv[5].split(",") if m]
 if not (work / "MOSS-TTS-Local-Transformer-v1.5" / "config.json").is_file():
     # Random stop heads end takes at random frames; pinned to "continue", every request runs to
     # its frame budget (words x 6 frames), so audio-seconds are the same on every run.
@@ -49,7 +52,7 @@ if not (work / "MOSS-TTS-Local-Transformer-v1.5" / "config.json").is_file():
 (work / "prompts.tsv").write_text("prompt_id\ttext\np1\tHello.\n")
 
 
-def config(weights: str, gpu_memory_gb: float | None) -> dict:
+def config(weights: str, gpu_memory_gb: float | None, stream_decode: str = "auto") -> dict:
     runtime = {"idle_timeout_s": 900, "start_timeout_s": 900}
     if gpu_memory_gb is not None:
         runtime["gpu_memory_gb"] = gpu_memory_gb
@@ -67,7 +70,7 @@ def config(weights: str, gpu_memory_gb: float | None) -> dict:
                     "codec_dir": str(work / "MOSS-Audio-Tokenizer-v2"),
                     "weights": weights,
                 },
-                "runtime": {"batch_size": 128},
+                "runtime": {"batch_size": 128, "stream_decode": stream_decode},
             }
         },
         "runtime": runtime,
@@ -77,6 +80,9 @@ def config(weights: str, gpu_memory_gb: float | None) -> dict:
 
 (work / "speech.yaml").write_text(yaml.safe_dump(config("dtype", None), sort_keys=False))
 (work / "speech-cap.yaml").write_text(yaml.safe_dump(config("int8", cap_gb), sort_keys=False))
+for mode in modes:
+    text = yaml.safe_dump(config("dtype", None, mode), sort_keys=False)
+    (work / f"speech-{mode}.yaml").write_text(text)
 EOF
 echo "weights + configs: $(($(date +%s) - t0)) s"
 
@@ -118,7 +124,13 @@ run() {
 
 # PARTS=cap runs only the capped int8 case (e.g. when a first call ran out of device time)
 parts=${PARTS:-main,cap}
-[[ ,$parts, != *,main,* ]] || run serve speech.yaml "$levels"
+if [[ ,$parts, == *,main,* ]]; then
+    if [ -z "${STREAM_DECODES:-}" ]; then
+        run serve speech.yaml "$levels"
+    else
+        for mode in ${STREAM_DECODES//,/ }; do run "serve-$mode" "speech-$mode.yaml" "$levels"; done
+    fi
+fi
 [[ ,$parts, != *,cap,* ]] || run serve-cap speech-cap.yaml "$cap_levels"
 
 $py - "$out" "$cap_gb" <<'EOF'

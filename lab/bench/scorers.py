@@ -37,12 +37,15 @@ BACKENDS = {  # the random-weight builders (bestofn.fakes), one module per backe
 }
 
 
-def clips(n: int, seconds: float, sr: int, seed: int = 0) -> list[np.ndarray]:
-    """Speech-like test signals: a few harmonics with a syllable-rate envelope plus noise."""
+def clips(n: int, seconds: float, sr: int, seed: int = 0, spread: float = 0.0) -> list[np.ndarray]:
+    """Speech-like test signals: a few harmonics with a syllable-rate envelope plus noise;
+    ``spread`` > 0: lengths evenly over [seconds - spread, seconds], as a group's takes differ
+    (every length its own)."""
     rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * sr)) / sr
     out = []
-    for _ in range(n):
+    for i in range(n):
+        length = seconds - spread * i / max(1, n - 1)
+        t = np.arange(int(length * sr)) / sr
         f0 = rng.uniform(90, 220)
         voiced = sum(np.sin(2 * np.pi * f0 * k * t + rng.uniform(0, 6)) / k for k in range(1, 6))
         envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(3, 5) * t)
@@ -57,6 +60,19 @@ def _sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def top_kernels(fn, device: str, top: int) -> list[str]:
+    """One more call under torch.profiler: its ``top`` ops by device time (CPU: by CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        fn()
+        _sync(device)
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=top).splitlines()
 
 
 def time_call(fn, device: str, repeats: int) -> float:
@@ -111,9 +127,12 @@ def bench_backend(name, args, batches, audio16, spec, meta, audio48s=None, kw=No
         peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
         row = {**meta, "backend": name_shown, "batch": b, "s_per_clip": t / b,
                "batch_s": t, "peak_gib": peak, "build_s": build_s}  # fmt: skip
+        if args.profile:
+            row["profile"] = top_kernels(call, args.device, args.profile)
         rows.append(row)
-        print(json.dumps(row), flush=True)
-    if name == "parakeet" and not args.no_split:
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+        print("\n".join(row.get("profile", [])), flush=True)
+    if name == "parakeet" and not args.no_split and not args.spread:  # split: one length
         rows += parakeet_split(backend, args, batches, audio16, meta)
     rows += speed_rows(name, backend, args, batches, audio16, audio48s, spec, meta)
     backend.close()
@@ -222,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="32,64")
     ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument(
+        "--spread", type=float, default=0.0, help="clip lengths over [seconds - spread, seconds]"
+    )
+    ap.add_argument("--profile", type=int, default=0, help="print each call's top N ops")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--only", default=",".join(BACKENDS), help="comma-separated backend names")
     ap.add_argument("--out", help="write JSON lines here too")
@@ -249,13 +272,14 @@ def main(argv: list[str] | None = None) -> int:
         "happy", "bench", "the quick brown fox jumps over the lazy dog " * 4, max(batches),
         emotion_description="A bright, cheerful voice.", negative_description="A flat voice.",
     )  # fmt: skip
-    audio48 = clips(max(batches), args.seconds, 48000)
+    audio48 = clips(max(batches), args.seconds, 48000, spread=args.spread)
     results = []
     meta = {
         "date": datetime.date.today().isoformat(),
         "host": platform.node(),
         "device": args.device,
         "seconds_per_clip": args.seconds,
+        "spread_s": args.spread,
     }
     if args.device.startswith("cuda"):
         import torch

@@ -17,7 +17,11 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from bestofn.backends.speaker import SpeakerScorer, runtime_defaults  # noqa: E402
+from bestofn.backends.speaker import (  # noqa: E402
+    SpeakerScorer,
+    ValidFrameGroupNorm,
+    runtime_defaults,
+)
 from bestofn.fakes import speaker as fake  # noqa: E402
 from bestofn.util.spec import GroupSpec  # noqa: E402
 
@@ -60,11 +64,11 @@ def test_bf16_and_batches_stay_within_tolerance_on_the_real_shape():
     want = alone(exact, takes, reference)
     assert np.ptp(want) > 1e-3  # the takes differ: a dial that mixed them up would show
 
-    # float32 with batches of one length: the same values as alone (no padding enters)
+    # float32, the takes of three lengths padded into one batch: the values alone
     batched32 = SpeakerScorer.from_modules(copy.deepcopy(model), fe, precision="float32")
     np.testing.assert_allclose(sims(batched32, takes, reference), want, atol=1e-5)
 
-    # the CUDA default (bfloat16 body, float32 head), batches of one length
+    # the CUDA default (bfloat16 body, float32 head), padded batches
     bf16 = SpeakerScorer.from_modules(copy.deepcopy(model), fe, precision="bfloat16")
     assert bf16.model.wavlm.encoder.layers[0].attention.k_proj.weight.dtype == torch.bfloat16
     assert bf16.model.tdnn[0].kernel.weight.dtype == torch.float32
@@ -78,19 +82,42 @@ def tiny():
     return fake.build_model(tiny=True, seed=7), fake.feature_extractor()
 
 
-def test_a_takes_score_does_not_depend_on_its_group(tiny):
-    """The fakes' front end normalises over time (group norm, transformers' default): padding a
-    take beside a longer one would change its x-vector. Takes of other lengths never share a
-    batch, so a take scores the same alone and in any group."""
+@pytest.mark.parametrize("batching", ["padded", "one_length"])
+def test_a_takes_score_does_not_depend_on_its_group(tiny, batching):
+    """The fakes' front end normalises over time (group norm, transformers' default). Padded:
+    takes of other lengths share a batch, the group norm over each take's own frames; one
+    length: they never share one. Either way a take scores the same alone and in any group."""
     model, fe = tiny
-    scorer = SpeakerScorer.from_modules(model, fe, precision="float32", batch_size=4)
-    assert scorer.batched and not scorer.pad_batches
-    takes = clips([1.0, 1.7, 1.0, 0.6, 1.7])
+    scorer = SpeakerScorer.from_modules(
+        copy.deepcopy(model), fe, precision="float32", batch_size=4, batching=batching
+    )
+    takes = clips([1.0, 1.7, 1.0, 0.6, 1.7, 1.3])
     reference = clips([1.2], seed=1)[0]
     want = alone(scorer, takes, reference)
+    assert np.ptp(want) > 1e-3
+    calls = []
+    hook = scorer.model.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[0]))
     np.testing.assert_allclose(sims(scorer, takes, reference), want, atol=1e-6)
+    hook.remove()
+    # padded: 6 takes in batches of 4 and 2 (+ the reference); one length: 4 lengths, 4 passes
+    assert calls == ([4, 2, 1] if batching == "padded" else [1, 2, 1, 2, 1])
     # the order of the takes in the group is the order of the scores
     np.testing.assert_allclose(sims(scorer, takes[::-1], reference), want[::-1], atol=1e-6)
+
+
+def test_the_group_norm_over_the_padded_axis_would_move_the_score(tiny):
+    """The reason for ValidFrameGroupNorm: the same padded batch through the plain group norm
+    (over the whole padded time axis) moves the short take's x-vector."""
+    model, fe = tiny
+    scorer = SpeakerScorer.from_modules(copy.deepcopy(model), fe, precision="float32")
+    takes = clips([0.6, 1.7])
+    norm = scorer.model.wavlm.feature_extractor.conv_layers[0].layer_norm
+    assert isinstance(norm, ValidFrameGroupNorm)
+    with_mask = scorer.embed(takes)
+    norm.__class__, scorer._norm = torch.nn.GroupNorm, None  # the plain norm sees the padding
+    without = scorer.embed(takes)
+    assert float((with_mask[0] - without[0]).abs().max()) > 1e-3  # the short take moved
+    np.testing.assert_allclose(with_mask[1].numpy(), without[1].numpy(), atol=1e-6)  # longest
 
 
 def test_max_seconds_embeds_the_central_seconds(tiny):
@@ -113,12 +140,14 @@ def test_max_seconds_embeds_the_central_seconds(tiny):
 def test_dials_default_from_the_schema_and_name_themselves(tiny):
     model, fe = tiny
     defaults = runtime_defaults()
-    assert defaults == {"precision": "auto", "max_seconds": None, "batch_size": 64}
+    assert defaults == {
+        "precision": "auto", "max_seconds": None, "batch_size": 64, "batching": "padded"
+    }  # fmt: skip
     scorer = SpeakerScorer.from_modules(model, fe)
     assert scorer.dtype == "float32"  # auto on the CPU
     assert scorer.batch_size == 64 and scorer.max_seconds is None
     path = scorer.provenance()["kernel_path"]
-    assert path == {"precision": "float32", "head": "float32", "batches": "one length each",
+    assert path == {"precision": "float32", "head": "float32", "batching": "padded",
                     "batch_size": 64, "max_seconds": None}  # fmt: skip
     # the option dtype (part of the identity) wins over runtime.precision
     fixed = SpeakerScorer.from_modules(model, fe, dtype="float32", precision="bfloat16")
@@ -127,6 +156,8 @@ def test_dials_default_from_the_schema_and_name_themselves(tiny):
         SpeakerScorer.from_modules(model, fe, precision="int4")
     with pytest.raises(ValueError, match="max_seconds"):
         SpeakerScorer.from_modules(model, fe, max_seconds=-1)
+    with pytest.raises(ValueError, match="runtime.batching"):
+        SpeakerScorer.from_modules(model, fe, batching="ragged")
 
 
 def test_score_keeps_the_group_order_with_a_reference(tiny, tmp_path):
@@ -144,15 +175,20 @@ def test_score_keeps_the_group_order_with_a_reference(tiny, tmp_path):
 
 
 def test_a_take_shorter_than_the_model_takes_is_padded_alone(tiny):
-    """The TDNN needs its receptive field of frames: a shorter take (an empty take's silence, a
-    cut word) is padded with silence to the minimum, alone, and the model runs at exactly it
-    (and fails one sample below, which is why the minimum is what it is)."""
+    """The TDNN needs its receptive field of frames and the pooling's standard deviation two
+    of them: a shorter take (an empty take's silence, a cut word) is padded with silence to the
+    minimum, alone, and embeds to a finite x-vector there; one frame (320 samples) less gives
+    NaN, and less than the receptive field fails."""
     model, fe = tiny
     scorer = SpeakerScorer.from_modules(model, fe, precision="float32")
     n = scorer.min_samples
     short, ok = clips([0.1, 1.0])
     padded = np.pad(short, (0, n - short.size))
     got = scorer.embed([short, ok])
+    assert torch.isfinite(got).all()
     np.testing.assert_allclose(got[0].numpy(), scorer.embed([padded])[0].numpy(), atol=1e-6)
-    with pytest.raises(RuntimeError):
-        scorer._forward([padded[: n - 1]])
+    with torch.inference_mode():
+        assert torch.isfinite(scorer._forward([padded])).all()
+        assert torch.isnan(scorer._forward([padded[: n - 320]])).all()
+        with pytest.raises(RuntimeError):
+            scorer._forward([padded[: n - 321]])

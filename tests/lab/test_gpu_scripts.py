@@ -211,16 +211,18 @@ def test_bench_scorers_and_database_smoke(tmp_path):
     out = tmp_path / "scorers.jsonl"
     run(["bash", "docs/bench/lab.sh", "bench", "scorers", "--device", "cpu", "--size", "tiny",
          "--batches", "2,3", "--seconds", "1", "--repeats", "1", "--only", "wavlm-speaker",
-         "--speaker-runtime", "precision=float32,batch_size=64;precision=bfloat16,max_seconds=0.5",
+         "--speaker-runtime", "precision=float32,batch_size=64,batching=one_length;"
+         "precision=bfloat16,max_seconds=0.5", "--spread", "0.5", "--profile", "5",
          "--out", str(out)], e)  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert not [r for r in rows if "error" in r], rows
     speaker = [r for r in rows if r["backend"].startswith("wavlm-speaker")]
     assert {r["backend"] for r in speaker} == {
-        "wavlm-speaker[precision=float32,batch_size=64]",
+        "wavlm-speaker[precision=float32,batch_size=64,batching=one_length]",
         "wavlm-speaker[precision=bfloat16,max_seconds=0.5]",
     }
     assert all(r["s_per_clip"] > 0 and "peak_gib" in r for r in speaker)
+    assert all(r["spread_s"] == 0.5 and any("Self CPU" in x for x in r["profile"]) for r in speaker)
 
     db = tmp_path / "db.jsonl"
     run(["bash", "docs/bench/lab.sh", "bench", "database", "--groups", "4", "--takes", "4",

@@ -546,3 +546,17 @@ def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
         got = np.concatenate(parts[i])
         assert got.shape == take.shape == (gen.budget.frames(s.text) * 3840, 2)
         np.testing.assert_allclose(got, take, rtol=0, atol=1e-5 * np.abs(take).max())
+
+
+def test_stream_decode_dial_reaches_the_codec_and_graphs_need_cuda(ckpt):
+    from bestofn.core import speech
+    from bestofn.fakes.moss import build
+    from bestofn.util.spec import GroupSpec
+
+    kw = {"size": "tiny", "min_frames": 4, "max_frames": 8, "codec_dir": str(ckpt)}
+    with pytest.raises(ValueError, match="runtime.stream_decode is graphs"):
+        build("cpu", stream_decode="graphs", **kw)
+    for dial, mode in (("auto", "eager"), ("eager", "eager")):  # auto on CPU: eager
+        gen = build("cpu", stream_decode=dial, **kw)
+        list(speech.stream_batch(gen, [GroupSpec("calm", "api", "Hi.", 1, 7)]))
+        assert gen.codec._stream.mode == mode

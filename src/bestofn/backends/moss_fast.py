@@ -175,6 +175,11 @@ class MossFastGenerator(Generator):
         self.device = device
         self.budget = FrameBudget.from_options(o)
         on_gpu = torch.device(device).type == "cuda"
+        if o.get("stream_decode") == "graphs" and not on_gpu:
+            raise ValueError(
+                f"moss-fast: runtime.stream_decode is graphs (CUDA graphs) on {device}; "
+                "set eager or auto"
+            )
         dtype = o["dtype"]
         if dtype == "auto":
             dtype = torch.bfloat16 if on_gpu else torch.float32

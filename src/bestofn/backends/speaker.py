@@ -25,12 +25,18 @@ same-speaker threshold at 0.86, where LAION's voice-consistency notes (ECAPA) re
 and reject below 0.40. A selection floor must be set on this scale.
 
 Usage as the model card gives it: 16 kHz mono through ``Wav2Vec2FeatureExtractor``, the model's
-``embeddings`` output, L2-normalised, cosine. Takes are batched without padding: takes of one
-length together. Padded (masked) batches only where padding cannot change a take's embedding:
-the feature extractor asks for attention masks (``return_attention_mask``) and the front end
-normalises per frame (``feat_extract_norm: layer``). With ``group`` (transformers' default, and
-the random fakes') the first convolution's group norm spans the whole padded time axis, and a
-take's spk_sim would depend on the longest take of its batch.
+``embeddings`` output, L2-normalised, cosine. The feature extractor runs on each take alone (its
+normalisation is the take's own), then takes of a batch are padded to the longest and masked
+(``runtime.batching: padded``), where padding cannot reach a take's x-vector: the front end's
+convolutions have no padding of their own (a valid frame reads valid samples only), the
+transformer masks padded frames (and zeroes them before its positional convolution, as a lone
+take's zero padding), and the x-vector pools over each take's own frames. One piece would see
+the padding: with ``feat_extract_norm: group`` (transformers' default, and the random fakes')
+the first convolution's group norm normalises each channel over the whole time axis. It is
+swapped for the same norm over each take's own frames (``ValidFrameGroupNorm``: the group norm
+of the take's valid slice, the op a lone take runs). And transformers' pooling length ignores
+the TDNN's dilation (``tdnn_lengths``), which we count. ``batching: one_length`` batches only
+takes of one length (no padding at all: a take of its own length runs alone).
 
 Speed dials (``runtime``, the config schema's ``$defs.wavlm_speaker_runtime``; each changes
 spk_sim's last bits, so each is named in the provenance and is a ``bestofn ab`` dial):
@@ -39,9 +45,9 @@ spk_sim's last bits, so each is named in the provenance and is a ``bestofn ab`` 
   (auto). The x-vector head stays float32: the layer-weighted sum of the hidden states, the
   TDNN and the mean/std pooling, where bfloat16's 8-bit mantissa would round the statistics
   the cosine is made of, for a few per cent of the model's work.
-- ``batch_size``: takes per forward pass (of one length, or in order of length where padding is
-  exact), which bounds the front end's activations (the largest tensors: 512 channels at
-  3.2 kHz).
+- ``batch_size``: takes per forward pass (in order of length), which bounds the front end's
+  activations (the largest tensors: 512 channels at 3.2 kHz).
+- ``batching``: ``padded`` (above) or ``one_length``.
 - ``max_seconds``: the central seconds of each take and of the reference. The model card says
   16 kHz and nothing about input length (docs/notes/scorers-facts.md); the x-vector's pooling
   averages over frames, so a crop keeps the voice's statistics while the cost stays fixed, and
@@ -69,6 +75,7 @@ SAMPLE_RATE = 16000
 HEAD_MODULES = ("projector", "tdnn", "feature_extractor", "classifier")
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 CAST_OPS = ("conv1d", "linear", "layer_norm", "attention")
+BATCHING = ("padded", "one_length")
 
 
 class WeightsError(ValueError):
@@ -138,14 +145,68 @@ def load_model(path: str | None, field: str = "model_path"):
 
 
 def min_samples(config) -> int:
-    """The shortest input the x-vector model takes: the TDNN needs as many frames as its
-    receptive field, and the convolutional front end that many frames' samples."""
+    """The shortest input the x-vector model embeds: the TDNN needs its receptive field of
+    frames, plus one, since the pooling's standard deviation (unbiased) needs two output frames
+    (at one it is NaN); the convolutional front end needs that many frames' samples."""
     tdnn = zip(config.tdnn_kernel, config.tdnn_dilation, strict=True)
-    frames = 1 + sum((k - 1) * d for k, d in tdnn)
+    frames = 2 + sum((k - 1) * d for k, d in tdnn)
     samples = frames
     for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride, strict=True))):
         samples = (samples - 1) * stride + kernel
     return samples
+
+
+class ValidFrameGroupNorm(torch.nn.GroupNorm):
+    """The front end's first norm (a GroupNorm of one channel per group: each channel normalised
+    over time) over each row's own frames: ``frames`` (host ints, one per row) is set around a
+    padded forward; row i's first ``frames[i]`` frames get the group norm of that slice alone,
+    the very op an unpadded take runs; its padded frames are left unnormalised (no valid frame
+    downstream reads them). With ``frames`` None it is the group norm. The loaded GroupNorm's
+    class is swapped for this one (``valid_frame_norm``): its parameters and their names stay."""
+
+    frames: list[int] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.frames is None:
+            return super().forward(x)
+        for i, length in enumerate(self.frames):  # in place: one take's slice at a time
+            x[i : i + 1, :, :length] = F.group_norm(
+                x[i : i + 1, :, :length], self.num_groups, self.weight, self.bias, self.eps
+            )
+        return x
+
+
+def valid_frame_norm(model) -> ValidFrameGroupNorm | None:
+    """Make the first convolution's per-channel group norm (``feat_extract_norm: group``) a
+    ``ValidFrameGroupNorm``; None where the front end normalises per frame (``layer``). Reads
+    transformers' WavLM module names (the pinned version)."""
+    norm = getattr(model.wavlm.feature_extractor.conv_layers[0], "layer_norm", None)
+    if not isinstance(norm, torch.nn.GroupNorm):
+        return None
+    if norm.num_groups != norm.num_channels:
+        raise WeightsError(
+            f"wavlm-speaker: the first group norm has {norm.num_groups} groups over "
+            f"{norm.num_channels} channels; a per-channel norm (one group a channel) expected"
+        )
+    norm.__class__ = ValidFrameGroupNorm
+    return norm
+
+
+def tdnn_lengths(model):
+    """Each take's frame count after the x-vector TDNN, dilation counted: transformers' own
+    ``_get_tdnn_output_lengths`` (pinned 5.17.0) subtracts ``kernel - 1`` per layer whatever
+    the layer's dilation, so with an attention mask a padded take's statistics pool over
+    ``sum((kernel - 1) * (dilation - 1))`` padded frames (WavLM-Base-Plus: 6), as
+    huggingface/transformers#25476 notes of the TDNN's effect on the mask. A lone take is
+    unaffected (its slice ends at the tensor's end), so this keeps the model card's values."""
+    pairs = list(zip(model.config.tdnn_kernel, model.config.tdnn_dilation, strict=True))
+
+    def lengths(frames):
+        for kernel, dilation in pairs:
+            frames = frames - dilation * (kernel - 1)
+        return frames
+
+    return lengths
 
 
 def _float_inputs(module, args):
@@ -180,15 +241,16 @@ class SpeakerScorer(Scorer):
     """Config options: ``model_path`` (local microsoft/wavlm-base-plus-sv folder),
     ``dtype`` (optional; part of the group's identity: where set it fixes the body's precision),
     ``cache_dir`` (optional; memoises weight hashes under ``cache_dir/hash-memo``). Runtime:
-    ``precision``, ``max_seconds``, ``batch_size`` (the module's docstring; the schema holds
-    their defaults)."""
+    ``precision``, ``max_seconds``, ``batch_size``, ``batching`` (the module's docstring; the
+    schema holds their defaults)."""
 
     name = "wavlm-speaker"
     table_weights = (
         "local microsoft/wavlm-base-plus-sv folder (config.json, preprocessor_config.json, weights)"
     )
     table_options = (
-        "`model_path`, `dtype`; runtime `precision`, `batch_size`, `max_seconds` (below)"
+        "`model_path`, `dtype`; runtime `precision`, `batch_size`, `max_seconds`, `batching` "
+        "(below)"
     )
     columns = {"spk_sim": "DOUBLE", "spk_ref": "VARCHAR"}
     reference_columns = frozenset({"spk_sim"})
@@ -204,9 +266,10 @@ class SpeakerScorer(Scorer):
         precision: str | None = None,
         max_seconds: float | None = None,
         batch_size: int | None = None,
+        batching: str | None = None,
     ):
         model, fe, folder = load_model(model_path)
-        self._setup(model, fe, device, dtype, precision, max_seconds, batch_size)
+        self._setup(model, fe, device, dtype, precision, max_seconds, batch_size, batching)
         self._weight_files = sorted(q for q in folder.iterdir() if q.is_file())
         self._paths = {"model_path": str(folder)}
         self._hash_memo = hash_memo_dir(cache_dir)
@@ -221,14 +284,17 @@ class SpeakerScorer(Scorer):
         precision: str | None = None,
         max_seconds: float | None = None,
         batch_size: int | None = None,
+        batching: str | None = None,
     ):
         """Build from objects in memory (``bestofn.fakes.speaker``, tests)."""
         self = cls.__new__(cls)
-        self._setup(model, feature_extractor, device, dtype, precision, max_seconds, batch_size)
+        self._setup(
+            model, feature_extractor, device, dtype, precision, max_seconds, batch_size, batching
+        )
         self._weight_files, self._paths, self._hash_memo = [], {"model_path": None}, None
         return self
 
-    def _setup(self, model, fe, device, dtype, precision, max_seconds, batch_size):
+    def _setup(self, model, fe, device, dtype, precision, max_seconds, batch_size, batching):
         defaults = runtime_defaults()
         self.device = str(device)
         self.dtype = resolve_precision(self.device, dtype, precision)
@@ -238,17 +304,23 @@ class SpeakerScorer(Scorer):
         self.batch_size = int(batch_size or defaults["batch_size"])
         if self.batch_size < 1:
             raise ValueError(f"wavlm-speaker: runtime.batch_size must be >= 1, got {batch_size}")
+        self.batching = batching or defaults["batching"]
+        if self.batching not in BATCHING:
+            known = ", ".join(BATCHING)
+            raise ValueError(
+                f"wavlm-speaker: runtime.batching is {self.batching!r}; known: {known}"
+            )
         self.model = model.to(self.device).eval()
         self._cast(self.dtype)
-        self._built = (self.dtype, self.batch_size, self.max_seconds)
+        self._built = (self.dtype, self.batch_size, self.max_seconds, self.batching)
         # a take shorter than this is padded with silence to it, alone (the model cannot
         # embed less; before, such a take was only ever padded beside a longer one)
         self.min_samples = min_samples(model.config)
         self.feature_extractor = fe
-        self.batched = bool(getattr(fe, "return_attention_mask", False))
-        # padded batches only where padding leaves a take's frames as they are (the docstring)
-        norm = getattr(getattr(model, "config", None), "feat_extract_norm", "group")
-        self.pad_batches = self.batched and norm == "layer"
+        # the front end's per-channel group norm over each take's own frames, and the pooling
+        # over each take's own TDNN frames (the docstring)
+        self._norm = valid_frame_norm(self.model)
+        self.model._get_tdnn_output_lengths = tdnn_lengths(self.model)
         # one embedding per reference voice per worker, keyed by the file's content
         self._references: dict[str, torch.Tensor] = {}
 
@@ -266,7 +338,7 @@ class SpeakerScorer(Scorer):
             self.model._bestofn_head_cast = True
         self.dtype = dtype
 
-    def set_speed(self, precision=None, batch_size=None, max_seconds=None) -> None:
+    def set_speed(self, precision=None, batch_size=None, max_seconds=None, batching=None) -> None:
         """The speed dials on a built scorer (the lab's variants); each left None goes back to
         the value it was built with. ``max_seconds`` 0: the whole take. Weights cast from
         bfloat16 back to float32 keep bfloat16's rounding: the timings are float32's, the
@@ -277,6 +349,9 @@ class SpeakerScorer(Scorer):
             self._cast(dtype)
         self.batch_size = built[1] if batch_size is None else int(batch_size)
         self.max_seconds = built[2] if max_seconds is None else (float(max_seconds) or None)
+        self.batching = built[3] if batching is None else batching
+        if self.batching not in BATCHING:
+            raise ValueError(f"wavlm-speaker: runtime.batching is {self.batching!r}")
 
     def crop(self, clip: np.ndarray) -> np.ndarray:
         """The central ``max_seconds`` of a 16 kHz clip (the whole clip when shorter or unset);
@@ -292,24 +367,37 @@ class SpeakerScorer(Scorer):
         return clip[start : start + keep]
 
     def _forward(self, group: list[np.ndarray]) -> torch.Tensor:
-        inputs = self.feature_extractor(
-            group,
-            sampling_rate=SAMPLE_RATE,
-            padding=True,
-            return_tensors="pt",
-            return_attention_mask=self.batched,
-        )
-        values = inputs["input_values"].to(self.device, self.model.dtype)
-        mask = inputs.get("attention_mask")
-        mask = mask.to(self.device) if mask is not None else None
-        return self.model(values, attention_mask=mask).embeddings.float()
+        """[B, D] x-vectors of one batch: each take through the feature extractor alone, then
+        padded to the longest and masked (one length: nothing padded)."""
+        values = [
+            self.feature_extractor(c, sampling_rate=SAMPLE_RATE, return_tensors="pt")[
+                "input_values"
+            ][0]
+            for c in group
+        ]
+        lengths = [int(v.shape[0]) for v in values]
+        batch = torch.zeros(len(values), max(lengths), dtype=torch.float32)
+        mask = torch.zeros(len(values), max(lengths), dtype=torch.long)
+        for i, v in enumerate(values):
+            batch[i, : lengths[i]], mask[i, : lengths[i]] = v, 1
+        batch = batch.to(self.device, self.model.dtype)
+        conv = self.model.config
+        if self._norm is not None:
+            k, stride = conv.conv_kernel[0], conv.conv_stride[0]
+            self._norm.frames = [(n - k) // stride + 1 for n in lengths]
+        try:
+            out = self.model(batch, attention_mask=mask.to(self.device))
+        finally:
+            if self._norm is not None:
+                self._norm.frames = None
+        return out.embeddings.float()
 
     @torch.inference_mode()
     def embed(self, clips16k: list[np.ndarray]) -> torch.Tensor:
         """[B, D] unit x-vectors of 16 kHz mono clips, in their order."""
         clips = [self.crop(c) for c in clips16k]
         order = sorted(range(len(clips)), key=lambda i: clips[i].shape[0])
-        if self.pad_batches:  # in order of length: a batch pads to about its own length
+        if self.batching == "padded":  # in order of length: a batch pads to about its own length
             runs = [order]
         else:  # takes of one length together, no padding
             runs = [list(g) for _, g in itertools.groupby(order, key=lambda i: clips[i].shape[0])]
@@ -349,7 +437,7 @@ class SpeakerScorer(Scorer):
             "kernel_path": {
                 "precision": self.dtype,
                 "head": "float32",
-                "batches": "padded by length" if self.pad_batches else "one length each",
+                "batching": self.batching,
                 "batch_size": self.batch_size,
                 "max_seconds": self.max_seconds,
             },

@@ -108,7 +108,10 @@ def stream_batch(
     empty = np.zeros((0,) if mono or channels is None else (0, int(channels)), np.float32)
     cancelled = feed.cancelled if feed is not None else None
     # exact streaming: one cache slot per request in flight (at most max_batch at a time)
-    streamer = codec.stream_decoder(max_batch) if hasattr(codec, "stream_decoder") else None
+    streamer = None
+    if hasattr(codec, "stream_decoder"):
+        mode = gen.options.get("stream_decode", "auto")
+        streamer = codec.stream_decoder(max_batch, None if mode == "auto" else mode)
     free_slots, slot_of = list(range(max_batch)), {}
     updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch)
     try:
