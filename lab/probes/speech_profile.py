@@ -62,8 +62,8 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None) ->
                 timers["decode_loop_s"] += time.perf_counter() - t0
             yield block
 
-    def timed_stream(*a, **k):
-        streamer = real_stream(*a, **k, mode=mode)
+    def timed_stream(slots, asked=None):  # this render's mode, else the product's
+        streamer = real_stream(slots, mode or asked)
         inner = streamer.decode
 
         def decode(new):

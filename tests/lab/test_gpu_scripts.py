@@ -37,6 +37,7 @@ SMOKED = {
     "docs/bench/plan_sheets.py": "tests/lab/test_gpu_scripts.py",
     "probe worker_start": "tests/lab/test_gpu_scripts.py",
     "probe speech_profile": "tests/lab/test_gpu_scripts.py",
+    "probe speaker_tolerance": "tests/lab/test_gpu_scripts.py",
     "docs/bench/steady_from_group_logs.py": "tests/lab/test_gpu_scripts.py",
     "docs/bench/project_256k.py": "tests/lab/test_gpu_scripts.py",
     "bench scorers": "tests/lab/test_gpu_scripts.py",
@@ -249,6 +250,22 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
     for r in rows:
         assert r["audio_s"] > 0 and r["decode_loop_s"] > 0 and r["codec_s"] > 0
         assert r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3
+
+
+def test_speaker_tolerance_smoke(tmp_path):
+    """lab.probes.speaker_tolerance: each speed path's spk_sim against each take alone."""
+    out = tmp_path / "tol.jsonl"
+    run(["bash", "docs/bench/lab.sh", "probe", "speaker_tolerance", "--device", "cpu",
+         "--size", "tiny", "--takes", "3", "--seconds", "1", "--spread", "0.5",
+         "--runtime", "max_seconds=0.6", "--out", str(out)], env(tmp_path))  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["runtime"] for r in rows] == [
+        {"precision": "float32"},
+        "default",
+        {"max_seconds": 0.6},
+    ]
+    assert rows[0]["path"]["batching"] == "padded" and rows[0]["max_abs_diff"] < 1e-5
+    assert rows[2]["max_abs_diff"] > 1e-4  # a crop sees other seconds: it moves the score
 
 
 def test_project_256k_arithmetic(tmp_path):
