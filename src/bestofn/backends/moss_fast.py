@@ -44,6 +44,69 @@ from bestofn.moss.sampling import SamplingParams
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "moss-fast": {"role": "generator", "class": "MossFastGenerator", "parallel_build": True}
+}
+# MOSS-TTS-Local-Transformer-v1.5 and its codec MOSS-Audio-Tokenizer-v2: OpenMOSS/MOSS-TTS
+# moss_tts_local_v1.5/README.md (the checkpoint and "Audio tokenizer" rows); MOSS-TTS v1.5 Delay
+# (8B) and its 24 kHz codec: HF OpenMOSS-Team/MOSS-TTS-v1.5 (tagged moss_tts_delay),
+# OpenMOSS/MOSS-Audio-Tokenizer (v1, 24 kHz); docs/notes/moss-facts.md. moss-hf reads the same.
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "moss-tts-local",
+        "repo_id": "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "MOSS-TTS-Local-Transformer-v1.5",
+        "note": (
+            "one bf16 model.safetensors, ~5B parameters counted with tied heads (third-party port)"
+        ),
+    },
+    {
+        "name": "moss-audio-tokenizer-v2",
+        "repo_id": "OpenMOSS-Team/MOSS-Audio-Tokenizer-v2",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py"),
+        "folder": "MOSS-Audio-Tokenizer-v2",
+        "note": "fp32, the published 2.1 B architecture (about 8.5 GB at that size)",
+    },
+    {
+        "name": "moss-tts-delay",
+        "repo_id": "OpenMOSS-Team/MOSS-TTS-v1.5",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "MOSS-TTS-Delay-v1.5",
+        "note": "the 8B Delay generator (Qwen3-8B backbone, 32 codebooks)",
+    },
+    # LAION's voice-acting fine-tunes, the generators of config/recipes/{emotions,clone}.yaml
+    # (Local) and delay.yaml (Delay), in their base's published layout (docs/notes/recipes.md)
+    {
+        "name": "moss-tts-local-voice-acting",
+        "repo_id": "laion/moss-tts-local-transformer-4.55b-voice-acting",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "moss-tts-local-transformer-4.55b-voice-acting",
+        "note": "alternative generator: moss_tts_local, a merged rank-256 LoRA; codec: the v2 one",
+    },
+    {
+        "name": "moss-tts-delay-voice-acting",
+        "repo_id": "laion/moss-tts-v1.5-8b-voice-acting",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "moss-tts-v1.5-8b-voice-acting",
+        "note": "alternative generator: moss_tts_delay, 32 codebooks; 24 kHz codec",
+    },
+    {
+        "name": "moss-audio-tokenizer",
+        "repo_id": "OpenMOSS-Team/MOSS-Audio-Tokenizer",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py"),
+        "folder": "MOSS-Audio-Tokenizer",
+        "note": "the 24 kHz codec of MOSS-TTS Delay",
+    },
+)
+
 DEFAULTS = {
     **COMMON_DEFAULTS,
     "compile": "auto",  # torch.compile the per-token pieces (auto: on cuda)
