@@ -128,6 +128,25 @@ DEFAULTS = {
 CAST_OPS = ("embedding", "attention", "linear")
 
 
+# Peak GPU memory of the production set (config/recipes/base.yaml: moss-fast at N=64, Sidon,
+# Parakeet, VoiceCLAP, Empathic-Insight), measured on one H200: the values of ledger figures
+# workflow.run.p4_n4.gpu_memory_used_peak (paired) and
+# workflow.gpu_memory_allocated_peak.unpaired_decode16. Keyed by the runtime's pair_groups.
+MEASURED_GPU_GIB = {
+    True: (
+        73.5,
+        "peak GPU memory used (nvidia-smi) of the production set with pair_groups, decode "
+        "batch 64, queue depth 4 (docs/PERFORMANCE.md, the workflow on one H200)",
+    ),
+    False: (
+        52.4,
+        "the allocator's peak reserved memory of the production set with pair_groups false, "
+        "decode batch 16 (docs/PERFORMANCE.md, the workflow on one H200); the CUDA context "
+        "comes on top",
+    ),
+}
+
+
 def _auto(value, on_gpu: bool) -> bool:
     return on_gpu if value in ("auto", None) else bool(value)
 
@@ -140,6 +159,10 @@ class MossFastGenerator(Generator):
     table_options = "`weights`, `architecture`, `delay_min_frames`; runtime: below"
     decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)
     load_seconds: dict = {}  # set by a build from a checkpoint: where its seconds went
+
+    @classmethod
+    def measured_gpu_memory(cls, entry: dict) -> tuple[float, str] | None:
+        return MEASURED_GPU_GIB[bool((entry.get("runtime") or {}).get("pair_groups", False))]
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
@@ -234,7 +257,7 @@ class MossFastGenerator(Generator):
             raise ValueError(
                 f"moss-fast: option weights is {o['weights']!r}; known: {', '.join(WEIGHTS)}"
             )
-        check_engine_options(o)
+        check_engine_options(o, self.name)
         self.device = device
         self.budget = FrameBudget.from_options(o)
         on_gpu = torch.device(device).type == "cuda"
