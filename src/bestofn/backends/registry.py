@@ -39,8 +39,6 @@ from bestofn.util.declared import DeclarationError, declarations
 ROLE_BASE = {"generator": Generator, "restorer": Restorer, "scorer": Scorer}
 # a config without a restorer keeps the takes as generated
 DEFAULT_RESTORER = "identity"
-
-
 LAST = 100  # the preload_rank of a backend that declares none: after those that do
 
 
@@ -69,7 +67,8 @@ def declared() -> dict[str, Declared]:
     found: dict[str, Declared] = {}
     for module, backends in _declarations()["BACKENDS"]:
         for name, d in backends.items():
-            if not isinstance(d, dict) or d.get("role") not in ROLE_BASE or set(d) - _KEYS:
+            ok = isinstance(d, dict) and d.get("role") in ROLE_BASE and "class" in d
+            if not ok or set(d) - _KEYS:
                 raise DeclarationError(
                     f"{module}: BACKENDS[{name!r}] needs role ({', '.join(ROLE_BASE)}) and "
                     f"class, and may have only {', '.join(sorted(_KEYS))}"
