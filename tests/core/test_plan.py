@@ -292,9 +292,9 @@ def test_shipped_configs_use_only_known_options(config_name):
 
 def test_every_registered_backend_declares_its_options():
     from bestofn.backends import moss_fast, moss_hf
-    from bestofn.backends.registry import REGISTRY, backend_class
+    from bestofn.backends.registry import backend_class, registered
 
-    for role, names in REGISTRY.items():
+    for role, names in registered().items():
         for name in names:
             known = backend_class(role, name).known_options()  # TypeError if undeclared
             assert "device" not in known and not any(k.startswith("_") for k in known)

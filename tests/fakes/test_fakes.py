@@ -90,3 +90,16 @@ def test_refusals_come_before_anything_is_written(tmp_path, monkeypatch, capsys)
     need = (weights.NEED_BYTES["real"] + weights.DELAY_BYTES["real"]) / 2**30
     assert f"needs about {need:.1f} GiB free" in capsys.readouterr().out
     assert not out.exists()
+
+
+def test_every_published_checkpoint_has_a_fake_writer():
+    """A fake module declares the backend it writes (``FAKE_WEIGHTS``) and `bestofn
+    fake-weights` finds it: every backend with published weights has one (the generator's are
+    the MOSS writers, shaped by the command's own options)."""
+    from bestofn.backends import registry
+    from bestofn.fakes import weights
+
+    with_weights = {backend for backend, _ in registry.published_weights()}
+    assert set(weights.fake_modules()) == with_weights - {"moss-fast"}
+    assert set(weights.fake_modules()) <= set(registry.declared())
+    assert weights.writers()[: len(weights.MOSS_WRITERS)] == weights.MOSS_WRITERS

@@ -216,12 +216,13 @@ def test_shipped_scorers_declare_the_old_directions():
     writes, or a pattern of its dynamic columns."""
     import fnmatch
 
-    from bestofn.backends.registry import REGISTRY, backend_class
+    from bestofn.backends.registry import backend_class, registered
     from bestofn.select.held_out import scorer_directions
 
-    declared = scorer_directions({"scorers": [{"backend": b} for b in REGISTRY["scorer"]]})
+    scorers = registered()["scorer"]
+    declared = scorer_directions({"scorers": [{"backend": b} for b in scorers]})
     assert {c: declared.get(c) for c in OLD_DIRECTIONS} == OLD_DIRECTIONS
-    for name in REGISTRY["scorer"]:
+    for name in scorers:
         cls = backend_class("scorer", name)
         for column, better in cls.better.items():
             assert better in ("higher", "lower"), (name, column)

@@ -125,9 +125,9 @@ def test_a_failing_backend_fails_the_parallel_load_with_its_own_error(weights):
 
 
 def test_imports_go_in_preload_order_and_backends_without_imports_do_not_wait(monkeypatch):
-    """The import thread takes ``registry.PRELOAD``'s order, not the config's; moss-fast and
-    duration, which import nothing there, are built while NeMo still imports, wherever they
-    stand in the config."""
+    """The import thread takes the backends' ``preload_rank`` order, not the config's;
+    moss-fast and duration, which import nothing there, are built while NeMo still imports,
+    wherever they stand in the config."""
     import threading
 
     from bestofn.backends import loading, registry
@@ -166,7 +166,7 @@ def test_imports_go_in_preload_order_and_backends_without_imports_do_not_wait(mo
 def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_dtype(
     weights, arch, tmp_path
 ):
-    """``registry.PARALLEL_BUILD``'s claim for moss-fast (Local with its v2 codec, Delay with
+    """moss-fast's ``parallel_build`` claim (Local with its v2 codec, Delay with
     its v1 codec): it may build while another thread's ``from_pretrained`` has set torch's
     default dtype to bfloat16, so building it under that default gives every tensor the bits
     and dtype of a normal build."""
@@ -221,11 +221,11 @@ def test_builds_that_run_beside_a_from_pretrained_do_not_depend_on_the_default_d
     assert plain.keys() == under_bf16.keys() and len(plain) > 20
     for name, t in plain.items():
         assert t.dtype == under_bf16[name].dtype and torch.equal(t, under_bf16[name]), name
-    assert "moss-fast" in registry.PARALLEL_BUILD
+    assert registry.builds_beside_others("moss-fast")
 
 
 def test_builds_that_use_process_wide_torch_state_run_one_at_a_time(monkeypatch):
-    """A build outside PARALLEL_BUILD that sets torch's default dtype for a while (as
+    """A build without ``parallel_build`` that sets torch's default dtype for a while (as
     ``from_pretrained`` does) never overlaps another such build: the other's module gets
     float32, and the default is float32 after the load."""
     import threading

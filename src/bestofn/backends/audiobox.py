@@ -54,6 +54,33 @@ from bestofn.util.audio import resample, to_mono
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "audiobox-aesthetics": {
+        "role": "scorer",
+        "class": "AudioboxAestheticsScorer",
+        "preload": ("safetensors.torch", "transformers:WavLMModel"),
+        "preload_rank": 60,
+    }
+}
+# facebook/audiobox-aesthetics, config.json + model.safetensors as the package's
+# from_pretrained reads them (PyPI audiobox-aesthetics 0.0.4, model/aes.py;
+# docs/notes/scorers-facts.md)
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "audiobox-aesthetics",
+        "repo_id": "facebook/audiobox-aesthetics",
+        "revision": "unknown",
+        "allow_patterns": ("config.json", "model.safetensors", "checkpoint.pt"),
+        "folder": "audiobox-aesthetics",
+        "note": (
+            "optional scorer; WavLM-Base + four axis heads; the hub export (config.json + "
+            "model.safetensors) and the package's checkpoint.pt: which the repo holds is unknown, "
+            "the loader reads either (safetensors first)"
+        ),
+    },
+)
+
 SAMPLE_RATE = 16000
 WINDOW_S = 10  # infer.py: make_inference_batch(hop_size=10, window_size=10)
 AXES = ("CE", "CU", "PC", "PQ")

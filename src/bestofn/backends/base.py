@@ -88,6 +88,13 @@ class Generator(Backend):
     paced: ClassVar[bool] = False
     feeds_while_decoding: ClassVar[bool] = False
 
+    @classmethod
+    def measured_gpu_memory(cls, entry: dict) -> tuple[float, str] | None:
+        """GiB of GPU memory one worker of a production set with this generator (``entry``: its
+        config, options and runtime) was measured to need, and where the figure comes from
+        (`bestofn doctor` checks each GPU's free memory against it); None: none measured."""
+        return None
+
     def generate(self, spec: GroupSpec) -> list[Take]:
         """Return ``spec.n_takes`` takes of ``spec.text``; take i uses seed ``spec.seeds()[i]``."""
         raise NotImplementedError

@@ -36,6 +36,9 @@ import numpy as np
 from bestofn.backends.base import Scorer
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {"dnsmos": {"role": "scorer", "class": "DNSMOSScorer"}}
+
 SR = 16000
 WINDOW = int(9.01 * SR)
 HOP_FRAMES = 100  # frames (of 160 samples) per 1 s window hop

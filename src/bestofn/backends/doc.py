@@ -1,4 +1,4 @@
-"""config/README.md's backend table, written from the registry: one row per registered
+"""config/README.md's backend table, written from the registry: one row per declared
 backend, its weights and options as the class declares them (``table_weights``,
 ``table_options``). The table sits between ``<!-- backends:begin -->`` and
 ``<!-- backends:end -->``; ``python -m bestofn.backends.doc config/README.md`` rewrites it in
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import sys
 
-from bestofn.backends.registry import REGISTRY, backend_class
+from bestofn.backends.registry import backend_class, registered
 from bestofn.schemas.generated_page import page_main
 
 MARKERS = re.compile(r"(<!-- backends:begin -->\n)(.*?)(<!-- backends:end -->)", re.S)
@@ -18,7 +18,7 @@ MARKERS = re.compile(r"(<!-- backends:begin -->\n)(.*?)(<!-- backends:end -->)",
 
 def table() -> str:
     lines = ["| role | name | weights | options |", "|---|---|---|---|"]
-    for role, names in REGISTRY.items():
+    for role, names in registered().items():
         for name in names:
             cls = backend_class(role, name)
             cells = (cls.table_weights, cls.table_options)

@@ -7,6 +7,9 @@ import numpy as np
 from bestofn.backends.base import Scorer
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {"duration": {"role": "scorer", "class": "DurationScorer", "parallel_build": True}}
+
 
 class DurationScorer(Scorer):
     name = "duration"

@@ -31,6 +31,40 @@ from bestofn.util.audio import resample, to_mono
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "empathic-insight": {
+        "role": "scorer",
+        "class": "EmpathicInsightScorer",
+        "preload": ("transformers:WhisperFeatureExtractor,WhisperModel",),
+        "preload_rank": 10,
+    }
+}
+# laion/BUD-E-Whisper (encoder) + laion/Empathic-Insight-Voice-Plus (59 model_<Name>_best.pth
+# heads, 55 of them 295 MB: 55 * 295 MB is the size below), docs/notes/scorers-facts.md
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "bud-e-whisper",
+        "repo_id": "laion/BUD-E-Whisper",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.txt", "*.safetensors"),
+        "folder": "BUD-E-Whisper",
+        "note": "a Whisper-Small fine-tune (the encoder)",
+    },
+    {
+        "name": "empathic-insight",
+        "repo_id": "laion/Empathic-Insight-Voice-Plus",
+        "revision": "unknown",
+        "allow_patterns": ("model_*_best.pth",),
+        "folder": "Empathic-Insight-Voice-Plus",
+        "size_bytes": 16_225_000_000,
+        "note": (
+            "59 heads; the 55 full-sequence ones are 295 MB each (HF file pages), the 4 pooled "
+            "quality heads are small (size not stated: the total is a lower bound)"
+        ),
+    },
+)
+
 SAMPLE_RATE = 16000
 HEAD_SUFFIXES = (".pth", ".pt")
 

@@ -4,14 +4,19 @@ The backends are independent (each reads its own files onto the device), and mos
 is work that lets other threads run: file reads and hashing (safetensors, hashlib), host to
 device copies, and CUDA work. Python itself (imports, module construction) holds the GIL, so:
 
-- the third-party packages a backend imports when it is built (``registry.PRELOAD``: NeMo,
-  transformers' model modules) are imported by ONE thread while the other threads read
+- the third-party packages a backend imports when it is built (its declared ``preload``:
+  NeMo, transformers' model modules) are imported by ONE thread while the other threads read
   weights. Two threads importing the same package at once can meet a partially initialised
-  module; one import thread never does. It takes them in ``PRELOAD``'s order, not the
-  config's (that order keeps the one-at-a-time builds below busy during NeMo's import);
+  module; one import thread never does. It takes them in the backends' ``preload_rank``
+  order, not the config's. The builds that need them run one at a time (below), so the order
+  keeps that one-at-a-time lane busy while the long import runs: Empathic-Insight first (its
+  transformers import is short, its build long), then Parakeet (NeMo's long import overlaps
+  that build; ledger figure worker_start.first_group_load_s), Sidon, VoiceCLAP, the speaker
+  model;
 - each backend is built in its own thread once its imports are in (at once when it has none:
-  moss-fast reads its checkpoint while NeMo imports). Builds outside
-  ``registry.PARALLEL_BUILD`` take one lock, so only one at a time runs: transformers and NeMo
+  moss-fast reads its checkpoint while NeMo imports). Builds of backends that do not declare
+  ``parallel_build`` (``registry.builds_beside_others``) take one lock, so only one at a
+  time runs: transformers and NeMo
   build their modules under torch's process-wide default dtype and ``torch.nn.init``, which
   ``from_pretrained`` changes while it runs. Each build runs with the calling thread's
   torch intra-op thread count (``bestofn.util.torch_threads``: a CPU op run with another count can
@@ -56,8 +61,8 @@ def switch_interval(seconds: float):
 
 
 def preload(name: str) -> None:
-    """Import what backend ``name`` imports when it is built (``registry.PRELOAD``)."""
-    for target in registry.PRELOAD.get(name, ()):
+    """Import what backend ``name`` imports when it is built (its declared ``preload``)."""
+    for target in registry.preload_targets(name):
         module_name, _, attrs = target.partition(":")
         module = importlib.import_module(module_name)
         for attr in filter(None, attrs.split(",")):
@@ -80,18 +85,17 @@ def _labels(entries) -> list[str]:
 
 
 def import_order(entries) -> list[int]:
-    """Indices of the ``entries`` with packages to import (``registry.PRELOAD``), in the order
-    the import thread takes them: PRELOAD's, then config order."""
-    rank = {name: r for r, name in enumerate(registry.PRELOAD)}
-    with_imports = [k for k, (_, name, _) in enumerate(entries) if name in rank]
-    return sorted(with_imports, key=lambda k: (rank[entries[k][1]], k))
+    """Indices of the ``entries`` with packages to import (``registry.preload_targets``), in
+    the order the import thread takes them: their ``preload_rank``, then config order."""
+    with_imports = [k for k, (_, name, _) in enumerate(entries) if registry.preload_targets(name)]
+    return sorted(with_imports, key=lambda k: (registry.preload_rank(entries[k][1]), k))
 
 
 def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool):
     """Build ``entries`` [(role, backend name, kwargs)] on ``device``.
 
     Returns (backends, their provenance dicts, a report): per backend (by label, e.g.
-    ``generator:moss-fast``) ``import_s`` (its module and ``PRELOAD``), ``build_s``,
+    ``generator:moss-fast``) ``import_s`` (its module and its ``preload``), ``build_s``,
     ``provenance_s``, ``start_s`` / ``end_s`` (offsets from the start of this call) and, when
     the backend keeps one, ``parts`` (its own ``load_seconds``: moss-fast's checkpoint read,
     device copies, codec, compile setup)."""
@@ -128,7 +132,8 @@ def build_all(entries: list[tuple[str, str, dict]], device: str, parallel: bool)
         role, name, kwargs = entries[k]
         imported[k].wait()
         rec = per[labels[k]]
-        alone = contextlib.nullcontext() if name in registry.PARALLEL_BUILD else one_at_a_time
+        beside = registry.builds_beside_others(name)
+        alone = contextlib.nullcontext() if beside else one_at_a_time
         with alone:
             rec["start_s"] = time.perf_counter() - t0
             with torch_threads(threads):

@@ -44,6 +44,69 @@ from bestofn.moss.sampling import SamplingParams
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "moss-fast": {"role": "generator", "class": "MossFastGenerator", "parallel_build": True}
+}
+# MOSS-TTS-Local-Transformer-v1.5 and its codec MOSS-Audio-Tokenizer-v2: OpenMOSS/MOSS-TTS
+# moss_tts_local_v1.5/README.md (the checkpoint and "Audio tokenizer" rows); MOSS-TTS v1.5 Delay
+# (8B) and its 24 kHz codec: HF OpenMOSS-Team/MOSS-TTS-v1.5 (tagged moss_tts_delay),
+# OpenMOSS/MOSS-Audio-Tokenizer (v1, 24 kHz); docs/notes/moss-facts.md. moss-hf reads the same.
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "moss-tts-local",
+        "repo_id": "OpenMOSS-Team/MOSS-TTS-Local-Transformer-v1.5",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "MOSS-TTS-Local-Transformer-v1.5",
+        "note": (
+            "one bf16 model.safetensors, ~5B parameters counted with tied heads (third-party port)"
+        ),
+    },
+    {
+        "name": "moss-audio-tokenizer-v2",
+        "repo_id": "OpenMOSS-Team/MOSS-Audio-Tokenizer-v2",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py"),
+        "folder": "MOSS-Audio-Tokenizer-v2",
+        "note": "fp32, the published 2.1 B architecture (about 8.5 GB at that size)",
+    },
+    {
+        "name": "moss-tts-delay",
+        "repo_id": "OpenMOSS-Team/MOSS-TTS-v1.5",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "MOSS-TTS-Delay-v1.5",
+        "note": "the 8B Delay generator (Qwen3-8B backbone, 32 codebooks)",
+    },
+    # LAION's voice-acting fine-tunes, the generators of config/recipes/{emotions,clone}.yaml
+    # (Local) and delay.yaml (Delay), in their base's published layout (docs/notes/recipes.md)
+    {
+        "name": "moss-tts-local-voice-acting",
+        "repo_id": "laion/moss-tts-local-transformer-4.55b-voice-acting",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "moss-tts-local-transformer-4.55b-voice-acting",
+        "note": "alternative generator: moss_tts_local, a merged rank-256 LoRA; codec: the v2 one",
+    },
+    {
+        "name": "moss-tts-delay-voice-acting",
+        "repo_id": "laion/moss-tts-v1.5-8b-voice-acting",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py", "*.txt", "*.jinja"),
+        "folder": "moss-tts-v1.5-8b-voice-acting",
+        "note": "alternative generator: moss_tts_delay, 32 codebooks; 24 kHz codec",
+    },
+    {
+        "name": "moss-audio-tokenizer",
+        "repo_id": "OpenMOSS-Team/MOSS-Audio-Tokenizer",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.safetensors", "*.py"),
+        "folder": "MOSS-Audio-Tokenizer",
+        "note": "the 24 kHz codec of MOSS-TTS Delay",
+    },
+)
+
 DEFAULTS = {
     **COMMON_DEFAULTS,
     "compile": "auto",  # torch.compile the per-token pieces (auto: on cuda)
@@ -65,6 +128,25 @@ DEFAULTS = {
 CAST_OPS = ("embedding", "attention", "linear")
 
 
+# Peak GPU memory of the production set (config/recipes/base.yaml: moss-fast at N=64, Sidon,
+# Parakeet, VoiceCLAP, Empathic-Insight), measured on one H200: the values of ledger figures
+# workflow.run.p4_n4.gpu_memory_used_peak (paired) and
+# workflow.gpu_memory_allocated_peak.unpaired_decode16. Keyed by the runtime's pair_groups.
+MEASURED_GPU_GIB = {
+    True: (
+        73.5,
+        "peak GPU memory used (nvidia-smi) of the production set with pair_groups, decode "
+        "batch 64, queue depth 4 (docs/PERFORMANCE.md, the workflow on one H200)",
+    ),
+    False: (
+        52.4,
+        "the allocator's peak reserved memory of the production set with pair_groups false, "
+        "decode batch 16 (docs/PERFORMANCE.md, the workflow on one H200); the CUDA context "
+        "comes on top",
+    ),
+}
+
+
 def _auto(value, on_gpu: bool) -> bool:
     return on_gpu if value in ("auto", None) else bool(value)
 
@@ -77,6 +159,10 @@ class MossFastGenerator(Generator):
     table_options = "`weights`, `architecture`, `delay_min_frames`; runtime: below"
     decode_s = 0.0  # codec decode seconds so far (bestofn ab reports it per clip)
     load_seconds: dict = {}  # set by a build from a checkpoint: where its seconds went
+
+    @classmethod
+    def measured_gpu_memory(cls, entry: dict) -> tuple[float, str] | None:
+        return MEASURED_GPU_GIB[bool((entry.get("runtime") or {}).get("pair_groups", False))]
 
     @classmethod
     def known_options(cls) -> frozenset[str]:
@@ -171,7 +257,7 @@ class MossFastGenerator(Generator):
             raise ValueError(
                 f"moss-fast: option weights is {o['weights']!r}; known: {', '.join(WEIGHTS)}"
             )
-        check_engine_options(o)
+        check_engine_options(o, self.name)
         self.device = device
         self.budget = FrameBudget.from_options(o)
         on_gpu = torch.device(device).type == "cuda"

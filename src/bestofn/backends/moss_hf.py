@@ -55,6 +55,9 @@ from bestofn.backends.moss_hf_common import (  # noqa: F401  (DEFAULTS: the back
 from bestofn.moss.published_draws import LocalDraws
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {"moss-hf": {"role": "generator", "class": "MossHFGenerator"}}
+
 
 def _processor_class(model_dir: Path) -> str:
     """The processor's ``module.Class`` from processor_config.json's auto_map."""

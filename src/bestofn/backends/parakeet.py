@@ -40,6 +40,27 @@ from bestofn.util.hashing import file_sha256
 from bestofn.util.spec import GroupSpec
 from bestofn.util.textnorm import asr_columns
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "parakeet": {
+        "role": "scorer",
+        "class": "ParakeetScorer",
+        "preload": ("omegaconf", "nemo.collections.asr.models:ASRModel"),
+        "preload_rank": 20,
+    }
+}
+# one .nemo archive (docs/notes/sidon-parakeet-facts.md); the revision is a public pin
+# (docs/notes/weights-revisions.md)
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "parakeet",
+        "repo_id": "nvidia/parakeet-tdt-0.6b-v3",
+        "revision": "6d590f77001d318fb17a0b5bf7ee329a91b52598",
+        "allow_patterns": ("parakeet-tdt-0.6b-v3.nemo",),
+        "folder": "parakeet-tdt-0.6b-v3",
+    },
+)
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "nvidia/parakeet-tdt-0.6b-v3"

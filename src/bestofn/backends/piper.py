@@ -21,6 +21,10 @@ from bestofn.backends.base import Generator, Take
 from bestofn.util.hashing import file_sha256
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {"piper": {"role": "generator", "class": "PiperGenerator", "parallel_build": True}}
+
+
 # Upper bound on noise values a node can draw per phoneme id: the flow noise is
 # (channels=192) x (frames); frames per phoneme stay far below 64 at any sane length_scale.
 _NOISE_PER_ID = 192 * 64

@@ -7,6 +7,12 @@ import numpy as np
 from bestofn.backends.base import Restorer
 from bestofn.util.audio import resample
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "identity": {"role": "restorer", "class": "IdentityRestorer", "parallel_build": True},
+    "resample": {"role": "restorer", "class": "ResampleRestorer", "parallel_build": True},
+}
+
 
 class IdentityRestorer(Restorer):
     name = "identity"

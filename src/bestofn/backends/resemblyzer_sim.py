@@ -16,6 +16,9 @@ from bestofn.backends.base import Scorer
 from bestofn.util.audio import load_audio
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {"resemblyzer": {"role": "scorer", "class": "ResemblyzerScorer"}}
+
 
 @contextlib.contextmanager
 def _torch_threads(n: int):

@@ -70,6 +70,35 @@ from bestofn.util.audio import load_audio, resample, to_mono
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "wavlm-speaker": {
+        "role": "scorer",
+        "class": "SpeakerScorer",
+        "preload": ("transformers:WavLMForXVector,Wav2Vec2FeatureExtractor",),
+        "preload_rank": 50,
+    }
+}
+# microsoft/wavlm-base-plus-sv (config.json, preprocessor_config.json, weights); the revision
+# is a public pin (docs/notes/weights-revisions.md)
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "wavlm-speaker",
+        "repo_id": "microsoft/wavlm-base-plus-sv",
+        "revision": "feb593a6c23c1cc3d9510425c29b0a14d2b07b1e",
+        "allow_patterns": (
+            "config.json",
+            "preprocessor_config.json",
+            "*.safetensors",
+            "pytorch_model.bin",
+        ),
+        "folder": "wavlm-base-plus-sv",
+        "note": (
+            "WavLMForXVector; the published folder may hold pytorch_model.bin (the loader reads it)"
+        ),
+    },
+)
+
 SAMPLE_RATE = 16000
 # the x-vector head (kept in float32 whatever the body's precision)
 HEAD_MODULES = ("projector", "tdnn", "feature_extractor", "classifier")

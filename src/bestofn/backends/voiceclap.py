@@ -45,6 +45,43 @@ from bestofn.util.audio import resample, to_mono
 from bestofn.util.dtypes import resolve_dtype
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "voiceclap": {
+        "role": "scorer",
+        "class": "VoiceCLAPScorer",
+        "preload": ("transformers:AutoModel",),
+        "preload_rank": 40,
+    }
+}
+# laion/voiceclap-commercial (remote code + safetensors); its two heads come from
+# laion/voiceclap-commercial-genuineness and laion/voiceclap-commercial-vocalburst-blend and land
+# in one folder, voiceclap-heads (docs/notes/scorers-facts.md)
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "voiceclap",
+        "repo_id": "laion/voiceclap-commercial",
+        "revision": "unknown",
+        "allow_patterns": ("*.json", "*.py", "*.safetensors", "*.txt"),
+        "folder": "voiceclap-commercial",
+        "note": "110M dual-tower CLAP, loaded through its remote code",
+    },
+    {
+        "name": "voiceclap-genuineness",
+        "repo_id": "laion/voiceclap-commercial-genuineness",
+        "revision": "unknown",
+        "allow_patterns": ("genu_commercial_best.pt",),
+        "folder": "voiceclap-heads",
+    },
+    {
+        "name": "voiceclap-blend",
+        "repo_id": "laion/voiceclap-commercial-vocalburst-blend",
+        "revision": "unknown",
+        "allow_patterns": ("blend_head_commercial.pt",),
+        "folder": "voiceclap-heads",
+    },
+)
+
 SAMPLE_RATE = 16000
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
 GENUINENESS_RANGE = (0.0, 6.0)

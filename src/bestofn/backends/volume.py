@@ -19,6 +19,9 @@ import numpy as np
 from bestofn.backends.base import Scorer
 from bestofn.util.spec import GroupSpec
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {"volume": {"role": "scorer", "class": "VolumeScorer", "parallel_build": True}}
+
 SILENCE_DB = -120.0  # floor of both columns: a digital-silence take
 
 

@@ -13,6 +13,16 @@ from bestofn.backends.base import Scorer
 from bestofn.util.spec import GroupSpec
 from bestofn.util.textnorm import asr_columns
 
+# What this module provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "whisper-asr": {
+        "role": "scorer",
+        "class": "WhisperASRScorer",
+        "preload": ("faster_whisper",),
+        "preload_rank": 70,
+    }
+}
+
 
 class WhisperASRScorer(Scorer):
     name = "whisper-asr"

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from bestofn import __version__
 from bestofn.backends.base import Generator, Restorer, Scorer, Take
+from bestofn.backends.registry import DEFAULT_RESTORER
 from bestofn.backends.scorer_input import scorer_input
 from bestofn.core.groupio import TAKES, take_name, write_group
 from bestofn.util.spec import GroupSpec
@@ -165,7 +166,7 @@ def load_backends(models: dict, device: str = "cpu", parallel: bool | None = Non
     agreement.check_files(models)
     checked_s = time.perf_counter() - t0
     gen = models["generator"]
-    rest = models.get("restorer") or {"backend": "identity"}
+    rest = models.get("restorer") or {"backend": DEFAULT_RESTORER}
     entries = [("generator", gen["backend"], backend_kwargs(gen)),
                ("restorer", rest["backend"], backend_kwargs(rest))]  # fmt: skip
     entries += [("scorer", s["backend"], backend_kwargs(s)) for s in models.get("scorers", [])]

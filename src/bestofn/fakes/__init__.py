@@ -9,6 +9,10 @@ family module offers the same two entry points:
 - ``write(out_dir, size="real"|"tiny", seed=0)``: random weights on disk in the layout of the
   published checkpoint, returning the backend's config options that point at them.
 
+A module whose ``write`` lays out a backend's published checkpoint declares which backend,
+``FAKE_WEIGHTS = "<backend>"``: `bestofn fake-weights` finds it there (weights.py) and writes
+it with the others.
+
 Modules:
 
 moss.py         MOSS-TTS-Local v1.5: random state dicts, checkpoint dirs, moss-fast / moss-hf
@@ -19,7 +23,8 @@ whisper.py      Whisper-Small shapes shared by the two Whisper-based scorers
 voiceclap.py    VoiceCLAP: our remote code (remote/voiceclap) in the published layout + heads
 empathic.py     BUD-E-Whisper encoder dir + Empathic-Insight head files
 speaker.py      a WavLMForXVector folder (microsoft/wavlm-base-plus-sv layout)
-weights.py      `bestofn fake-weights DIR`: all of the above + a complete production config
+weights.py      `bestofn fake-weights DIR`: the MOSS writers, every FAKE_WEIGHTS module, and a
+                complete production config
 
 Random weights make noise: every score they give is meaningless. They exist to run the real
 loading code and the real shapes, in CI (``size="tiny"``) and on GPUs (``size="real"``).

@@ -22,6 +22,9 @@ import torch
 
 from bestofn.fakes import check_size
 
+# `bestofn fake-weights` writes this backend's published checkpoint with ``write`` below
+# (bestofn.fakes.weights finds this line)
+FAKE_WEIGHTS = "audiobox-aesthetics"
 FOLDER = "audiobox-aesthetics"
 FIELDS = {
     "proj_num_layer": 1, "proj_ln": False, "proj_act_fn": "gelu", "proj_dropout": 0,

@@ -21,6 +21,9 @@ import torch
 
 from bestofn.fakes import check_size
 
+# `bestofn fake-weights` writes this backend's published checkpoint with ``write`` below
+# (bestofn.fakes.weights finds this line)
+FAKE_WEIGHTS = "empathic-insight"
 QUALITY_HEADS = (
     "score_overall_quality",
     "score_speech_quality",

@@ -24,6 +24,9 @@ import numpy as np
 from bestofn.backends.parakeet import SAMPLE_RATE, ParakeetScorer
 from bestofn.fakes import check_size
 
+# `bestofn fake-weights` writes this backend's published checkpoint with ``write`` below
+# (bestofn.fakes.weights finds this line)
+FAKE_WEIGHTS = "parakeet"
 TDT_DURATIONS = [0, 1, 2, 3, 4]
 
 # Parakeet-TDT-0.6b-v3: FastConformer XL (24 layers, d_model 1024, 8x dw-striding

@@ -20,6 +20,9 @@ import torch
 from bestofn.backends.sidon import DECODER_CHANNELS, DECODER_RATES, N_LAYERS, DACDecoder
 from bestofn.fakes import check_size
 
+# `bestofn fake-weights` writes this backend's published checkpoint with ``write`` below
+# (bestofn.fakes.weights finds this line)
+FAKE_WEIGHTS = "sidon"
 LORA = {"tiny": dict(r=4, alpha=16), "real": dict(r=64, alpha=16)}
 DISK_LAYERS = {"tiny": N_LAYERS + 1, "real": 24}  # the release has more layers than Sidon keeps
 

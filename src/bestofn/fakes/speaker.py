@@ -20,6 +20,9 @@ import torch
 
 from bestofn.fakes import check_size
 
+# `bestofn fake-weights` writes this backend's published checkpoint with ``write`` below
+# (bestofn.fakes.weights finds this line)
+FAKE_WEIGHTS = "wavlm-speaker"
 FOLDER = "wavlm-base-plus-sv"
 
 

@@ -29,6 +29,9 @@ import torch
 from bestofn.backends.voiceclap import BLEND_RANGE, GENUINENESS_RANGE, RegressionHead
 from bestofn.fakes import check_size
 
+# `bestofn fake-weights` writes this backend's published checkpoint with ``write`` below
+# (bestofn.fakes.weights finds this line)
+FAKE_WEIGHTS = "voiceclap"
 REMOTE_DIR = Path(__file__).parent / "remote" / "voiceclap"
 REMOTE_FILES = ("configuration_voiceclap.py", "modeling_voiceclap.py")
 HEAD_HIDDEN = 64

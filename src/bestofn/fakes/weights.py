@@ -33,6 +33,8 @@ codec) for GPU runs.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import shutil
@@ -40,6 +42,7 @@ import time
 from pathlib import Path
 
 from bestofn.fakes import check_size
+from bestofn.util.declared import declarations
 
 NEED_BYTES = {"tiny": 200 * 2**20, "real": 50 * 2**30}  # what a write needs free, with margin
 DELAY_BYTES = {"tiny": 120 * 2**20, "real": 18 * 2**30}  # the Delay checkpoints on top
@@ -252,10 +255,26 @@ def write_reference_voice(path: Path) -> Path:
     return path
 
 
-# The backends' writers, in the order a serial write runs them (see _write_backend).
-WRITERS = ("moss-tts-local + codec", "moss-audio-tokenizer", "moss-tts-delay", "sidon",
-           "parakeet", "voiceclap", "empathic-insight", "wavlm-speaker",
-           "audiobox-aesthetics")  # fmt: skip
+# The generator's writers, first in a serial write: the command's MOSS options (--moss-code,
+# --p-stop, --no-delay) shape them, so they are called here by name (see _write_backend).
+MOSS_WRITERS = ("moss-tts-local + codec", "moss-audio-tokenizer", "moss-tts-delay")
+
+
+@functools.cache
+def fake_modules() -> dict[str, str]:
+    """Backend name -> the module of this package that writes its published checkpoint: each
+    declares ``FAKE_WEIGHTS = "<backend>"`` and ``write(out_dir, size, seed)``, which returns
+    the backend's config options (found by reading the modules' text, ``bestofn.util.declared``)."""
+    found = declarations(Path(__file__).parent, __package__, ("FAKE_WEIGHTS",))["FAKE_WEIGHTS"]
+    return {backend: module for module, backend in found}
+
+
+def writers() -> tuple[str, ...]:
+    """Every writer, in the order a serial write runs them: the generator's, then one per
+    backend with a fake (``fake_modules``), by module name."""
+    return MOSS_WRITERS + tuple(fake_modules())
+
+
 # LAION's voice-acting fine-tunes (config/recipes/), in the folders `bestofn weights fetch`
 # lays them out in, written after the base checkpoints. Their config.json files were not found
 # in any public source: these ASSUME the base checkpoints' published config.json and layout
@@ -310,34 +329,21 @@ def write_voice_acting(out: Path, size, seed, moss_code, delay_code, p_stop, del
 def _write_backend(name, out, size, seed, moss_code, delay_code, p_stop):
     """Write one backend's checkpoint under ``out``: (its config options, seconds). A
     module-level function so that a worker process can run it."""
-    from bestofn.fakes import (
-        audiobox,
-        empathic,
-        moss,
-        moss_audio_tokenizer,
-        moss_delay,
-        parakeet,
-        sidon,
-        speaker,
-        voiceclap,
-    )
+    from bestofn.fakes import moss, moss_audio_tokenizer, moss_delay
 
     out = Path(out)
-    writers = {
+    moss_writers = {
         "moss-tts-local + codec": lambda: moss.write(out, size, seed, moss_code, p_stop),
         "moss-audio-tokenizer": lambda: moss_audio_tokenizer.write(
             out / "MOSS-Audio-Tokenizer", size, seed
         ),
         "moss-tts-delay": lambda: moss_delay.write(out, size, seed, delay_code),
-        "sidon": lambda: sidon.write(out, size, seed),
-        "parakeet": lambda: parakeet.write(out, size, seed),
-        "voiceclap": lambda: voiceclap.write(out, size, seed),
-        "empathic-insight": lambda: empathic.write(out, size, seed),
-        "wavlm-speaker": lambda: speaker.write(out, size, seed),
-        "audiobox-aesthetics": lambda: audiobox.write(out, size, seed),
     }
     t0 = time.perf_counter()
-    options = writers[name]()
+    if name in moss_writers:
+        options = moss_writers[name]()
+    else:
+        options = importlib.import_module(fake_modules()[name]).write(out, size, seed)
     return options, time.perf_counter() - t0
 
 
@@ -378,7 +384,7 @@ def write_all(
     moss_code = next((c for c in codes if not moss_delay.is_delay_code(c)), None)
     _check_free_space(out, size, delay)
     out.mkdir(parents=True, exist_ok=True)
-    names = [n for n in WRITERS if delay or n != "moss-tts-delay"]
+    names = [n for n in writers() if delay or n != "moss-tts-delay"]
     job = (str(out), size, seed, moss_code and str(moss_code), delay_code and str(delay_code),
            p_stop)  # fmt: skip
     opts = {}
@@ -463,7 +469,7 @@ def resolve_jobs(value, size: str) -> int:
     """``--jobs``: a count, or ``auto``: one at a time for tiny (a second or two each), else up
     to one process per backend, each with a share of the cores."""
     if value in (None, "auto"):
-        return 1 if size == "tiny" else max(1, min(len(WRITERS), (os.cpu_count() or 1) // 2))
+        return 1 if size == "tiny" else max(1, min(len(writers()), (os.cpu_count() or 1) // 2))
     jobs = int(value)
     if jobs < 1:
         raise ValueError(f"fake-weights: --jobs must be >= 1 or auto, got {value!r}")

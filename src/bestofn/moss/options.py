@@ -50,9 +50,10 @@ def engine_defaults() -> dict:
     return {key: sub["default"] for key, sub in _engine_schema().items()}
 
 
-def check_engine_options(options: dict, who: str = "moss-fast") -> None:
+def check_engine_options(options: dict, who: str) -> None:
     """A value the schema does not allow, refused with the field and the allowed values (the
-    config's validation does this too; this covers objects built without a config)."""
+    config's validation does this too; this covers objects built without a config). ``who``:
+    the backend, named in the message."""
     for key, sub in _engine_schema().items():
         if key not in options:
             continue

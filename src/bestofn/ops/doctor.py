@@ -7,8 +7,8 @@ path (``workflow_glue.run_group_job``: the warm worker, as a group job runs it),
   https://docs.nvidia.com/deploy/cuda-compatibility/minor-version-compatibility.html): from
   CUDA 11 on, a build of one major release runs on any driver of that major release, with a
   limited feature set where the driver's minor is older (warn); an older major fails.
-- each GPU's free memory against the config's need: a measured peak (MEASURED_GPU_GIB), or the
-  config's own cap ``runtime.gpu_memory_gb``.
+- each GPU's free memory against the config's need: a measured peak (what the generator's
+  class declares, ``measured_gpu_memory``), or the config's own cap ``runtime.gpu_memory_gb``.
 - free disk under ``results`` against the run's estimated output (output_estimate: its
   assumptions are named; the pilot then measures the bytes per take).
 - the weights lock (``bestofn.weights.lock.check_config``).
@@ -34,23 +34,6 @@ from bestofn.workflow_glue import run_group_job
 
 PILOT_DIR = "doctor/pilot"  # under the results directory
 
-# Peak GPU memory of the production set (config/recipes/base.yaml: moss-fast at N=64, Sidon,
-# Parakeet, VoiceCLAP, Empathic-Insight), measured on one H200: the values of ledger figures
-# workflow.run.p4_n4.gpu_memory_used_peak (paired) and
-# workflow.gpu_memory_allocated_peak.unpaired_decode16. Keyed by moss-fast's runtime pair_groups.
-MEASURED_GPU_GIB = {
-    True: (
-        73.5,
-        "peak GPU memory used (nvidia-smi) of the production set with pair_groups, decode "
-        "batch 64, queue depth 4 (docs/PERFORMANCE.md, the workflow on one H200)",
-    ),
-    False: (
-        52.4,
-        "the allocator's peak reserved memory of the production set with pair_groups false, "
-        "decode batch 16 (docs/PERFORMANCE.md, the workflow on one H200); the CUDA context "
-        "comes on top",
-    ),
-}
 # Disk estimate before any take exists. Assumptions, each named in the check's line:
 WORDS_PER_S = 2.5  # speaking rate of read speech; an assumption, not measured here
 FLAC_RATIO = 0.6  # FLAC size / PCM size for speech; an assumption, the pilot measures it
@@ -121,11 +104,10 @@ def memory_need(config: dict) -> tuple[float, str] | None:
     cap = (config.get("runtime") or {}).get("gpu_memory_gb")
     if cap:
         return float(cap), "the config's cap runtime.gpu_memory_gb"
+    from bestofn.backends.registry import backend_class
+
     gen = config["models"]["generator"]
-    if gen["backend"] != "moss-fast":
-        return None
-    paired = bool((gen.get("runtime") or {}).get("pair_groups", False))
-    return MEASURED_GPU_GIB[paired]
+    return backend_class("generator", gen["backend"]).measured_gpu_memory(gen)
 
 
 def gpu_memory_checks(config: dict, slots: int) -> list[Check]:

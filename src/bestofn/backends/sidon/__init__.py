@@ -1,5 +1,5 @@
-"""Production restorer: Sidon (sarulab-speech), 16 kHz in -> 48 kHz out. The registry names it
-``bestofn.backends.sidon:SidonRestorer``.
+"""Production restorer: Sidon (sarulab-speech), 16 kHz in -> 48 kHz out. Declared below
+(``BACKENDS``) as ``sidon``.
 
 - ``model``: the networks (SeamlessM4T fbank, the DAC-style decoder);
 - ``kernels``: the decoder's fused Triton kernels on CUDA, and ``DecoderKernels``, one
@@ -35,6 +35,44 @@ from bestofn.backends.sidon.model import (
     ResidualUnit,
     SeamlessFbank,
     Snake1d,
+)
+
+# What this package provides, read from its text by the registry (bestofn.backends.registry)
+BACKENDS = {
+    "sidon": {
+        "role": "restorer",
+        "class": "SidonRestorer",
+        "preload": (
+            "safetensors.torch",
+            "transformers:Wav2Vec2BertConfig,Wav2Vec2BertModel,SeamlessM4TFeatureExtractor",
+        ),
+        "preload_rank": 30,
+    }
+}
+# facebook/w2v-bert-2.0 + sarulab-speech/sidon_raw_weight (adapter + decoder state dict),
+# docs/notes/sidon-parakeet-facts.md; w2v-BERT's revision is a public pin
+# (docs/notes/weights-revisions.md)
+PUBLISHED_WEIGHTS = (
+    {
+        "name": "w2v-bert-2.0",
+        "repo_id": "facebook/w2v-bert-2.0",
+        "revision": "da985ba0987f70aaeb84a80f2851cfac8c697a7b",
+        "allow_patterns": ("config.json", "model.safetensors", "preprocessor_config.json"),
+        "folder": "w2v-bert-2.0",
+        "note": "Sidon's base encoder (its first 8 layers are used)",
+    },
+    {
+        "name": "sidon",
+        "repo_id": "sarulab-speech/sidon_raw_weight",
+        "revision": "unknown",
+        "allow_patterns": (
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "decoder_state_dict.pt",
+        ),
+        "folder": "sidon_raw_weight",
+        "note": "peft LoRA adapter + DAC decoder state dict",
+    },
 )
 
 __all__ = [
