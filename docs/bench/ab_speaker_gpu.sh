@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `bestofn ab`: the speaker scorer's runtime dials. A: float32, one batch of 64 (the scorer
 # before its speed work); B: the recipe's own (the schema's defaults unless it sets them:
-# bfloat16 body on CUDA, batches of 16 of one length, no crop), or B_RUNTIME's. Both sides run
+# bfloat16 body on CUDA, padded masked batches of 64, no crop), or B_RUNTIME's. Both sides run
 # the recipe (CONFIG, default config/recipes/emotions.yaml) on the fake weights under WORK/weights
 # (lab/project.py; gpu_workflow.sh writes them), with the thresholds of
 # config/ab_thresholds_speaker.yaml, fixed beforehand. On fake weights the spk_sim row is
