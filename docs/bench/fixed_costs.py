@@ -11,9 +11,10 @@ started, read from its output as it comes:
   complete        snakemake's last line (its log written; the workers stopped)
   exit            snakemake exited
 
-plus the worker's own start (its `worker-start` log line: ready_s, load_s). With --dry-run only
-`exit` (the plan and the DAG of `snakemake -n`); with --identity only `identity`: the weights'
-content identity the plan computes (`models_identity`, no sha256 memo), in a process of its own.
+plus the worker's own start (its `worker-start` log line: ready_s, load_s). With --dry-run,
+`submitted` (the first group job printed) and `exit` (the plan and the DAG of `snakemake -n`);
+with --identity only `identity`: the weights' content identity the plan computes
+(`models_identity`, no sha256 memo), in a process of its own.
 
     python docs/bench/fixed_costs.py --weights W --out OUT [--recipe config/recipes/emotions.yaml]
         [--emotions 3] [--prompts 8] [--takes 2] [--frames 8] [--pad-mb 0] [--runs 3]
