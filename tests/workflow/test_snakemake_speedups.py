@@ -531,7 +531,7 @@ def dry_run(tmp_path: Path, patched: bool, *args: str, dry: bool = True):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BESTOFN_NO_SNAKEMAKE")}
     if not patched:
         env["BESTOFN_NO_SNAKEMAKE_JOB_PATCHES"] = "1"
-        env["BESTOFN_SNAKEMAKE_PATCHES_SKIP"] = "fast_exit"
+        env["BESTOFN_SNAKEMAKE_PATCHES_SKIP"] = "fast_exit,daemon_reevaluation"
     proc = subprocess.run(
         [str(BIN / "snakemake"), "-s", str(tmp_path / "Snakefile"), "-d", str(tmp_path),
          *(["-n"] if dry else []), "-c1", *args],
