@@ -57,6 +57,29 @@ def tiny_run(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_fake_weights(tmp_path_factory) -> Path:
+    """One `bestofn fake-weights --size tiny` tree (its default options) for the whole run,
+    written by the first pytest worker that needs it while the others wait on a file lock (a
+    write is a NeMo model built and saved, among others); read-only for its users: a test that
+    changes weight files works on a copy (helpers.copy_fake_weights)."""
+    import fcntl
+
+    from bestofn.cli import main as bestofn
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's root
+    out = shared / "tiny-fake-weights"
+    done = shared / "tiny-fake-weights.done"
+    with open(shared / "tiny-fake-weights.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)  # a write that failed half-way
+            assert bestofn(["fake-weights", str(out), "--size", "tiny"]) == 0
+            done.touch()
+    return out
+
+
 @pytest.fixture
 def ran_project(tiny_run, tmp_path):
     """A copy of `tiny_run` (results, .snakemake records, mtimes and all): the same state as

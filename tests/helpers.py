@@ -447,3 +447,14 @@ def moss_speak(server, text: str, seed: int, fmt: str = "pcm") -> bytes:
     ) as resp:  # fmt: skip
         assert resp.status_code == 200
         return b"".join(resp.iter_bytes())
+
+
+def copy_fake_weights(weights: Path, dest: Path) -> Path:
+    """A copy of a `bestofn fake-weights` tree at ``dest`` whose config and sheets name the
+    copy (the writer puts absolute paths in them)."""
+    shutil.copytree(weights, dest, symlinks=True)
+    for name in ("config.yaml", "emotions.tsv", "prompts.tsv"):
+        path = dest / name
+        if path.is_file():
+            path.write_text(path.read_text().replace(str(weights), str(dest)))
+    return dest

@@ -104,6 +104,19 @@ def run_group_job(
     return timings
 
 
+def release_workers(config: dict) -> int:
+    """Ask this workflow directory's warm workers to exit, without waiting: the database rule
+    calls it, once every group of the run is done, so that the workers' exit (their device and
+    interpreter teardown) overlaps the final rules instead of following them. The workflow's
+    onsuccess still waits for them (``stop_all``). Inside a SLURM job: that job's own workers,
+    none. Returns the number asked."""
+    from bestofn.worker.client.group_job import stop_all
+    from bestofn.worker.client.runtime import Runtime, default_state_dir
+
+    rt = Runtime.from_config(config.get("runtime"))
+    return stop_all(rt.state_dir or default_state_dir(), wait=False)
+
+
 def group_log_path(results_dir: str | Path, emotion: str, prompt_id: str) -> Path:
     """Where a group job logs (the rule has no Snakemake ``log:``; see run_group_rule)."""
     return Path(results_dir) / "logs" / "groups" / emotion / f"{prompt_id}.log"

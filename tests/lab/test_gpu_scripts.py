@@ -6,6 +6,7 @@ run covers several scripts where one calls the others:
 - workflow_trees.sh -> gpu_workflow.sh -> lab/project.py (the recipe on the fake weights) ->
   snakemake -> summary.json; then steady_from_group_logs.py on its logs;
 - worker_start_gpu.sh -> lab.probes.worker_start;
+- fixed_costs.py: a run's fixed costs through snakemake, and the weights' identity alone;
 - lab.sh bench scorers (the product's speaker scorer, two runtime variants), lab.sh bench
   database, plan_sheets.py, project_256k.py.
 
@@ -35,6 +36,7 @@ SMOKED = {
     "docs/bench/worker_start_gpu.sh": "tests/lab/test_gpu_scripts.py",
     "docs/bench/lab.sh": "tests/lab/test_gpu_scripts.py",
     "docs/bench/plan_sheets.py": "tests/lab/test_gpu_scripts.py",
+    "docs/bench/fixed_costs.py": "tests/lab/test_gpu_scripts.py",
     "probe worker_start": "tests/lab/test_gpu_scripts.py",
     "probe speech_profile": "tests/lab/test_gpu_scripts.py",
     "probe speaker_tolerance": "tests/lab/test_gpu_scripts.py",
@@ -204,6 +206,29 @@ def test_worker_start_smoke(tiny_weights, tmp_path):
     assert cold["run"] == "cold" and [g["clips"] for g in cold["groups"]] == [2, 2]
     backends = cold["load_report"]["backends"]
     assert any(k.endswith("wavlm-speaker") for k in backends), backends
+
+
+@pytest.mark.slow  # snakemake end to end on the production backends (tiny)
+def test_fixed_costs_smoke(tiny_weights, tmp_path):
+    """fixed_costs.py: one run of the emotions recipe through snakemake, its marks in order and
+    the worker's start read from its log; then the weights' identity alone on padded folders
+    (a hard-linked copy: the shared tree is left as it was)."""
+    e = env(tmp_path)
+    common = ["--weights", str(tiny_weights), "--emotions", "2", "--prompts", "1",
+              "--takes", "1", "--frames", "4", "--runs", "1"]  # fmt: skip
+    run([sys.executable, "docs/bench/fixed_costs.py", *common, "--out", str(tmp_path / "run"),
+         f"N={REPO}"], e)  # fmt: skip
+    [r] = json.loads((tmp_path / "run/fixed_costs.json").read_text())["runs"]
+    assert 0 < r["submitted"] < r["first_group"] <= r["groups_done"] < r["all_done"], r
+    assert r["all_done"] <= r["complete"] <= r["exit"], r
+    assert r["worker"]["ready_s"] > 0, r
+    run([sys.executable, "docs/bench/fixed_costs.py", *common, "--out", str(tmp_path / "id"),
+         "--identity", "--pad-mb", "1", f"A={REPO}", f"B={REPO}"], e)  # fmt: skip
+    result = json.loads((tmp_path / "id/fixed_costs.json").read_text())
+    assert [r["tag"] for r in result["runs"]] == ["A", "B"]
+    assert all(r["identity"] > 0 for r in result["runs"])
+    assert (tmp_path / "id/weights/BUD-E-Whisper/pad.bin").stat().st_size == 1 << 20
+    assert not (tiny_weights / "BUD-E-Whisper/pad.bin").exists()
 
 
 @pytest.mark.slow  # the product's speaker scorer (tiny) through lab.sh, two runtime variants

@@ -7,7 +7,7 @@ import importlib.util
 import shutil
 
 import pytest
-from helpers import snakemake
+from helpers import copy_fake_weights, snakemake
 
 from bestofn.cli import main as bestofn
 from bestofn.weights.lock import LOCK_NAME
@@ -21,9 +21,9 @@ pytestmark = [  # snakemake end to end on the production backends
 ]
 
 
-def test_cut_generator_shard_is_named_and_the_run_stops_once(tmp_path, capsys):
-    weights, project = tmp_path / "weights", tmp_path / "project"
-    assert bestofn(["fake-weights", str(weights), "--size", "tiny", "--no-delay"]) == 0
+def test_cut_generator_shard_is_named_and_the_run_stops_once(tiny_fake_weights, tmp_path, capsys):
+    project = tmp_path / "project"
+    weights = copy_fake_weights(tiny_fake_weights, tmp_path / "weights")  # a shard is cut below
     project.mkdir()
     shutil.copy(weights / "config.yaml", project / "config.yaml")
     shard = weights / "MOSS-TTS-Local-Transformer-v1.5/model.safetensors"

@@ -6,14 +6,15 @@ as written, in a workflow directory that is a checkout: Snakefile, workflow/, pr
    command);
 2. ``bestofn check``, ``bestofn doctor`` (the second);
 3. ``bestofn plan``: a wall-clock estimate before any group ran (from the doctor's pilot);
-4. the profile's ``snakemake`` (the third), then ``bestofn status``;
+4. the profile's ``snakemake`` (the third), on the worker the doctor left warm, then
+   ``bestofn status``;
 5. the weights moved and ``weights_root`` changed: a dry run plans no group;
 6. one weight file's bytes changed: a file no group reads plans no group again; a file every
    group reads (the VoiceCLAP blend head) plans exactly those groups again, once relocked (the
    lock refuses it by name first).
 
 2 groups x 2 takes. The production models' random weights are written by ``bestofn fake-weights``
-into the folder the fetch reads from."""
+(the session's tree, conftest.py) into the folder the fetch reads from."""
 
 import importlib.util
 import os
@@ -26,6 +27,9 @@ import pytest
 import yaml
 from helpers import BIN, REPO, Hub
 from readme_snippets import code_blocks
+
+from bestofn.worker.client.group_job import stop_all
+from bestofn.worker.client.runtime import default_state_dir
 
 pytestmark = [  # snakemake end to end on the production backends
     pytest.mark.slow,
@@ -128,9 +132,10 @@ def fetch(project: Path, hub: Path, argv: list[str]) -> None:
         server.shutdown()
 
 
-def test_day_one(tmp_path):
-    hub, project = tmp_path / "hub", tmp_path / "project"
-    run(tmp_path, ["bestofn", "fake-weights", str(hub), "--size", "tiny"])
+def test_day_one(tiny_fake_weights, tmp_path):
+    # the hub serves the session's `bestofn fake-weights --size tiny` tree (read only: the
+    # fetch copies it into the project)
+    hub, project = tiny_fake_weights, tmp_path / "project"
     checkout(project, hub)
     (fetch_cmd, doctor, snakemake) = readme_commands()
     assert fetch_cmd[0] == ["bestofn", "weights", "fetch", "--config", CONFIG]
@@ -149,18 +154,21 @@ def test_day_one(tmp_path):
     assert "ok: 2 groups x 2 takes" in run(project, ["bestofn", "check", "--config", CONFIG]).stdout
     try:
         out = run(project, doctor[0]).stdout
-    finally:
-        run(project, ["bestofn", "workers", "stop"])
-    assert "ok       weights lock" in out and "ok       pilot: 1 group(s) of 2 takes" in out
-    assert "skipped  GPU memory: no CUDA device" in out and "doctor: ready" in out
+        assert "ok       weights lock" in out and "ok       pilot: 1 group(s) of 2 takes" in out
+        assert "skipped  GPU memory: no CUDA device" in out and "doctor: ready" in out
 
-    # 3: the cost before any group ran
-    out = run(project, ["bestofn", "plan", "--config", CONFIG]).stdout
-    assert "remaining: 2 groups x 2 takes = 4 takes" in out
-    assert "wall-clock: " in out and "from the doctor pilot: " in out
+        # 3: the cost before any group ran
+        out = run(project, ["bestofn", "plan", "--config", CONFIG]).stdout
+        assert "remaining: 2 groups x 2 takes = 4 takes" in out
+        assert "wall-clock: " in out and "from the doctor pilot: " in out
 
-    # 4: the run, then its status
-    run(project, snakemake[0])
+        # 4: the run, on the worker the doctor's pilot left warm (the README's order), then
+        # its status
+        run(project, snakemake[0])
+    finally:  # whatever failed, no worker outlives the test (the run's end stops its own)
+        stop_all(default_state_dir(project))
+    worker_log = (project / "results/logs/workers/slot0.log").read_text()
+    assert worker_log.count("models loaded in") == 1, worker_log[-3000:]
     out = run(project, ["bestofn", "status", "--config", CONFIG]).stdout
     assert "groups: 2 done, 0 left of 2 (100.0 %)" in out and "failed: 0" in out
     assert planned_groups(project) == 0

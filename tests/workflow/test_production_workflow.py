@@ -74,10 +74,10 @@ def _tree_bytes(root):
     return out
 
 
-def test_fake_weights_through_snakemake_verify_and_duckdb(tmp_path, capsys):
-    weights, project = tmp_path / "weights", tmp_path / "project"
-    # the `bestofn` command's own entry point, in this process (the imports are paid once)
-    assert bestofn(["fake-weights", str(weights), "--size", "tiny"]) == 0
+def test_fake_weights_through_snakemake_verify_and_duckdb(tiny_fake_weights, tmp_path, capsys):
+    # the session's tree (conftest.py: `bestofn fake-weights --size tiny` through the command's
+    # own entry point, in a process of the run), read only here: the run writes under project
+    weights, project = tiny_fake_weights, tmp_path / "project"
     # the same written three backends at a time, each in its own process: the same bytes
     assert bestofn(["fake-weights", str(tmp_path / "jobs"), "--jobs", "3"]) == 0
     serial, jobs = _tree_bytes(weights), _tree_bytes(tmp_path / "jobs")

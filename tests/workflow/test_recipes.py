@@ -34,10 +34,8 @@ RECIPES = sorted(p.stem for p in (REPO / "config" / "recipes").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("weights")
-    assert bestofn(["fake-weights", str(out), "--size", "tiny"]) == 0
-    return out
+def weights(tiny_fake_weights) -> Path:
+    return tiny_fake_weights  # read only: every recipe's run writes under its project
 
 
 def first_rows(path: Path, keep) -> list[list[str]]:

@@ -25,7 +25,7 @@ BIN = Path(sys.executable).parent
 PATCHES = [
     "quiet_log_info", "conda_spec_without_params", "constant_resource_shortcut", "compiled_eval",
     "job_free_resource_cache", "plain_str_not_flagged", "no_log_directive",
-    "directory_output_check", "fast_exit",
+    "directory_output_check", "fast_exit", "daemon_reevaluation",
 ]  # fmt: skip
 
 GUARDS = """
@@ -531,7 +531,7 @@ def dry_run(tmp_path: Path, patched: bool, *args: str, dry: bool = True):
     env = {k: v for k, v in os.environ.items() if not k.startswith("BESTOFN_NO_SNAKEMAKE")}
     if not patched:
         env["BESTOFN_NO_SNAKEMAKE_JOB_PATCHES"] = "1"
-        env["BESTOFN_SNAKEMAKE_PATCHES_SKIP"] = "fast_exit"
+        env["BESTOFN_SNAKEMAKE_PATCHES_SKIP"] = "fast_exit,daemon_reevaluation"
     proc = subprocess.run(
         [str(BIN / "snakemake"), "-s", str(tmp_path / "Snakefile"), "-d", str(tmp_path),
          *(["-n"] if dry else []), "-c1", *args],
@@ -686,3 +686,17 @@ def test_fast_exit_only_after_a_dry_run_of_the_snakemake_command(monkeypatch):
     assert fast._may_skip_teardown(0)
     # anything else of sys is the real one's
     assert sp.FastExitSys(sys, Workflow()).argv is sys.argv
+
+
+def test_the_reevaluation_timer_releases_the_scheduler_and_holds_no_exit():
+    """The rate limiter's timer still releases the scheduler after its delay; it is a daemon,
+    so the process ends with the run's last line, not up to a timespan later."""
+    import threading
+    import types
+
+    before = set(threading.enumerate())
+    scheduler = types.SimpleNamespace(_open_jobs=threading.Semaphore(0))
+    sp._schedule_reevaluation(scheduler, 0.05)
+    [timer] = set(threading.enumerate()) - before
+    assert timer.daemon
+    assert scheduler._open_jobs.acquire(timeout=5)  # released after the delay, as Snakemake's

@@ -4,8 +4,11 @@ from pathlib import Path
 from bestofn.core.groupio import SCORES
 from bestofn.report.votes import reapply
 from bestofn.select.database import build_database
+from bestofn.workflow_glue import release_workers
 
 logging.basicConfig(filename=snakemake.log[0], level=logging.INFO, format="%(asctime)s %(message)s")
+# Every group is done: the workers exit while the database and the report are built.
+logging.info("workers asked to exit: %d", release_workers(snakemake.config))
 parquets = [Path(d) / SCORES for d in snakemake.input]
 counts = build_database(
     parquets,

@@ -33,6 +33,8 @@ and BESTOFN_SNAKEMAKE_PATCHES_SKIP=name,name leaves out the named patches of par
    ``--target-jobs`` of the job's Snakemake command line; target_jobs_cli_shape checks that the
    executor interface still writes it so.
 
+6. The rate limiter's timer at the end of a run: see install_daemon_reevaluation.
+
 Every guard was checked on the versions in VERIFIED_ON, which pyproject.toml pins exactly;
 tests/workflow/test_snakemake_speedups.py fails, naming the guard, when one does not match them."""
 
@@ -100,8 +102,9 @@ def tune_gc() -> None:
 
 def install(workflow=None) -> bool:
     """Put the cache in front of Snakemake's get_function_params, tune the garbage collector
-    (tune_gc), install the per-job patches (install_job_patches) and, given the workflow, the
-    fast exit after a dry run (install_fast_exit); True if the cache is in place."""
+    (tune_gc), install the per-job patches (install_job_patches), given the workflow the fast
+    exit after a dry run (install_fast_exit), and the daemon re-evaluation timer
+    (install_daemon_reevaluation); True if the cache is in place."""
     if os.environ.get("BESTOFN_NO_SNAKEMAKE_SPEEDUPS"):
         return False
     tune_gc()
@@ -109,6 +112,7 @@ def install(workflow=None) -> bool:
         install_job_patches()
     if workflow is not None:
         install_fast_exit(workflow)
+    install_daemon_reevaluation()
     try:
         import snakemake.common as common
         import snakemake.jobs as jobs
@@ -267,3 +271,50 @@ def target_jobs_cli_shape() -> bool:
     if not ok:
         _debug("target_jobs_cli: --target-jobs is not written as the feeder reads it")
     return ok
+
+
+# --- 6. The rate limiter's timer at the end of a run ----------------------------------------
+
+REEVALUATION = "threading.Timer( delay, lambda: self._open_jobs.release(), ).start()"
+
+
+def _schedule_reevaluation(self, delay) -> None:
+    """Snakemake's ``JobScheduler._schedule_reevalutation`` with a daemon timer: while jobs
+    run, the same release of the scheduler after ``delay`` (the ``--max-jobs-per-timespan``
+    rate limiter, on by default at 100/1s, starts one at each pass of a real run); at the end of
+    the run, the interpreter no longer waits for the last one before the process exits (up to
+    the timespan, a second by default, after the run's last line)."""
+    import threading
+
+    timer = threading.Timer(delay, lambda: self._open_jobs.release())
+    timer.daemon = True
+    timer.start()
+
+
+def install_daemon_reevaluation() -> bool:
+    """Put ``_schedule_reevaluation`` in place of the scheduler's, if Snakemake's has the shape
+    it was written against; True if in place. Skipped by
+    BESTOFN_SNAKEMAKE_PATCHES_SKIP=daemon_reevaluation."""
+    name = "daemon_reevaluation"
+    if name in os.environ.get("BESTOFN_SNAKEMAKE_PATCHES_SKIP", "").split(","):
+        APPLIED[name] = False
+        return False
+    try:
+        from snakemake.scheduling.job_scheduler import JobScheduler
+
+        current = JobScheduler._schedule_reevalutation
+        if current is _schedule_reevaluation:
+            return True
+        body = " ".join(_source(current).split("\n", 1)[1].split())
+        ok = body == REEVALUATION
+    except Exception as e:  # noqa: BLE001 - any surprise means: leave Snakemake alone
+        _debug(f"{name}: not installed ({e!r})")
+        APPLIED[name] = False
+        return False
+    if not ok:
+        _debug(f"{name}: not installed, Snakemake's own kept (unexpected shape)")
+        APPLIED[name] = False
+        return False
+    JobScheduler._schedule_reevalutation = _schedule_reevaluation
+    APPLIED[name] = True
+    return True

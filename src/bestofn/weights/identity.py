@@ -30,38 +30,71 @@ def _sources(path: Path) -> dict:
     return {}
 
 
-def path_identity(path: str | Path, memo_dir: Path | None = None) -> dict:
-    """{sha256, and the manifest's repo@revision of its folder} of a weights path: the same
-    with a lock as without while the files match it (the lock spares the hashing)."""
-    path = Path(path).expanduser().absolute()
+def _locked_sha256(path: Path) -> str | None:
+    """The path's identity from the lock above it (the digests it lists under the path), or
+    None: no lock, or one that does not cover the path."""
     found = _find_lock(path)
-    out = _sources(path)
-    if found is not None:
-        rel = path.relative_to(found.parent).as_posix()
-        files = lock.read_lock(found)
-        inside = {
-            r[len(rel) :].lstrip("/") or Path(r).name: f["sha256"]
-            for r, f in files.items()
-            if r == rel or r.startswith(rel + "/")
-        }
-        if inside:
-            out["sha256"] = hashing.combined_sha256(inside)
-            return out
+    if found is None:
+        return None
+    rel = path.relative_to(found.parent).as_posix()
+    files = lock.read_lock(found)
+    inside = {
+        r[len(rel) :].lstrip("/") or Path(r).name: f["sha256"]
+        for r, f in files.items()
+        if r == rel or r.startswith(rel + "/")
+    }
+    return hashing.combined_sha256(inside) if inside else None
+
+
+def _files_of(path: Path) -> list[Path] | None:
+    """The files whose bytes make the identity of an unlocked weights path (None: nothing
+    there)."""
     if path.is_dir():
-        out["sha256"] = hashing.combined_sha256(hashing.dir_digest(path, memo_dir))
-    elif path.is_file():
-        out["sha256"] = hashing.combined_sha256({path.name: hashing.file_sha256(path, memo_dir)})
-    else:  # nothing there: the plan refuses it before this is asked
+        return hashing.files_under(path)
+    return [path] if path.is_file() else None
+
+
+def path_identity(
+    path: str | Path, memo_dir: Path | None = None, digests: dict[str, str] | None = None
+) -> dict:
+    """{sha256, and the manifest's repo@revision of its folder} of a weights path: the same
+    with a lock as without while the files match it (the lock spares the hashing).
+    ``digests``: {str(file): sha256} already known (``models_content`` hashes every path's
+    files in one pool); the files it lacks are hashed here."""
+    path = Path(path).expanduser().absolute()
+    out = _sources(path)
+    locked = _locked_sha256(path)
+    if locked is not None:
+        out["sha256"] = locked
+        return out
+    files = _files_of(path)
+    if files is None:  # nothing there: the plan refuses it before this is asked
         out["missing"] = path.name
+        return out
+    known = dict(digests or {})
+    known.update(hashing.hash_files([p for p in files if str(p) not in known], memo_dir))
+    if path.is_dir():
+        mapping = {str(p.relative_to(path)): known[str(p)] for p in files}
+    else:
+        mapping = {path.name: known[str(path)]}
+    out["sha256"] = hashing.combined_sha256(mapping)
     return out
 
 
 def models_content(models: dict, memo_dir: Path | None = None) -> dict:
     """A copy of a models section (weights paths absolute) with every weights path replaced by
-    its ``path_identity``."""
+    its ``path_identity``. The files of every unlocked path are hashed in one pool: most
+    checkpoints are one large file, so hashing path after path ran on one core at a time."""
     import copy
 
     out = copy.deepcopy(models)
-    for *_, entry, key, value in paths.weight_options(out):
-        entry["options"][key] = path_identity(value, memo_dir)
+    found = [(entry, key, value) for *_, entry, key, value in paths.weight_options(out)]
+    files: dict[str, Path] = {}
+    for *_, value in found:
+        path = Path(value).expanduser().absolute()
+        if _locked_sha256(path) is None:
+            files.update((str(p), p) for p in _files_of(path) or [])
+    digests = hashing.hash_files(list(files.values()), memo_dir)
+    for entry, key, value in found:
+        entry["options"][key] = path_identity(value, memo_dir, digests)
     return out

@@ -119,13 +119,18 @@ def _wait_gone(pid: int | None, timeout: float) -> bool:
     return not (pid and _pid_alive(pid))
 
 
+def ask_to_stop(pool: SlotPool, slot: int) -> None:
+    """Ask a slot's worker to exit after its current group (and the queued ones); no wait."""
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        request(pool.socket(slot), "POST", "/v1/shutdown", {}, timeout=5)
+
+
 def stop_worker(pool: SlotPool, slot: int, timeout: float = 120.0) -> bool:
     """Ask a slot's worker to exit after its current group; kill it if it doesn't."""
     sock, pid = pool.socket(slot), _read_pid(pool.pidfile(slot))
     if not _is_worker(pid, sock):
         pid = None  # gone, or the pid was recycled by another process: never signal that one
-    with contextlib.suppress(OSError, http.client.HTTPException):
-        request(sock, "POST", "/v1/shutdown", {}, timeout=5)
+    ask_to_stop(pool, slot)
     if not _wait_gone(pid, timeout) and pid:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -350,11 +355,18 @@ def list_workers(state_dir: Path) -> list[dict]:
     return out
 
 
-def stop_all(state_dir: Path, timeout: float = 120.0) -> int:
+def stop_all(state_dir: Path, timeout: float = 120.0, wait: bool = True) -> int:
+    """Stop every worker of ``state_dir``: all are asked first, so that they finish and exit
+    side by side (a worker's exit takes seconds: its device and interpreter teardown), then
+    each is waited for (and killed if it does not go). ``wait`` False: ask only."""
     if not Path(state_dir).is_dir():
         return 0
     pool = SlotPool(state_dir, 0, 0, "cpu")
     slots = sorted(int(p.stem[4:]) for p in Path(state_dir).glob("slot*.pid"))
+    for slot in slots:
+        ask_to_stop(pool, slot)
+    if not wait:
+        return len(slots)
     for slot in slots:
         stop_worker(pool, slot, timeout)
         pool.pidfile(slot).unlink(missing_ok=True)
