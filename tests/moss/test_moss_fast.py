@@ -276,9 +276,12 @@ def test_kernel_paths_are_schema_options_checked_with_their_field():
     props = sch["$defs"]["moss_fast_runtime"]["properties"]
     assert tuple(props["decode_attention"]["enum"]) == DECODE_ATTENTION_MODES
     assert tuple(props["local_attention"]["enum"]) == LOCAL_ATTENTION_MODES
+    from bestofn.moss.codec.stream import MODES as STREAM_MODES
+
+    assert set(props["stream_decode"]["enum"]) - {"auto"} <= set(STREAM_MODES)
     assert engine_defaults() == {
         "fused": True, "decode_attention": "auto", "local_attention": "auto", "compile_mode": None,
-        "codec_kernels": "auto", "pair_groups": False,
+        "codec_kernels": "auto", "stream_decode": "auto", "pair_groups": False,
     }  # fmt: skip
 
     def errors(runtime, backend="moss-fast"):
