@@ -52,6 +52,23 @@ def profiling(trace_path: Path):
     raw.unlink()
 
 
+def top_ops(fn, device: str, top: int) -> list[str]:
+    """``fn()`` once under torch.profiler (CUDA-synchronised): its ``top`` ops by device time
+    (CPU: by CPU time), as the lines of torch's table."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=acts) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "device_time_total" if cuda else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60)
+    return table.splitlines()
+
+
 def mark(name: str) -> None:
     """A zero-length range the summary can use as a window edge (unconditional: the
     profiler's on-switch is thread-local, and marks come from other threads)."""

@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lab.kernel_profile import top_ops
+
 REF_FILES = (
     "__init__.py",
     "configuration_moss_audio_tokenizer.py",
@@ -88,16 +90,9 @@ def _mem_peak_gib(device: str) -> float | None:
 def _profile(codec, clips, device: str, top: int = 25) -> list[str]:
     """One decode call under torch.profiler: the ``top`` ops by device time, as table lines
     (where a decode's time goes: GEMMs, attention, the elementwise passes)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    with profile(activities=acts) as prof:
-        codec.decode(clips)
-        _sync(device)
-    key = "device_time_total" if device.startswith("cuda") else "cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60)
-    print(table, flush=True)
-    return table.splitlines()
+    lines = top_ops(lambda: codec.decode(clips), device, top)
+    print("\n".join(lines), flush=True)
+    return lines
 
 
 def _chunk_duration(cfg: dict) -> float:

@@ -26,6 +26,7 @@ import yaml
 
 from bestofn.util.audio import resample
 from bestofn.util.spec import GroupSpec
+from lab.kernel_profile import top_ops
 
 BACKENDS = {  # the random-weight builders (bestofn.fakes), one module per backend
     "voiceclap": "bestofn.fakes.voiceclap",
@@ -60,19 +61,6 @@ def _sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
-
-
-def top_kernels(fn, device: str, top: int) -> list[str]:
-    """One more call under torch.profiler: its ``top`` ops by device time (CPU: by CPU time)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = device.startswith("cuda")
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
-        fn()
-        _sync(device)
-    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=top).splitlines()
 
 
 def time_call(fn, device: str, repeats: int) -> float:
@@ -128,7 +116,7 @@ def bench_backend(name, args, batches, audio16, spec, meta, audio48s=None, kw=No
         row = {**meta, "backend": name_shown, "batch": b, "s_per_clip": t / b,
                "batch_s": t, "peak_gib": peak, "build_s": build_s}  # fmt: skip
         if args.profile:
-            row["profile"] = top_kernels(call, args.device, args.profile)
+            row["profile"] = top_ops(call, args.device, args.profile)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
         print("\n".join(row.get("profile", [])), flush=True)
