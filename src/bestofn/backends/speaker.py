@@ -251,6 +251,14 @@ def runtime_defaults() -> dict:
     return {key: sub["default"] for key, sub in props.items()}
 
 
+def check_batching(batching: str) -> str:
+    """``runtime.batching``, refused by name where it is not one of BATCHING."""
+    if batching not in BATCHING:
+        known = ", ".join(BATCHING)
+        raise ValueError(f"wavlm-speaker: runtime.batching is {batching!r}; known: {known}")
+    return batching
+
+
 def resolve_precision(device: str, dtype: str | None, precision: str | None) -> str:
     """The body's dtype name: the option ``dtype`` where set, else ``runtime.precision``
     (auto: bfloat16 on CUDA, float32 elsewhere); checked by running its ops on ``device``."""
@@ -333,12 +341,7 @@ class SpeakerScorer(Scorer):
         self.batch_size = int(batch_size or defaults["batch_size"])
         if self.batch_size < 1:
             raise ValueError(f"wavlm-speaker: runtime.batch_size must be >= 1, got {batch_size}")
-        self.batching = batching or defaults["batching"]
-        if self.batching not in BATCHING:
-            known = ", ".join(BATCHING)
-            raise ValueError(
-                f"wavlm-speaker: runtime.batching is {self.batching!r}; known: {known}"
-            )
+        self.batching = check_batching(batching or defaults["batching"])
         self.model = model.to(self.device).eval()
         self._cast(self.dtype)
         self._built = (self.dtype, self.batch_size, self.max_seconds, self.batching)
@@ -378,9 +381,7 @@ class SpeakerScorer(Scorer):
             self._cast(dtype)
         self.batch_size = built[1] if batch_size is None else int(batch_size)
         self.max_seconds = built[2] if max_seconds is None else (float(max_seconds) or None)
-        self.batching = built[3] if batching is None else batching
-        if self.batching not in BATCHING:
-            raise ValueError(f"wavlm-speaker: runtime.batching is {self.batching!r}")
+        self.batching = built[3] if batching is None else check_batching(batching)
 
     def crop(self, clip: np.ndarray) -> np.ndarray:
         """The central ``max_seconds`` of a 16 kHz clip (the whole clip when shorter or unset);
