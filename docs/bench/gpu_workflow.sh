@@ -11,7 +11,10 @@
 # Run from the repository root with bestofn importable (PYTHONPATH=src or installed). Writes
 # OUT/summary.json, OUT/throughput.csv, OUT/bench_pipeline.json and the logs. Every take is
 # pinned to 188 frames (15.04 s) as in `bench pipeline`: fake weights with --p-stop 1e-9 and
-# min_frames = max_frames = 188, so both sides make the same audio per clip.
+# min_frames = max_frames = 188, so both sides make the same audio per clip. P_STOP=P (e.g.
+# 0.005) writes fake weights whose takes stop at each frame with probability P instead, so takes
+# have many lengths, as real ones do (a batched cost per padded frame shows then); compare such
+# runs by summary.json's s_per_audio_s as well as per clip. Only when the weights are written.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: gpu_workflow.sh OUT [EMOTIONS] [PROMPTS] [CONFIG]}")
 n_emotions=${2:-2}
@@ -49,7 +52,7 @@ mkdir -p "$out" "$work/project"
 t0=$(date +%s)
 writer=
 if [ ! -f "$work/weights/config.yaml" ]; then
-    $py -m bestofn.cli fake-weights "$work/weights" --size "$size" --p-stop 1e-9 --no-delay \
+    $py -m bestofn.cli fake-weights "$work/weights" --size "$size" --p-stop "${P_STOP:-1e-9}" --no-delay \
         --parakeet "${PARAKEET:-calibrated}" >"$out/fake_weights.log" 2>&1 &
     writer=$!
 fi
@@ -131,11 +134,15 @@ for gid, pid, device, idle, wall, clips, load, paired_with in per_group:
 # alone shifts every later pair (docs/PERFORMANCE.md, the workflow): read the steady state with
 # this. With pair_groups off every group is alone.
 summary["groups_alone"] = [g["group"] for g in summary["groups"] if g["paired_with"] == ""]
-spans = con.execute("SELECT min(started_at), max(finished_at), count(*) FROM takes").fetchone()
+spans = con.execute("SELECT min(started_at), max(finished_at), count(*), sum(duration_s), "
+                    "quantile_cont(duration_s, [0.1, 0.5, 0.9]) FROM takes").fetchone()
 total = (spans[1] - spans[0]).total_seconds()
 n_gpus = len(summary["workers"])
+audio_s = spans[3]
 summary["overall"] = dict(first_start_to_last_end_s=total, clips=spans[2], gpus=n_gpus,
                           s_per_clip_per_gpu=total * n_gpus / spans[2],
+                          audio_s=audio_s, s_per_audio_s_per_gpu=total * n_gpus / audio_s,
+                          take_s_p10_p50_p90=spans[4],
                           mean_group_wall_s_per_clip=sum(g["wall_s"] for g in summary["groups"])
                           / spans[2])
 # Steady state, as `bench pipeline` times it: each worker's first group (CUDA-graph capture and
