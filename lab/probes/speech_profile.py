@@ -10,8 +10,9 @@ speech batcher calls), with B requests at once, timed in three parts:
 No HTTP, no encoding: ``audio_s_per_s`` here is the ceiling of ``bestofn serve`` at that
 concurrency; the gap to the served figure is the server's. With ``stream_overlap`` on (the
 engine's loop in a thread of its own, ``bestofn.moss.stream``) the two parts run at once, each
-timed in its own thread: they add up to more than the wall, and ``other_s`` means nothing. The first render of each batch size
-is a warm-up (compiles, CUDA-graph captures) and is reported apart.
+timed in its own thread: they add up to more than the wall, and ``other_s`` means nothing.
+The first render of each batch size is a warm-up (compiles, CUDA-graph captures) and is
+reported apart.
 
     PYTHONPATH=src python3 -m lab.probes.speech_profile \
         --model-dir W/MOSS-TTS-Local-Transformer-v1.5 --codec-dir W/MOSS-Audio-Tokenizer-v2 \
