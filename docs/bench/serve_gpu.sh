@@ -112,7 +112,7 @@ run() {
     t1=$(date +%s)
     # shellcheck disable=SC2086
     $py -m lab.bench serve --url "http://127.0.0.1:$port" --concurrency "$lv" $requests \
-        --json "$out/$name.json" 2>&1 | tee "$out/$name.bench.log" || true
+        --json "$out/$name.json" 2>&1 | tee "$out/$name.bench.log" || failed="$failed $name"
     echo "bench $name: $(($(date +%s) - t1)) s"
     curl -sf "http://127.0.0.1:$port/health" >"$out/$name.health.json" || true
     if command -v nvidia-smi >/dev/null 2>&1; then  # what the worker holds now (cap included)
@@ -125,6 +125,7 @@ run() {
     rm -f results/logs/workers/*.log
 }
 
+failed=  # runs whose load generator failed: the script's exit status says so, after the rest
 # PARTS=cap runs only the capped int8 case (e.g. when a first call ran out of device time)
 parts=${PARTS:-main,cap}
 if [[ ,$parts, == *,main,* ]]; then
@@ -188,3 +189,7 @@ summary = {
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 print(json.dumps(summary, indent=1))
 EOF
+if [ -n "$failed" ]; then
+    echo "load generator failed for:$failed" >&2
+    exit 1
+fi
