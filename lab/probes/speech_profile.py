@@ -8,19 +8,15 @@ speech batcher calls), with B requests at once, timed in three parts:
 - the rest (Python around them, the host copies of the audio).
 
 No HTTP, no encoding: ``audio_s_per_s`` here is the ceiling of ``bestofn serve`` at that
-concurrency; the gap to the served figure is the server's. With ``stream_overlap`` on (the
-engine's loop in a thread of its own, ``bestofn.moss.stream``) the two parts run at once, each
-timed in its own thread: they add up to more than the wall, and ``other_s`` means nothing.
-The first render of each batch size is a warm-up (compiles, CUDA-graph captures) and is
-reported apart.
+concurrency; the gap to the served figure is the server's. The first render of each batch size
+is a warm-up (compiles, CUDA-graph captures) and is reported apart.
 
     PYTHONPATH=src python3 -m lab.probes.speech_profile \
         --model-dir W/MOSS-TTS-Local-Transformer-v1.5 --codec-dir W/MOSS-Audio-Tokenizer-v2 \
-        --batches 1,64,128 [--stream-modes eager,graphs] [--overlaps off,on] [--out FILE]
+        --batches 1,64,128 [--stream-modes eager,graphs] [--out FILE]
 
 ``--stream-modes``: the codec's streaming decode modes to render with, one after the other in
 this process (``bestofn.moss.codec.stream``: ``graphs`` is the product's default on CUDA).
-``--overlaps``: moss-fast's ``runtime.stream_overlap`` values to render with, likewise.
 CPU smoke: ``--device cpu --batches 1,2`` on ``bestofn fake-weights --size tiny``.
 """
 
@@ -42,18 +38,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _sync_stream(device: str) -> None:
-    """The current stream only: the codec's, which with stream_overlap on is not the engine's."""
-    if device.startswith("cuda"):
-        import torch
-
-        torch.cuda.current_stream().synchronize()
-
-
-def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
-           overlap: str | None = None) -> dict:  # fmt: skip
+def render(gen, batch: int, device: str, seed0: int, mode: str | None = None) -> dict:
     """One ``stream_batch`` of ``batch`` requests, timed by part; ``mode``: the streaming
-    decode's, ``overlap``: stream_overlap's (None: the product's defaults)."""
+    decode's (None: the product's default)."""
     from bestofn.core import speech
     from bestofn.moss import continuous
     from bestofn.util.spec import GroupSpec
@@ -80,10 +67,10 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
         inner = streamer.decode
 
         def decode(new):
-            _sync_stream(device)
+            _sync(device)
             t0 = time.perf_counter()
             out = inner(new)
-            _sync_stream(device)
+            _sync(device)
             timers["codec_s"] += time.perf_counter() - t0
             return out
 
@@ -99,9 +86,6 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
     ]
     first: dict[int, float] = {}
     samples = 0
-    before = gen.options.get("stream_overlap")
-    if overlap is not None:
-        gen.options["stream_overlap"] = overlap  # the runtime dial, read at each render
     try:
         _sync(device)
         t0 = time.perf_counter()
@@ -114,7 +98,6 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
             samples += a.shape[0]
         wall = time.perf_counter() - t0
     finally:
-        gen.options["stream_overlap"] = before
         decoder.run = real_run
         if real_stream is not None:
             codec.stream_decoder = real_stream
@@ -123,7 +106,6 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
     return {
         "batch": batch,
         "stream_mode": getattr(getattr(codec, "_stream", None), "mode", None),
-        "stream_overlap": gen.options.get("stream_overlap") if overlap is None else overlap,
         "wall_s": round(wall, 4),
         "audio_s": round(audio_s, 2),
         "audio_s_per_s": round(audio_s / wall, 1) if wall else None,
@@ -141,7 +123,6 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,64,128")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stream-modes", default="", help="e.g. eager,graphs (default: the product's)")
-    ap.add_argument("--overlaps", default="", help="e.g. off,on (default: the product's)")
     ap.add_argument("--out", help="write the rows as JSON lines here too")
     args = ap.parse_args(argv)
     from bestofn.backends import registry
@@ -152,17 +133,14 @@ def main(argv=None) -> int:
     print(json.dumps({"load_s": round(time.perf_counter() - t0, 2)}), flush=True)
     rows = []
     modes = [m for m in args.stream_modes.split(",") if m] or [None]
-    overlaps = [o for o in args.overlaps.split(",") if o] or [None]
     for b in (int(x) for x in args.batches.split(",")):
         for mode in modes:
-            for ov in overlaps:
-                warm = render(gen, b, args.device, seed0=10_000, mode=mode, overlap=ov)
-                rows.append({**warm, "warmup": True})
+            warm = render(gen, b, args.device, seed0=10_000, mode=mode)
+            rows.append({**warm, "warmup": True})
+            print(json.dumps(rows[-1]), flush=True)
+            for r in range(args.repeats):
+                rows.append(render(gen, b, args.device, seed0=1000 * r, mode=mode))
                 print(json.dumps(rows[-1]), flush=True)
-                for r in range(args.repeats):
-                    rows.append(render(gen, b, args.device, seed0=1000 * r, mode=mode,
-                                       overlap=ov))  # fmt: skip
-                    print(json.dumps(rows[-1]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)

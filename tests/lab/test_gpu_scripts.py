@@ -266,19 +266,15 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
     run(["bash", "docs/bench/lab.sh", "probe", "speech_profile", "--device", "cpu",
          "--model-dir", str(tiny_weights / "MOSS-TTS-Local-Transformer-v1.5"),
          "--codec-dir", str(tiny_weights / "MOSS-Audio-Tokenizer-v2"),
-         "--batches", "2", "--repeats", "1", "--stream-modes", "padded", "--overlaps", "off,on",
+         "--batches", "2", "--repeats", "1", "--stream-modes", "eager,padded",
          "--out", str(out)], env(tmp_path))  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["stream_mode"], r["stream_overlap"], r.get("warmup", False)) for r in rows] == [
-        ("padded", "off", True), ("padded", "off", False), ("padded", "on", True),
-        ("padded", "on", False),
+    assert [(r["batch"], r["stream_mode"], r.get("warmup", False)) for r in rows] == [
+        (2, "eager", True), (2, "eager", False), (2, "padded", True), (2, "padded", False)
     ]  # fmt: skip
     for r in rows:
-        assert r["batch"] == 2 and r["audio_s"] > 0 and r["decode_loop_s"] > 0
-        assert r["codec_s"] > 0
-    serial = [r for r in rows if r["stream_overlap"] == "off"]
-    assert all(r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3 for r in serial)
-    assert len({r["audio_s"] for r in rows}) == 1, "the same audio either way"
+        assert r["audio_s"] > 0 and r["decode_loop_s"] > 0 and r["codec_s"] > 0
+        assert r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3
 
 
 def test_speaker_tolerance_smoke(tmp_path):

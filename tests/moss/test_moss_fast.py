@@ -279,13 +279,9 @@ def test_kernel_paths_are_schema_options_checked_with_their_field():
     from bestofn.moss.codec.stream import MODES as STREAM_MODES
 
     assert set(props["stream_decode"]["enum"]) - {"auto"} <= set(STREAM_MODES)
-    from bestofn.moss.stream import OVERLAP_MODES
-
-    assert tuple(props["stream_overlap"]["enum"]) == OVERLAP_MODES
     assert engine_defaults() == {
         "fused": True, "decode_attention": "auto", "local_attention": "auto", "compile_mode": None,
-        "codec_kernels": "auto", "stream_decode": "auto", "stream_overlap": "auto",
-        "pair_groups": False,
+        "codec_kernels": "auto", "stream_decode": "auto", "pair_groups": False,
     }  # fmt: skip
 
     def errors(runtime, backend="moss-fast"):

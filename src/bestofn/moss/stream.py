@@ -14,21 +14,10 @@ approximation near each seam otherwise.
 
 Batch independence: a request's codes depend only on its own prompt, seed and budget (its own
 cache slots, frame counter and counter-based sampling; its prompt prefilled without padding), so
-alone, in a batch, or joined mid-flight it gets the same frames.
-
-Overlap (``stream_overlap``, moss-fast's runtime): the engine's loop runs in a thread of its
-own, at most one block of frames ahead, while the caller's thread decodes the block before to
-audio on a CUDA stream of its own. One after the other, the GPU waits for the codec's decode
-and the host's work around it at every block; overlapped, the next frames decode meanwhile.
-The chunks are the same either way: each thread keeps its own order, and the codec sees the
-same frames in the same calls."""
+alone, in a batch, or joined mid-flight it gets the same frames."""
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import threading
-from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -40,63 +29,6 @@ STEP_FRAMES = 4  # engine hands out codes this often (one host sync each)
 FIRST_CHUNK_FRAMES = 4  # 0.32 s of audio at 12.5 Hz: the first chunk of each request
 CHUNK_FRAMES = 16  # then 1.28 s per chunk
 OVERLAP_FRAMES = 8  # left context decoded again before each chunk (its audio dropped)
-OVERLAP_MODES = ("auto", "off", "on")  # stream_overlap's values (auto: on where CUDA)
-
-
-class _Ahead:
-    """Iterates ``blocks`` in a thread of its own, at most one item ahead of the caller.
-    ``close()`` stops the thread and closes ``blocks`` there (it is never resumed from two
-    threads). An exception in ``blocks`` is raised in the caller's thread."""
-
-    _ITEM, _END, _ERROR = range(3)
-
-    def __init__(self, blocks: Iterator, device: torch.device):
-        self._q: queue.Queue = queue.Queue(maxsize=1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._drive, args=(blocks, device), name="moss-stream-engine", daemon=True
-        )
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            with contextlib.suppress(queue.Full):
-                self._q.put(item, timeout=0.05)
-                return True
-        return False
-
-    def _drive(self, blocks: Iterator, device: torch.device) -> None:
-        try:
-            if device.type == "cuda" and device.index is not None:
-                torch.cuda.set_device(device)  # the current device is per thread
-            for block in blocks:
-                if not self._put((self._ITEM, block)):
-                    return
-            self._put((self._END, None))
-        except BaseException as e:  # noqa: BLE001 (handed to the caller's thread, raised there)
-            self._put((self._ERROR, e))
-        finally:
-            blocks.close()
-
-    def __iter__(self) -> Iterator:
-        while True:
-            kind, value = self._q.get()
-            if kind == self._END:
-                return
-            if kind == self._ERROR:
-                raise value
-            yield value
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
-def overlapped(mode: str, device) -> bool:
-    """Whether ``stream_overlap`` ``mode`` runs the engine and the codec in two threads."""
-    if mode not in OVERLAP_MODES:
-        raise ValueError(f"stream_overlap is {mode!r}; known: {', '.join(OVERLAP_MODES)}")
-    return mode == "on" or (mode == "auto" and torch.device(device).type == "cuda")
 
 
 def decode_window(codec, windows: list[torch.Tensor], skip: list[int]) -> list[np.ndarray]:
@@ -136,8 +68,7 @@ def stream_batch(
     codes: list[torch.Tensor] = []  # per request: every frame so far [T, n_vq]
     emitted: list[int] = []
 
-    # requests that could not start, to report (appended by the engine's thread)
-    failed: deque[tuple[int, Exception]] = deque()
+    failed: list[tuple[int, Exception]] = []  # requests that could not start, to report
 
     def join(spec: GroupSpec) -> Join | None:
         i = len(budgets)
@@ -167,7 +98,7 @@ def stream_batch(
 
     def report_failed():
         while failed:
-            yield *failed.popleft(), True
+            yield *failed.pop(0), True
 
     codec = gen._codec()
     mono = bool(gen.options.get("mono"))
@@ -176,24 +107,13 @@ def stream_batch(
     # the layout of the audio, as the codec's decode of no codes (generate()) has
     empty = np.zeros((0,) if mono or channels is None else (0, int(channels)), np.float32)
     cancelled = feed.cancelled if feed is not None else None
-    device = torch.device(gen.engine.device)
-    two_threads = overlapped(gen.options.get("stream_overlap", "auto"), device)
-    # the codec's work on a stream of its own, so the engine's frames run beside it
-    side = torch.cuda.Stream(device) if two_threads and device.type == "cuda" else None
-
-    def on_side():
-        return torch.cuda.stream(side) if side is not None else contextlib.nullcontext()
-
     # exact streaming: one cache slot per request in flight (at most max_batch at a time)
     streamer = None
     if hasattr(codec, "stream_decoder"):
         mode = gen.options.get("stream_decode", "auto")
-        with on_side():
-            streamer = codec.stream_decoder(max_batch, None if mode == "auto" else mode)
+        streamer = codec.stream_decoder(max_batch, None if mode == "auto" else mode)
     free_slots, slot_of = list(range(max_batch)), {}
     updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch)
-    if two_threads:
-        updates = _Ahead(updates, device)
     try:
         for block in updates:
             yield from report_failed()
@@ -227,16 +147,14 @@ def stream_batch(
                         slot_of[b] = free_slots.pop()
                         streamer.reset(slot_of[b])
                     new[slot_of[b]] = codes[b][emitted[b] :]
-                with on_side():
-                    decoded = streamer.decode(new)
+                decoded = streamer.decode(new)
                 for i in todo_ix:
                     audio = decoded[slot_of[ready[i]]]
                     audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
             elif todo_ix:
-                with on_side():
-                    decoded = decode_window(
-                        codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
-                    )
+                decoded = decode_window(
+                    codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
+                )
                 for i, audio in zip(todo_ix, decoded, strict=True):
                     audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
             for b, audio, finished in zip(ready, audios, done, strict=True):
