@@ -15,10 +15,9 @@
 #   SIZE=tiny DEVICE=cpu bash docs/bench/serve_gpu.sh /tmp/serve-out 1,2
 # (on a CPU the memory cap is ignored with a log line; the second run still uses int8).
 # Other knobs: PARTS (main,cap), WORK (weights + configs), PYTHON, PORT, CAP_GB, CAP_LEVELS (default 1),
-# REQUESTS (per level; default max(16, ROUNDS x level), ROUNDS default 4), STREAM_DECODES (e.g. eager,graphs: the main
-# part once per moss-fast runtime.stream_decode, side by side -> OUT/serve-MODE.json; default:
-# once, the config's default -> OUT/serve.json; MODE-OVERLAP, e.g. graphs-off,graphs-on, also
-# sets runtime.stream_overlap -> OUT/serve-MODE-OVERLAP.json).
+# REQUESTS (per level; default max(16, ROUNDS x level), ROUNDS default 4), STREAM_DECODES (e.g.
+# eager,graphs: the main part once per moss-fast runtime.stream_decode, side by side -> OUT/serve-MODE.json; default:
+# once, the config's default -> OUT/serve.json).
 set -euo pipefail
 out=$(realpath -m "${1:?usage: serve_gpu.sh OUT [CONCURRENCY]}")
 levels=${2:-1,16,64,128}
@@ -53,8 +52,7 @@ if not (work / "MOSS-TTS-Local-Transformer-v1.5" / "config.json").is_file():
 (work / "prompts.tsv").write_text("prompt_id\ttext\np1\tHello.\n")
 
 
-def config(weights: str, gpu_memory_gb: float | None, variant: str = "auto") -> dict:
-    stream_decode, _, overlap = variant.partition("-")
+def config(weights: str, gpu_memory_gb: float | None, stream_decode: str = "auto") -> dict:
     runtime = {"idle_timeout_s": 900, "start_timeout_s": 900}
     if gpu_memory_gb is not None:
         runtime["gpu_memory_gb"] = gpu_memory_gb
@@ -72,8 +70,7 @@ def config(weights: str, gpu_memory_gb: float | None, variant: str = "auto") -> 
                     "codec_dir": str(work / "MOSS-Audio-Tokenizer-v2"),
                     "weights": weights,
                 },
-                "runtime": {"batch_size": 128, "stream_decode": stream_decode,
-                            "stream_overlap": overlap or "auto"},
+                "runtime": {"batch_size": 128, "stream_decode": stream_decode},
             }
         },
         "runtime": runtime,
