@@ -22,10 +22,14 @@ Shapes stay bucketed so CUDA graphs (and compiled code) are reused: the batch is
 larger state), the cache length a power of two >= 256, and the attention window a 64-slot
 bucket of the longest occupied row.
 Up to ``max_states`` states (each a full KV cache, with its graphs) are kept between runs.
+Memory bounds the rows: when the device cannot hold a larger state, the kept states are dropped
+and the state is sized down to the largest batch that fits (``row_limit``, kept for the
+decoder's life); requests past it wait in the decoder for rows to free, rather than failing.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -35,6 +39,8 @@ from bestofn.moss.engine import local_codes
 from bestofn.moss.engine_shell import StateCache, StepState, round_up, run_captured
 from bestofn.moss.model import decode_attention
 from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,6 +139,7 @@ class ContinuousDecoder:
         self.min_len = min_len
         self._states = StateCache(max_states)
         self.joined_running = 0  # requests that joined a decode already running (for /health)
+        self.row_limit: int | None = None  # the most rows the device held (None: not reached)
 
     # ---- the frame step (captured as a CUDA graph) -------------------------------------------
 
@@ -225,26 +232,64 @@ class ContinuousDecoder:
         key = (batch, max_len, cap)
         return self._states.get_fitting(fits, key, lambda: RowState(self.model, *key))
 
+    def _sized_state(self, old: RowState | None, batch: int, max_len: int, cap: int) -> RowState:
+        """A state of ``batch`` rows (at least ``old``'s) and ``max_len`` slots, else, out of
+        device memory, of the most rows that fit (never fewer than ``old``'s: its rows are
+        copied), recorded as ``row_limit``; the old state itself when only rows were to grow."""
+        floor = old.batch if old is not None else 1
+        try:
+            return self._state(batch, max_len, cap)
+        except torch.OutOfMemoryError as first:
+            oom = first
+        # the kept states of other shapes hold memory a run at this shape cannot use
+        for key in [k for k, kept in self._states.items() if kept is not old]:
+            del self._states[key]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        while batch >= floor:
+            if old is not None and batch == old.batch and old.max_len >= max_len:
+                state = old
+                break
+            try:
+                state = self._state(batch, max_len, cap)
+                break
+            except torch.OutOfMemoryError as e:
+                oom = e
+                batch //= 2
+        else:
+            raise oom
+        if self.row_limit != state.batch:
+            log.warning("continuous decode: %d rows fit on %s, not more (%s); requests past "
+                        "them wait for free rows", state.batch, self.device, oom)  # fmt: skip
+        self.row_limit = state.batch
+        return state
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def _admit(self, s, rows: dict[int, _Row], joins: list[Join], p, cap, max_batch):
-        """Place ``joins`` in free rows (growing the state when needed) and sample their frame
-        0. Returns the state the loop continues with."""
-        need_batch = min(_pow2(max_batch), _pow2(len(rows) + len(joins)))
+        """Place ``joins`` in free rows (growing the state when needed; as many as fit) and
+        sample their frame 0. Returns the state the loop continues with and how many of
+        ``joins``, from the first, were placed."""
+        most = min(_pow2(max_batch), self.row_limit or _pow2(max_batch))
+        need_batch = min(most, _pow2(len(rows) + len(joins)))
         longest = max(j.prompt.shape[0] + j.budget + 1 for j in joins)
         longest = max([longest] + [r.base + r.budget + 1 for r in rows.values()])
         need_len = max(self.min_len, _pow2(longest))
         if s is None or s.batch < need_batch or s.max_len < need_len:
             old = s
             if old is not None and old.batch < need_batch:  # grow 4x at least: fewer shapes
-                need_batch = max(need_batch, min(_pow2(max_batch), 4 * old.batch))
-            s = self._state(max(need_batch, old.batch if old else 1),
-                            max(need_len, old.max_len if old else 0), cap)  # fmt: skip
-            s.clear(p)
-            if old is not None and rows:
-                s.copy_rows_from(old, torch.tensor(sorted(rows), device=self.device))
+                need_batch = max(need_batch, min(most, 4 * old.batch))
+            s = self._sized_state(old, max(need_batch, old.batch if old else 1),
+                                  max(need_len, old.max_len if old else 0), cap)  # fmt: skip
+            if s is not old:
+                s.clear(p)
+                if old is not None and rows:
+                    s.copy_rows_from(old, torch.tensor(sorted(rows), device=self.device))
         m, dev = self.model, self.device
         free = [b for b in range(s.batch) if b not in rows][: len(joins)]
+        joins = joins[: len(free)]
+        if not joins:  # every row the device holds is busy: they wait
+            return s, 0
         act = torch.zeros(s.batch, dtype=torch.bool, device=dev)
         h0 = torch.zeros(s.batch, self.config.hidden_size, dtype=m.audio_embed.dtype, device=dev)
         by_len: dict[int, list[int]] = {}
@@ -274,7 +319,7 @@ class ContinuousDecoder:
         self._heads(s, p, h0, act)  # frame 0 from the prompt's last hidden state
         for b, j in zip(free, joins, strict=True):
             rows[b] = _Row(j.key, int(j.prompt.shape[0]), 0, int(j.budget))
-        return s
+        return s, len(joins)
 
     @torch.inference_mode()
     def run(
@@ -296,24 +341,29 @@ class ContinuousDecoder:
         cap = every + 1  # frames a row can produce between two syncs, with room to spare
         s: RowState | None = None
         rows: dict[int, _Row] = {}
+        waiting: list[Join] = []  # pulled, not yet placed: more than the device's rows
         while True:
             if cancelled is not None:
                 for b in [b for b, r in rows.items() if cancelled(r.key)]:
                     s.free(b)
                     del rows[b]
-            room = max_batch - len(rows)
-            joins = list(pull(room)) if room > 0 else []
-            if len(joins) > room:
-                raise ValueError(f"pull({room}) returned {len(joins)} requests")
+                waiting = [j for j in waiting if not cancelled(j.key)]
+            room = min(max_batch, self.row_limit or max_batch) - len(rows) - len(waiting)
+            new = list(pull(room)) if room > 0 else []
+            if len(new) > max(room, 0):
+                raise ValueError(f"pull({room}) returned {len(new)} requests")
+            joins, placed, waiting = waiting + new, 0, []
             if not rows and not joins:
                 return
-            if joins:
-                if rows:
-                    self.joined_running += len(joins)
-                s = self._admit(s, rows, joins, p, cap, max_batch)
+            if joins and len(rows) < min(max_batch, self.row_limit or max_batch):
+                running = bool(rows)
+                s, placed = self._admit(s, rows, joins, p, cap, max_batch)
+                if running:
+                    self.joined_running += placed
+            waiting = joins[placed:]
             # after a join, the joiners' frame 0 is already out: sync one step sooner, so
             # their first ``every`` frames come out together (time to first audio)
-            for _ in range(every - 1 if joins and every > 1 else every):
+            for _ in range(every - 1 if placed and every > 1 else every):
                 top = max(r.base + r.steps for r in rows.values())  # highest write slot
                 kv_len = min(s.max_len, round_up(top + 1))
                 self._run_step(s, p, kv_len)
