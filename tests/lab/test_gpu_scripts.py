@@ -277,6 +277,18 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
         assert r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3
 
 
+def test_stream_codec_smoke(tiny_weights, tmp_path):
+    """lab.probes.stream_codec: the service's streaming codec decode beside the one-shot one."""
+    out = tmp_path / "stream.jsonl"
+    run(["bash", "docs/bench/lab.sh", "probe", "stream_codec", "--device", "cpu",
+         "--codec-dir", str(tiny_weights / "MOSS-Audio-Tokenizer-v2"), "--requests", "2",
+         "--frames", "4", "--seen", "8", "--modes", "eager,padded", "--repeats", "1",
+         "--out", str(out)], env(tmp_path))  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["path"] for r in rows] == ["stream eager", "stream padded", "one-shot"]
+    assert all(r["s_per_call"] > 0 and r["ms_per_audio_s"] > 0 for r in rows)
+
+
 def test_speaker_tolerance_smoke(tmp_path):
     """lab.probes.speaker_tolerance: each speed path's spk_sim against each take alone."""
     out = tmp_path / "tol.jsonl"
