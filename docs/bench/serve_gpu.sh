@@ -160,9 +160,23 @@ def gpu_mib(name):
 
 
 main, cap = load("serve"), load("serve-cap")
+# STREAM_DECODES: one run per mode (serve-MODE.json), each summed up side by side
+modes = {f.stem[len("serve-"):]: load(f.stem) for f in sorted(out.glob("serve-*.json"))
+         if "." not in f.stem}  # not serve-MODE.health.json
+modes.pop("cap", None)
 one = level(main, 1) or {}
 capped = level(cap, 1) or {}
 summary = {
+    "stream_decodes": {
+        mode: {
+            "date": rep.get("date"),
+            "hardware": rep.get("hardware"),
+            "audio_s_per_s": {r["concurrency"]: r["audio_s_per_s"] for r in rep["levels"]},
+            "ttfa_ms_mean": {r["concurrency"]: r["ttfa_ms_mean"] for r in rep["levels"]},
+            "failed": {r["concurrency"]: r["failed"] for r in rep["levels"]},
+        }
+        for mode, rep in modes.items()
+    },
     "date": (main or {}).get("date"),
     "hardware": (main or {}).get("hardware"),
     "anchor": "vLLM-Omni (published): 344 audio-s/s at concurrency 128, mean TTFA 685 ms",
