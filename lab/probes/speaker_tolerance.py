@@ -19,6 +19,8 @@ import json
 
 import numpy as np
 
+from lab.probes import write_rows
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -62,8 +64,7 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
     if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        write_rows(args.out, rows)
     return 0
 
 

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from lab.probes import write_rows
+
 TEXT = "The train leaves at nine, so please be on time and bring the tickets with you."
 
 
@@ -142,8 +144,7 @@ def main(argv=None) -> int:
                 rows.append(render(gen, b, args.device, seed0=1000 * r, mode=mode))
                 print(json.dumps(rows[-1]), flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        write_rows(args.out, rows)
     return 0
 
 

@@ -19,6 +19,8 @@ import argparse
 import json
 import time
 
+from lab.probes import write_rows
+
 FRAME_S = 0.08  # MOSS codec frames: 12.5 a second
 
 
@@ -86,8 +88,7 @@ def main(argv=None) -> int:
         stream = codec.stream_decoder(B, "eager")
         print("\n".join(top_ops(lambda: stream.decode(new), args.device, args.profile)))
     if args.out:
-        with open(args.out, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        write_rows(args.out, rows)
     return 0
 
 
