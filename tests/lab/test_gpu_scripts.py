@@ -186,6 +186,9 @@ def test_workflow_scripts_smoke(tiny_weights, tmp_path):
     summary = json.loads((out / "S/summary.json").read_text())
     assert summary["verify"].endswith("4 groups checked, 0 problem(s)"), summary["verify"]
     assert summary["overall"]["clips"] == 8
+    # 8 takes of 8 frames (12.5 a second): the audio a per-audio-second figure divides by
+    assert summary["overall"]["audio_s"] == pytest.approx(8 * 8 / 12.5)
+    assert summary["overall"]["s_per_audio_s_per_gpu"] > 0
     ran = yaml.safe_load((out / "S/config.yaml").read_text())
     assert "ei_spec" in ran["selection"]["score"]
     steady = run([sys.executable, "docs/bench/steady_from_group_logs.py", "--takes", "2",
