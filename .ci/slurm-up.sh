@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A one-node SLURM for the tests (tests/workflow/test_slurm.py): Debian's slurmctld + slurmd + munge,
-# run as root, with two fake GPUs declared as GRES device files (/dev/fakegpu0, /dev/fakegpu1).
+# run as root, with three fake GPUs declared as GRES device files (/dev/fakegpu0..2): the
+# time-limit test's job holds one while the scancel test's two jobs run beside it.
 # No slurmdbd: the executor plugin asks squeue for job states (profiles/slurm-test sets
 # status_command: squeue) and MinJobAge keeps finished jobs visible to squeue for an hour.
 #
@@ -63,8 +64,8 @@ fi
 
 # 3. fake GPUs and the config
 # Character devices (major 195 as NVIDIA's); slurmd ignores plain files, and then sets no
-# CUDA_VISIBLE_DEVICES. Nothing opens them: they only give the GRES plugin two device entries.
-for i in 0 1; do
+# CUDA_VISIBLE_DEVICES. Nothing opens them: they only give the GRES plugin three device entries.
+for i in 0 1 2; do
   if [ ! -c /dev/fakegpu$i ]; then
     rm -f /dev/fakegpu$i
     mknod /dev/fakegpu$i c 195 $i || die "mknod /dev/fakegpu$i failed (fake GPU device files)"
@@ -109,11 +110,11 @@ SlurmdTimeout=60
 InactiveLimit=0
 SlurmdParameters=config_overrides
 GresTypes=gpu
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:2 State=UNKNOWN
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEM_MB Gres=gpu:3 State=UNKNOWN
 PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 gres=$(mktemp)
-echo "NodeName=$NODE Name=gpu File=/dev/fakegpu[0-1]" >"$gres"
+echo "NodeName=$NODE Name=gpu File=/dev/fakegpu[0-2]" >"$gres"
 cgroup=$(mktemp)
 printf '%s\n' CgroupPlugin=cgroup/v1 CgroupMountpoint=/sys/fs/cgroup ConstrainCores=no \
   ConstrainRAMSpace=no ConstrainDevices=no >"$cgroup"
@@ -146,7 +147,7 @@ if ! running slurmd; then
   slurmd >&2 || die "slurmd did not start; see $STATE/log/slurmd.log"
 fi
 
-# 5. wait for an idle node with gpu:2
+# 5. wait for an idle node with gpu:3
 state=""
 for _ in $(seq 120); do
   state=$(sinfo -h -n "$NODE" -o '%T' 2>/dev/null | head -1 || true)
@@ -164,5 +165,5 @@ $(tail -n 15 "$STATE/log/slurmctld.log" "$STATE/log/slurmd.log" 2>/dev/null)"
     ;;
 esac
 gres_now=$(sinfo -h -n "$NODE" -o '%G' | head -1)
-[[ "$gres_now" == *gpu:2* ]] || die "node $NODE reports GRES '$gres_now', expected gpu:2"
+[[ "$gres_now" == *gpu:3* ]] || die "node $NODE reports GRES '$gres_now', expected gpu:3"
 log "ready: node $NODE $state, $CPUS CPUs, GRES $gres_now"

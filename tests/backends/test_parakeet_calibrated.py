@@ -5,15 +5,20 @@ calibration. Tiny size, CPU."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
 import pytest
 
-pytest.importorskip("nemo.collections.asr", reason="nemo_toolkit[asr] not installed")
+from bestofn.backends.parakeet import ParakeetScorer
+from bestofn.fakes import parakeet as fake
 
-from bestofn.backends.parakeet import ParakeetScorer  # noqa: E402
-from bestofn.fakes import parakeet as fake  # noqa: E402
+# Whether NeMo is installed, not imported: importing nemo.collections.asr takes ~8 s, which every
+# pytest-xdist worker paid while collecting (this file's tests import it where they run).
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("nemo") is None, reason="nemo_toolkit[asr] not installed"
+)
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
-from peft import LoraConfig, get_peft_model  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from bestofn.moss import lora  # noqa: E402
 
 RANK, ALPHA = 4, 8
-pytestmark = pytest.mark.filterwarnings("ignore:Setting `save_embedding_layers`:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Setting `save_embedding_layers`:UserWarning"),
+    # whether peft is installed, not imported: importing it took ~3 s of every pytest-xdist
+    # worker's collection (the tests import it where they run, _make_adapter)
+    pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft not installed"),
+]
 
 
 def _tiny_qwen3():
@@ -44,6 +48,8 @@ def _merged_state(path):
 
 def _make_adapter(base_model, out_dir, seed):
     """A peft LoRA with non-zero A and B (peft inits B to zero, which would merge to nothing)."""
+    from peft import LoraConfig, get_peft_model
+
     config = LoraConfig(
         r=RANK,
         lora_alpha=ALPHA,

@@ -1,5 +1,5 @@
-"""profiles/slurm against a real one-node SLURM: Debian's slurmctld + slurmd + munge with two fake
-GPUs (.ci/slurm-up.sh, which `make test` runs first). Real sbatch jobs, real scancel, a real
+"""profiles/slurm against a real one-node SLURM: Debian's slurmctld + slurmd + munge with three
+fake GPUs (.ci/slurm-up.sh, which `make test` runs first). Real sbatch jobs, real scancel, a real
 time limit. When SLURM cannot start here the tests fail with the reason; they never skip."""
 
 import contextlib
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import duckdb
 import pytest
@@ -28,7 +29,7 @@ QUICK_POLL = Path(__file__).with_name("slurm_quick_poll.py")
 
 @pytest.fixture(scope="module")
 def slurm():
-    """A running one-node SLURM with gpu:2, or a failure that says why."""
+    """A running one-node SLURM with gpu:3, or a failure that says why."""
     try:
         proc = subprocess.run(["bash", str(SLURM_UP)], capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -39,7 +40,7 @@ def slurm():
             f"{proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         )
     info = subprocess.run(["sinfo", "-h", "-o", "%T %G"], capture_output=True, text=True)
-    assert "gpu:2" in info.stdout, info.stdout + info.stderr
+    assert "gpu:3" in info.stdout, info.stdout + info.stderr
     return info.stdout.strip()
 
 
@@ -209,11 +210,61 @@ def cpu_capped(pid: int, fraction: float, name: str):
                 time.sleep(0.1)
 
 
-def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(slurm, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def time_limited(slurm, tmp_path_factory):
+    """The run of test_time_limit_loses_at_most_the_group_in_flight up to its wait for the time
+    limit: one bundle of 8 groups in one SLURM job whose TimeLimit is set to 1 minute once it
+    runs, its worker CPU-capped once it has served a group. Started when the module starts (the
+    scancel test asks for it first): slurmctld's kill comes 60-90 s after the job starts, and
+    the scancel test runs on the node's other two fake GPUs meanwhile, instead of the module
+    waiting for the two one after the other. Yields what the time-limit test checks."""
+    # The limit must come while the worker still generates. slurmctld checks time limits every
+    # 30 s: the job ends 60-90 s after it starts (60-87 s in this node's slurmctld.log). Once its
+    # worker has finished a group, that worker runs on at most `cap` of one CPU (cpu_capped: the
+    # same code, only slower), so how long the rest takes no longer hangs on how fast or how busy
+    # the machine is: a group of 20 piper takes took 3.7-6 s uncapped and 66 s capped (~3.3 s of
+    # CPU), so the 6 groups left after the one in flight need ~6 x 66 = 400 s, 4.4x the latest
+    # kill (2.2x on a CPU twice as fast); 1 or 2 of 8 were done at the kill. Should the job ever
+    # finish first, the test fails (JobState COMPLETED, or nothing left to rerun); it never
+    # passes. The rerun runs uncapped (a new job, a new worker): there the groups' Snakemake
+    # processes cost more than their takes, one per group, published or staged alike, hence
+    # only 8 groups. (Uncapped, 16 groups of 100 takes had to outlast the kill on an idle
+    # machine: 3.5 minutes alone, 5-8 on a loaded one, mostly the rerun's takes.)
+    groups, takes, cap = 8, 20, 0.05
+    tmp = tmp_path_factory.mktemp("time-limit")
+    project = make_project(tmp / "p", ["calm", "happy"], prompts=4, components=groups)
+    cfg = yaml.safe_load((project / "config/config.yaml").read_text())
+    (project / "config/config.yaml").write_text(yaml.safe_dump({**cfg, "takes": takes}))
+    log = tmp / "run1.log"
+    t0 = time.monotonic()
+    proc = start(project, log, "--until", "group")
+    with contextlib.ExitStack() as capped, pytest.MonkeyPatch.context() as mp:
+        try:
+            job = wait_for("the sbatch job", lambda: submitted(log.read_text()), 120, proc)[0]
+            wait_for(f"job {job} to run", lambda: job_field(job, "JobState") == "RUNNING", 60)
+            # Its time limit becomes 1 minute: slurmctld ends it at its next check after that.
+            subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], check=True)
+            health = wait_for(
+                f"job {job} serving groups",
+                lambda: (h := job_worker(project, job, mp)) and h["groups_served"] >= 1 and h,
+                240, proc,
+            )  # fmt: skip
+            capped.enter_context(cpu_capped(health["pid"], cap, f"bestofn-test-slurm-job{job}"))
+            yield SimpleNamespace(project=project, groups=groups, job=job, proc=proc, log=log,
+                                  t0=t0, uncap=capped.close)  # fmt: skip
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(
+    slurm, time_limited, tmp_path, monkeypatch
+):
     """2 emotions x 3 prompts in bundles of 3: two SLURM jobs with one GPU each, side by side on
-    the node's two fake GPUs. One is scancelled mid-group; the other completes. The rerun
-    completes with no half group and `bestofn verify` clean; every SLURM job's worker loaded the
-    models once and served its whole bundle."""
+    two of the node's three fake GPUs (the time-limit test's job, started by `time_limited`,
+    which this test asks for only to start it, holds the third). One is scancelled mid-group;
+    the other completes. The rerun completes with no half group and `bestofn verify` clean;
+    every SLURM job's worker loaded the models once and served its whole bundle."""
     project = make_project(tmp_path / "p", ["calm", "happy"], prompts=3, components=3)
     # 6 takes a group: on an idle machine 2-take bundles could end before they were inspected.
     cfg = yaml.safe_load((project / "config/config.yaml").read_text())
@@ -230,7 +281,10 @@ def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(slurm, tmp_p
             wait_for(f"job {job} to run", lambda j=job: job_field(j, "JobState") == "RUNNING", 60)
             gres[job] = job_field(job, "GRES")
             assert job_field(job, "JOB_GRES") == "gpu:1"
-        assert set(gres.values()) == {"gpu:1(IDX:0)", "gpu:1(IDX:1)"}
+        # one GPU each, not the same one (of the node's three: `time_limited`'s job holds
+        # the third meanwhile)
+        assert all(re.fullmatch(r"gpu:1\(IDX:[0-2]\)", g) for g in gres.values()), gres
+        assert len(set(gres.values())) == 2, gres
         victim, survivor = jobs
         # Mid-group: the job's worker has finished a group and runs the next one.
         wait_for(
@@ -273,46 +327,15 @@ def test_bundles_run_as_slurm_jobs_then_scancel_mid_group_and_rerun(slurm, tmp_p
     assert "## Workers" in report and f"| {survivor} | 3 | 1 |" in report
 
 
-def test_time_limit_loses_at_most_the_group_in_flight(slurm, tmp_path, monkeypatch):
+def test_time_limit_loses_at_most_the_group_in_flight(time_limited):
     """One bundle of 8 groups whose job hits its time limit (SIGTERM, then SIGKILL 5 s later)
     while its worker is still generating: every group the worker finished survives (published,
     or staged for the rerun); at most the group in flight is lost, and the rerun runs only what
-    was not finished."""
-    # The limit must come while the worker still generates. slurmctld checks time limits every
-    # 30 s: the job ends 60-90 s after it starts (60-87 s in this node's slurmctld.log). Once its
-    # worker has finished a group, that worker runs on at most `cap` of one CPU (cpu_capped: the
-    # same code, only slower), so how long the rest takes no longer hangs on how fast or how busy
-    # the machine is: a group of 20 piper takes took 3.7-6 s uncapped and 66 s capped (~3.3 s of
-    # CPU), so the 6 groups left after the one in flight need ~6 x 66 = 400 s, 4.4x the latest
-    # kill (2.2x on a CPU twice as fast); 1 or 2 of 8 were done at the kill. Should the job ever
-    # finish first, the test fails (JobState COMPLETED, or nothing left to rerun); it never
-    # passes. The rerun runs uncapped (a new job, a new worker): there the groups' Snakemake
-    # processes cost more than their takes, one per group, published or staged alike, hence
-    # only 8 groups. (Uncapped, 16 groups of 100 takes had to outlast the kill on an idle
-    # machine: 3.5 minutes alone, 5-8 on a loaded one, mostly the rerun's takes.)
-    groups, takes, cap = 8, 20, 0.05
-    project = make_project(tmp_path / "p", ["calm", "happy"], prompts=4, components=groups)
-    cfg = yaml.safe_load((project / "config/config.yaml").read_text())
-    (project / "config/config.yaml").write_text(yaml.safe_dump({**cfg, "takes": takes}))
-    log = tmp_path / "run1.log"
-    t0 = time.monotonic()
-    proc = start(project, log, "--until", "group")
-    try:
-        job = wait_for("the sbatch job", lambda: submitted(log.read_text()), 120, proc)[0]
-        wait_for(f"job {job} to run", lambda: job_field(job, "JobState") == "RUNNING", 60)
-        # Its time limit becomes 1 minute: slurmctld ends it at its next check after that.
-        subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=1"], check=True)
-        health = wait_for(
-            f"job {job} serving groups",
-            lambda: (h := job_worker(project, job, monkeypatch)) and h["groups_served"] >= 1
-            and h,
-            240, proc,
-        )  # fmt: skip
-        with cpu_capped(health["pid"], cap, f"bestofn-test-slurm-job{job}"):
-            assert proc.wait(timeout=400) != 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    was not finished. The run up to the time limit: the `time_limited` fixture."""
+    run1 = time_limited
+    project, groups, job, log, t0 = run1.project, run1.groups, run1.job, run1.log, run1.t0
+    assert run1.proc.wait(timeout=400) != 0
+    run1.uncap()  # the capped worker is gone with its job; the rerun's worker runs uncapped
     t_killed = time.monotonic() - t0
     assert job_field(job, "JobState") == "TIMEOUT", log.read_text()[-3000:]
     for group in published(project):
