@@ -14,7 +14,8 @@
 # min_frames = max_frames = 188, so both sides make the same audio per clip. P_STOP=P (e.g.
 # 0.005) writes fake weights whose takes stop at each frame with probability P instead, so takes
 # have many lengths, as real ones do (a batched cost per padded frame shows then); compare such
-# runs by summary.json's s_per_audio_s as well as per clip. Only when the weights are written.
+# runs by summary.json's s_per_audio_s_per_gpu as well as per clip. Only when the weights are
+# written.
 set -euo pipefail
 out=$(realpath -m "${1:?usage: gpu_workflow.sh OUT [EMOTIONS] [PROMPTS] [CONFIG]}")
 n_emotions=${2:-2}
