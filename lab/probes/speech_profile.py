@@ -40,7 +40,8 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def render(gen, batch: int, device: str, seed0: int, mode: str | None = None) -> dict:
+def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
+           text: str = TEXT) -> dict:  # fmt: skip
     """One ``stream_batch`` of ``batch`` requests, timed by part; ``mode``: the streaming
     decode's (None: the product's default)."""
     from bestofn.core import speech
@@ -83,7 +84,7 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None) ->
     if real_stream is not None:
         codec.stream_decoder = timed_stream
     specs = [
-        GroupSpec(emotion="calm", prompt_id=f"p{i}", text=TEXT, n_takes=1, base_seed=seed0 + i)
+        GroupSpec(emotion="calm", prompt_id=f"p{i}", text=text, n_takes=1, base_seed=seed0 + i)
         for i in range(batch)
     ]
     first: dict[int, float] = {}
@@ -125,6 +126,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,64,128")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stream-modes", default="", help="e.g. eager,graphs (default: the product's)")
+    ap.add_argument("--text", default=TEXT, help="every request's text (its length: the frames)")
     ap.add_argument("--out", help="write the rows as JSON lines here too")
     args = ap.parse_args(argv)
     from bestofn.backends import registry
@@ -137,11 +139,11 @@ def main(argv=None) -> int:
     modes = [m for m in args.stream_modes.split(",") if m] or [None]
     for b in (int(x) for x in args.batches.split(",")):
         for mode in modes:
-            warm = render(gen, b, args.device, seed0=10_000, mode=mode)
+            warm = render(gen, b, args.device, seed0=10_000, mode=mode, text=args.text)
             rows.append({**warm, "warmup": True})
             print(json.dumps(rows[-1]), flush=True)
             for r in range(args.repeats):
-                rows.append(render(gen, b, args.device, seed0=1000 * r, mode=mode))
+                rows.append(render(gen, b, args.device, seed0=1000 * r, mode=mode, text=args.text))
                 print(json.dumps(rows[-1]), flush=True)
     if args.out:
         write_rows(args.out, rows)

@@ -270,7 +270,7 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
          "--model-dir", str(tiny_weights / "MOSS-TTS-Local-Transformer-v1.5"),
          "--codec-dir", str(tiny_weights / "MOSS-Audio-Tokenizer-v2"),
          "--batches", "2", "--repeats", "1", "--stream-modes", "eager,padded",
-         "--out", str(out)], env(tmp_path))  # fmt: skip
+         "--text", "Hi there, see you.", "--out", str(out)], env(tmp_path))  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["batch"], r["stream_mode"], r.get("warmup", False)) for r in rows] == [
         (2, "eager", True), (2, "eager", False), (2, "padded", True), (2, "padded", False)
