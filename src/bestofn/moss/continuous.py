@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from bestofn.moss.engine import local_codes
-from bestofn.moss.engine_shell import StateCache, StepState, round_up, run_captured
+from bestofn.moss.engine_shell import StateCache, StepState, pow2, round_up, run_captured
 from bestofn.moss.model import decode_attention
 from bestofn.moss.sampling import STEPS_PER_FRAME, SamplingParams
 
@@ -56,10 +56,6 @@ class RowUpdate:
     key: object
     codes: torch.Tensor  # int64 [F, n_vq] on CPU: the frames this row produced since last time
     finished: bool  # no more frames will come for this key
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 class RowState(StepState):
@@ -270,11 +266,11 @@ class ContinuousDecoder:
         """Place ``joins`` in free rows (growing the state when needed; as many as fit) and
         sample their frame 0. Returns the state the loop continues with and how many of
         ``joins``, from the first, were placed."""
-        most = min(_pow2(max_batch), self.row_limit or _pow2(max_batch))
-        need_batch = min(most, _pow2(len(rows) + len(joins)))
+        most = min(pow2(max_batch), self.row_limit or pow2(max_batch))
+        need_batch = min(most, pow2(len(rows) + len(joins)))
         longest = max(j.prompt.shape[0] + j.budget + 1 for j in joins)
         longest = max([longest] + [r.base + r.budget + 1 for r in rows.values()])
-        need_len = max(self.min_len, _pow2(longest))
+        need_len = max(self.min_len, pow2(longest))
         if s is None or s.batch < need_batch or s.max_len < need_len:
             old = s
             if old is not None and old.batch < need_batch:  # grow 4x at least: fewer shapes

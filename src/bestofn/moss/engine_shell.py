@@ -47,6 +47,12 @@ def round_up(n: int, to: int = 64) -> int:
     return -(-n // to) * to
 
 
+def pow2(n: int) -> int:
+    """The smallest power of two >= ``n`` (1 for n <= 1): batch and bucket shapes, rounded up
+    so that a few states and captured graphs serve many sizes."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 # ---- pairs: two requests in one decode, each computed as if alone ---------------------------
 
 PAIR_PROMPT_BUCKET = 64  # prompt rows: two requests pair only within one bucket

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from bestofn.moss.codec.layers import Transformer, patch_up, rotate_pairs
-from bestofn.moss.engine_shell import run_captured
+from bestofn.moss.engine_shell import pow2, run_captured
 
 MODES = ("eager", "padded", "graphs")
 
@@ -90,10 +90,6 @@ def _stream_stage(stage: Transformer, cache: _StageCache, slots, pos, lens, x):
     if stage.out_proj is not None:
         x = stage.out_proj(x).to(stage.dtype)
     return x
-
-
-def _bucket(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 class _Bucket:
@@ -160,9 +156,9 @@ class StreamDecoder:
             shape = (rows, frames * self.codec.hop, self.codec.channels)
             bucket = _Bucket(rows, frames, grid.shape[2], shape, self.codec.device, self._pool)
             self._buckets[(rows, frames)] = bucket
-        for buf, host in ((bucket.codes, grid), (bucket.slots, slots), (bucket.pos, pos)):
+        for buf, host in zip((bucket.codes, bucket.slots, bucket.pos, bucket.lens),
+                             (grid, slots, pos, lens), strict=True):  # fmt: skip
             buf.copy_(host)
-        bucket.lens.copy_(lens)
 
         def step():
             bucket.out.copy_(self._run(bucket.codes, bucket.slots, bucket.pos, bucket.lens))
@@ -182,7 +178,7 @@ class StreamDecoder:
             return out
         B, N = len(items), max(len(c) for _, c in items)
         if self.mode != "eager":
-            B, N = _bucket(B), _bucket(N)
+            B, N = pow2(B), pow2(N)
         grid = torch.zeros(B, N, codec.n_vq, dtype=torch.long)
         slots = torch.full((B,), self.slots, dtype=torch.long)  # padded rows: the scratch slot
         pos = torch.zeros(B, dtype=torch.long)
