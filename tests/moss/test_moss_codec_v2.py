@@ -522,6 +522,36 @@ def test_padded_stream_decode_is_the_eager_one(codec):
         StreamDecoder(codec, 2, "graphs")
 
 
+def test_stream_decode_in_pieces_joins_and_keeps_its_audio(codec):
+    # More new frames than one decoder call takes (piece_frames 4: a request's 9 or 16 new
+    # frames run as pieces, its ring holding 4 frames' steps past each window) still join to the
+    # one-shot decode; audio handed out stays as it was after later calls reuse the buffers.
+    from bestofn.moss.codec.stream import StreamDecoder
+
+    a, b = _clips([41, 25], seed=8)
+    one = codec.decode([a, b])
+    for mode in ("eager", "padded"):
+        sd = StreamDecoder(codec, 3, mode, piece_frames=4)
+        parts, done, handed = {1: [], 2: []}, {1: 0, 2: 0}, []
+        for step in (3, 9, 16, 1, 16):
+            new = {}
+            for slot, clip in ((1, a), (2, b)):
+                end = min(len(clip), done[slot] + step)
+                if end > done[slot]:
+                    new[slot], done[slot] = clip[done[slot] : end], end
+            for slot, audio in sd.decode(new).items():
+                parts[slot].append(audio)
+                handed.append((audio, audio.copy()))
+        assert all(np.array_equal(audio, copy) for audio, copy in handed), mode
+        for slot, ref in ((1, one[0]), (2, one[1])):
+            got = np.concatenate(parts[slot])
+            assert got.shape == ref.shape, mode
+            np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    assert max(frames for _, frames in sd._buckets) == 4  # padded: no bucket past a piece
+    with pytest.raises(ValueError, match="piece_frames"):
+        StreamDecoder(codec, 2, "eager", piece_frames=0)
+
+
 def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
     import torch
 

@@ -8,10 +8,16 @@ convolutions). A stage's step sees its own past only through attention, limited 
 ``context - 1`` steps (RoPE already applied at their absolute positions) is all the history
 there is. Every frame is a whole number of steps at every stage, so frames map to steps.
 
-State lives in slots (``StreamDecoder(codec, slots)``): per stage and layer a [slots, H,
-context - 1, dh] key and value cache in the compute dtype (about 90 MB per slot for the real v2
-decoder in bf16), plus the frames each slot has seen. ``decode({slot: new codes})`` appends;
-``reset(slot)`` starts a slot over (a new request).
+State lives in slots (``StreamDecoder(codec, slots)``): per stage and layer a ring of keys and
+values per slot (RoPE already applied), ``context - 1`` steps plus the most new steps one call
+brings (``piece_frames``; about 130 MB per slot for the real v2 decoder in bf16 at 16 frames),
+plus the frames each slot has seen. A call writes its new keys into the rings in place, then
+each row attends to its ring, masked to the window by each entry's absolute step: one gather of
+the ring per layer, where gathering the window, appending the new keys and writing the last
+window back cost four copies of it. ``decode({slot: new codes})`` appends; ``reset(slot)``
+starts a slot over (a new request). The residual adds and LayerNorms between the matmuls are
+the one-shot decode's pieces (``codec_layers.layer_pieces``: one Triton kernel each on the
+``compiled`` path), so the stream rounds as the one-shot decode does.
 
 CUDA graphs (``mode="graphs"``, the default on CUDA): a call is a few thousand small kernels
 (every layer's norms, projections, RoPE, cache reads and writes), so at a few requests a call
@@ -19,8 +25,8 @@ the GPU waits on the host's launches. On CUDA each call is padded to a bucket (r
 frames each to the next power of two), its inputs copied into that bucket's fixed buffers, and
 the bucket's graph replayed: captured on the bucket's first call (``run_captured``, as the
 engine's steps are). Padded requests read and write one scratch slot past the last; padded
-frames are masked out of every real request's attention and never enter a cache (a cache keeps
-the steps before each request's own length), so padding changes only the float rounding of the
+frames are masked out of every real request's attention and their keys go to the scratch slot,
+never into a request's ring, so padding changes only the float rounding of the
 matmuls' other shapes. ``mode="padded"`` is that path without graphs (the tests compare it with
 ``eager`` on CPU).
 """
@@ -33,60 +39,76 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bestofn.moss.codec.layers import Transformer, patch_up, rotate_pairs
+from bestofn.moss.codec.layers import Transformer, layer_pieces, patch_up, rotate_pairs
 from bestofn.moss.engine_shell import pow2, run_captured
 
 MODES = ("eager", "padded", "graphs")
+PIECE = 16  # new frames of a request per decoder call: the serve chunk (CHUNK_FRAMES)
 
 
 class _StageCache:
-    def __init__(self, stage: Transformer, slots: int, device):
+    """A stage's per-slot history as a ring: per layer a [slots, ring, H, dh] key and value
+    buffer; step s of a slot's stream sits at ring index s % ring. The ring holds the window's
+    ``keep`` past steps plus the most new steps one call can bring, so a call writes its new
+    keys in place (before attending) without overwriting any key its own queries still see."""
+
+    def __init__(self, stage: Transformer, slots: int, device, max_new: int):
         c = stage.cfg
         self.keep = max(0, (c.context or 1) - 1)
-        dh = c.d_model // c.heads
-        shape = (slots, c.heads, self.keep, dh)
+        self.ring = self.keep + max_new
+        shape = (slots, self.ring, c.heads, c.d_model // c.heads)
         self.k = [torch.zeros(shape, dtype=stage.dtype, device=device) for _ in stage.layers]
         self.v = [torch.zeros(shape, dtype=stage.dtype, device=device) for _ in stage.layers]
 
 
-def _stream_stage(stage: Transformer, cache: _StageCache, slots, pos, lens, x):
+def _stream_stage(stage: Transformer, cache: _StageCache, slots, scratch, pos, lens, x):
     """One stage on new steps x [B, N, in] of rows at absolute step ``pos`` [B] with ``lens``
-    [B] valid new steps; updates the rows' caches; returns [B, N, out]."""
+    [B] valid new steps (N <= the ring's room for new steps); writes the rows' valid new keys
+    and values into their rings (padded steps go to the ``scratch`` slot); returns
+    [B, N, out]."""
     c = stage.cfg
     x = x.to(stage.dtype)
     if stage.in_proj is not None:
         x = stage.in_proj(x).to(stage.dtype)
     B, N, D = x.shape
-    H, dh, C = c.heads, c.d_model // c.heads, cache.keep
-    qpos = pos[:, None] + torch.arange(N, device=x.device)  # [B, N]
-    kpos = torch.cat((pos[:, None] - C + torch.arange(C, device=x.device), qpos), dim=1)
+    H, dh, R = c.heads, c.d_model // c.heads, cache.ring
+    steps = torch.arange(N, device=x.device)
+    qpos = pos[:, None] + steps  # [B, N]
+    # where each new step goes: its ring index in its row's slot, the scratch slot if padded
+    valid = steps[None, :] < lens[:, None]
+    dest = (torch.where(valid, slots[:, None], scratch) * R + qpos % R).reshape(-1)
+    # the step each ring entry holds once this call's steps are in: the latest s <= the row's
+    # last step (pos + N - 1) with s = index mod R. Entries of padded steps were not written
+    # (they hold older steps) but their step is after every valid query: masked as the future
+    last = qpos[:, -1:]
+    kpos = last - (last - torch.arange(R, device=x.device)[None, :]) % R  # [B, R]
     delta = qpos[:, :, None] - kpos[:, None, :]
-    mask = ((kpos[:, None, :] >= 0) & (delta >= 0) & (delta < (c.context or N + C)))[:, None]
+    window = c.context or R
+    mask = ((kpos[:, None, :] >= 0) & (delta >= 0) & (delta < window))[:, None]
     cos = sin = None
     if c.rope:
         half = torch.arange(dh // 2, device=x.device, dtype=torch.float32)
         freqs = torch.exp(half * (-math.log(c.max_period) * 2 / dh))
-        ang = qpos.float()[:, None, :, None] * freqs  # [B, 1, N, dh/2]
+        ang = qpos.float()[:, :, None, None] * freqs  # [B, N, 1, dh/2]
         cos, sin = torch.cos(ang), torch.sin(ang)
-    # the last C steps ending at each row's valid length, for the cache
-    take = (lens[:, None] + torch.arange(C, device=x.device))[:, None, :, None]
-    take = take.expand(B, H, C, dh)
-    for i, L in enumerate(stage.layers):
-        h = L["norm1"](x)
-        q, k, v = L["qkv"](h).to(stage.dtype).view(B, N, 3, H, dh).permute(2, 0, 3, 1, 4)
+    _, _, add_norm = layer_pieces(stage.kernels)
+    layers = stage.layers
+    h = layers[0]["norm1"](x) if layers else x
+    for i, L in enumerate(layers):
+        q, k, v = L["qkv"](h).to(stage.dtype).view(B, N, 3, H, dh).unbind(2)
         if cos is not None:
             q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
-        keys = torch.cat((cache.k[i][slots], k), dim=2)
-        values = torch.cat((cache.v[i][slots], v), dim=2)
-        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        if C:
-            cache.k[i][slots] = torch.gather(keys, 2, take)
-            cache.v[i][slots] = torch.gather(values, 2, take)
+        ring_k, ring_v = (r.view(-1, H, dh) for r in (cache.k[i], cache.v[i]))
+        ring_k.index_copy_(0, dest, k.reshape(B * N, H, dh))
+        ring_v.index_copy_(0, dest, v.reshape(B * N, H, dh))
+        keys = cache.k[i].index_select(0, slots).transpose(1, 2)  # [B, H, R, dh]
+        values = cache.v[i].index_select(0, slots).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
         u = L["o"](a.transpose(1, 2).reshape(B, N, D)).to(stage.dtype)
-        x = x + (u * L["layer_scale_1"] if L["layer_scale_1"] is not None else u)
-        h = L["norm2"](x)
+        x, h = stage._residual(add_norm, x, u, L["layer_scale_1"], L["norm2"])
         u = L["fc2"](F.gelu(L["fc1"](h).to(stage.dtype))).to(stage.dtype)
-        x = x + (u * L["layer_scale_2"] if L["layer_scale_2"] is not None else u)
+        following = layers[i + 1]["norm1"] if i + 1 < len(layers) else None
+        x, h = stage._residual(add_norm, x, u, L["layer_scale_2"], following)
     if stage.out_proj is not None:
         x = stage.out_proj(x).to(stage.dtype)
     return x
@@ -108,10 +130,16 @@ class _Bucket:
 
 class StreamDecoder:
     """Batched exact streaming decode over ``slots`` request slots of one codec; ``mode``:
-    ``eager``, ``padded`` or ``graphs`` (the module docstring; default: graphs on CUDA)."""
+    ``eager``, ``padded`` or ``graphs`` (the module docstring; default: graphs on CUDA).
+    ``piece_frames``: the most new frames of a request one decoder call takes (more are decoded
+    in pieces of that size); the rings hold that much beyond each window, so it sets the
+    caches' size (the serve chunk, ``CHUNK_FRAMES``, fits in one piece)."""
 
-    def __init__(self, codec, slots: int, mode: str | None = None):
+    def __init__(self, codec, slots: int, mode: str | None = None, piece_frames: int = PIECE):
         self.codec, self.slots = codec, int(slots)
+        self.piece = int(piece_frames)
+        if self.piece < 1:
+            raise ValueError(f"piece_frames is {piece_frames}; it must be at least 1")
         if any(isinstance(s, Transformer) and not s.cfg.context for s in codec.decoder):
             raise ValueError("streaming decode needs every decoder stage to have a window")
         cuda = torch.device(codec.device).type == "cuda"
@@ -120,18 +148,20 @@ class StreamDecoder:
             raise ValueError(f"stream decode mode is {self.mode!r}; known: {', '.join(MODES)}")
         if self.mode == "graphs" and not cuda:
             raise ValueError("stream decode mode 'graphs' needs a CUDA codec")
-        # one row more than the slots: the scratch row of a bucket's padded requests
-        self.caches = {
-            i: _StageCache(s, self.slots + 1, codec.device)
-            for i, s in enumerate(codec.decoder)
-            if isinstance(s, Transformer)
-        }
+        # one row more than the slots: the scratch row of padded requests and padded steps
+        self.caches, per_frame = {}, 1
+        for i, stage in enumerate(codec.decoder):
+            if isinstance(stage, Transformer):
+                new = self.piece * per_frame
+                self.caches[i] = _StageCache(stage, self.slots + 1, codec.device, new)
+            else:
+                per_frame *= stage
         self.frames = [0] * self.slots
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._pool = None  # the buckets' graphs replay one at a time: one memory pool
 
     def reset(self, slot: int) -> None:
-        self.frames[slot] = 0  # old cache entries sit at negative positions: masked
+        self.frames[slot] = 0  # old ring entries sit at negative positions: masked
 
     def _run(self, codes, slots, pos, lens) -> torch.Tensor:
         """The decoder on device inputs: codes [B, N, n_vq], each row's slot, frames seen and
@@ -143,8 +173,9 @@ class StreamDecoder:
         for i, stage in enumerate(codec.decoder):
             if isinstance(stage, Transformer):
                 x = _stream_stage(
-                    stage, self.caches[i], slots, pos * per_frame, lens * per_frame, x
-                )
+                    stage, self.caches[i], slots, self.slots, pos * per_frame,
+                    lens * per_frame, x,
+                )  # fmt: skip
             else:
                 x, per_frame = patch_up(x, stage), per_frame * stage
         return x.reshape(B, N * codec.hop, codec.channels).float()
@@ -167,18 +198,14 @@ class StreamDecoder:
         self._pool = self._pool or bucket.graph_pool
         return bucket.out
 
-    @torch.inference_mode()
-    def decode(self, new: dict[int, torch.Tensor]) -> dict[int, np.ndarray]:
-        """{slot: codes [n, >= n_vq]} -> {slot: float32 audio (n * hop, channels)} of exactly
-        those frames, continuing each slot's stream."""
+    def _piece(self, items: list[tuple[int, torch.Tensor]]) -> np.ndarray:
+        """One decoder call on at most ``piece`` new frames per request -> the requests'
+        audio [len(items), frames * hop, channels] on the host (rows past a request's own
+        frames are padding)."""
         codec = self.codec
-        items = [(s, torch.as_tensor(c)[:, : codec.n_vq]) for s, c in new.items() if len(c)]
-        out = {s: np.zeros((0, codec.channels), np.float32) for s in new}
-        if not items:
-            return out
         B, N = len(items), max(len(c) for _, c in items)
         if self.mode != "eager":
-            B, N = pow2(B), pow2(N)
+            B, N = pow2(B), min(pow2(N), self.piece)
         grid = torch.zeros(B, N, codec.n_vq, dtype=torch.long)
         slots = torch.full((B,), self.slots, dtype=torch.long)  # padded rows: the scratch slot
         pos = torch.zeros(B, dtype=torch.long)
@@ -192,8 +219,31 @@ class StreamDecoder:
             x = self._run(grid.to(dev), slots.to(dev), pos.to(dev), lens.to(dev))
         else:
             x = self._run_bucket(grid, slots, pos, lens)
-        audio = x[: len(items)].cpu().numpy()
-        for b, (s, c) in enumerate(items):
-            self.frames[s] += len(c)
-            out[s] = np.ascontiguousarray(audio[b, : len(c) * codec.hop])
+        x = x[: len(items), : max(len(c) for _, c in items) * codec.hop]
+        if x.device.type != "cuda":
+            return x.clone().numpy()  # not a view of a bucket's buffer, which the next call reuses
+        # into page-locked host memory: a pageable copy of a busy service's audio took tens of
+        # ms a call; the caching host allocator reuses the block once its arrays are gone
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        torch.cuda.current_stream(x.device).synchronize()
+        return host.numpy()
+
+    @torch.inference_mode()
+    def decode(self, new: dict[int, torch.Tensor]) -> dict[int, np.ndarray]:
+        """{slot: codes [n, >= n_vq]} -> {slot: float32 audio (n * hop, channels)} of exactly
+        those frames, continuing each slot's stream."""
+        codec = self.codec
+        items = [(s, torch.as_tensor(c)[:, : codec.n_vq]) for s, c in new.items() if len(c)]
+        out = {s: np.zeros((0, codec.channels), np.float32) for s in new}
+        parts: dict[int, list[np.ndarray]] = {s: [] for s, _ in items}
+        for start in range(0, max((len(c) for _, c in items), default=0), self.piece):
+            piece = [(s, c[start : start + self.piece]) for s, c in items if len(c) > start]
+            audio = self._piece(piece)
+            for b, (s, c) in enumerate(piece):
+                self.frames[s] += len(c)
+                parts[s].append(audio[b, : len(c) * codec.hop])
+        for s, got in parts.items():
+            # one piece: a view of that piece's host buffer, not copied again
+            out[s] = got[0] if len(got) == 1 else np.concatenate(got)
         return out
