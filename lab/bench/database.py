@@ -196,7 +196,7 @@ def write_groups(results: Path, groups: int, takes: int, seed: int, n_heads: int
 
 
 # self_peak_rss_mib: the rule's process; children_peak_rss_mib: the largest process it started
-# (the report's forked half); wait4's peak_rss_mib is the larger of the two, not their sum.
+# (the report's selection half); wait4's peak_rss_mib is the larger of the two, not their sum.
 _CHILD = r"""
 import json, resource, sys, time
 args = json.loads(open(sys.argv[1]).read())

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from helpers import group_parquet  # hand-made scores.parquet of one group
 
+from bestofn.report import throughput
 from bestofn.report.throughput import gain_histogram, score_gain_table, write_report
+from bestofn.report.trust import write_selection_report
 from bestofn.select.database import build_database
 from bestofn.select.held_out import scorer_directions
 
@@ -95,11 +99,9 @@ def _failing_selection_report(db_path, out_dir, database=None):
     raise RuntimeError("selection half failed")
 
 
-def test_the_forked_selection_half_writes_its_files_and_raises_its_errors(
-    report, tmp_path, monkeypatch
-):
-    """The selection report is written by a forked process (report._forked): its files are
-    there, its lines are in throughput.md, and its error is the report's."""
+def test_the_selection_half_writes_its_files_and_raises_its_errors(report, tmp_path, monkeypatch):
+    """The selection report is written by another process (bestofn.report.fresh_process): its
+    files are there, its lines are in throughput.md, and its error is the report's."""
     from bestofn.report import trust as trust_report
 
     out = report.parent
@@ -109,6 +111,43 @@ def test_the_forked_selection_half_writes_its_files_and_raises_its_errors(
     monkeypatch.setattr(trust_report, "write_selection_report", _failing_selection_report)
     with pytest.raises(RuntimeError, match="selection half failed"):
         write_report(tmp_path / "db.duckdb", tmp_path / "again")
+
+
+LOCK = threading.Lock()
+
+
+def _selection_report_under_lock(db_path, out_dir, database=None):
+    with LOCK:
+        return write_selection_report(db_path, out_dir, database)
+
+
+def test_the_report_is_written_while_another_thread_holds_a_lock(report, tmp_path, monkeypatch):
+    """A caller with threads (DuckDB's, OpenBLAS's, a test runner's) may hold a lock when the
+    report starts its selection half: a forked child inherited it held and hung; the child
+    now starts fresh, and the report is the same."""
+    from bestofn.report import trust as trust_report
+
+    monkeypatch.setattr(trust_report, "write_selection_report", _selection_report_under_lock)
+    monkeypatch.setattr(throughput, "SELECTION_TIMEOUT_S", 60)  # a regression fails, not hangs
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with LOCK:
+            held.set()
+            done.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        again = write_report(tmp_path / "db.duckdb", tmp_path / "again")
+    finally:
+        done.set()
+        holder.join()
+    files = sorted(f.name for f in report.parent.iterdir())
+    assert sorted(f.name for f in again.parent.iterdir()) == files
+    for name in files:  # the plots too: byte for byte
+        assert (again.parent / name).read_bytes() == (report.parent / name).read_bytes(), name
 
 
 def test_report_plots_the_best_of_k_curve_with_its_knees(report):

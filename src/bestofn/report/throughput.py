@@ -7,10 +7,15 @@ from pathlib import Path
 
 import duckdb
 
+from bestofn.report.fresh_process import FreshProcess
 from bestofn.select.database import open_read_only
 
 STAGES = ["load", "generate", "restore", "score", "write", "idle"]
 UNSELECTED_LISTED = 200  # groups with no passing take named in throughput.md at most
+# The selection half's bound: it reads per-group tables and the takes of at most
+# bestofn.report.listen.MAX_GROUPS groups, and the database and report rules over 4M takes took
+# 415 s together; a child with no answer after this is stuck, and the rule fails saying so.
+SELECTION_TIMEOUT_S = 1800
 
 
 def _fmt(x, digits=3) -> str:
@@ -174,50 +179,46 @@ def gpu_busy_table(rows: list[tuple]) -> list[str]:
     return [*out, ""]
 
 
-class _Done:
-    """The answer of a call already made (where no process could be forked)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    def result(self):
-        return self.value
-
-
-def _forked(fn, *args):
-    """``fn(*args)`` in a process forked now, which shares this one's imports, so the report's
-    two halves draw on two cores; its ``.result()`` is the answer (an error is raised there).
-    Where fork is not available, the call runs here at once."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return _Done(fn(*args))
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
-    future = pool.submit(fn, *args)
-    pool.shutdown(wait=False)  # the worker exits once the call is done
-    return future
-
-
 def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None = None) -> Path:
     """The report's files in ``out_dir``; ``database``: the config's ``database:`` settings
     (DuckDB's memory limit and threads; None: the schema's defaults).
 
     The selection report (bestofn.report.trust: selection.md, its plots, the listening page)
-    is written by a forked process meanwhile: each half is ~half the report's fixed cost,
-    mostly matplotlib (measured at 12 groups). Only that half reads the takes (the listening
-    page); this one reads per-group tables."""
+    is written by another process meanwhile (bestofn.report.fresh_process): each half is ~half
+    the report's fixed cost, mostly matplotlib (measured at 12 groups), so the two use two
+    cores. Only that half reads the takes (the listening page); this one reads per-group
+    tables."""
+    from bestofn.report.trust import write_selection_report
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Started before matplotlib is imported here: the child's imports overlap this one's.
+    with FreshProcess(
+        write_selection_report, str(db_path), str(out_dir), database,
+        timeout_s=SELECTION_TIMEOUT_S, label="the selection report's process",
+    ) as selection:  # fmt: skip
+        con = open_read_only(db_path, database)
+        try:
+            lines, n_unselected = _throughput_lines(con, out_dir)
+            # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are
+            # written too).
+            lines += selection.result()
+            lines += _unselected_lines(con, n_unselected)
+        finally:
+            con.close()
+    report = out_dir / "throughput.md"
+    report.write_text("\n".join(lines))
+    return report
+
+
+def _throughput_lines(con, out_dir: Path) -> tuple[list[str], int]:
+    """The throughput half: its plots in ``out_dir``, its lines of throughput.md, and the
+    number of groups with no passing take."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bestofn.report.trust import write_selection_report
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    selection = _forked(write_selection_report, db_path, out_dir, database)
-    con = open_read_only(db_path, database)
     # one row as a dict (no pandas: its import alone is ~0.5 s of a report that has ~2 s)
     cur = con.execute("SELECT * FROM throughput WHERE level = 'overall'")
     overall = dict(zip([d[0] for d in cur.description], cur.fetchone(), strict=True))
@@ -318,22 +319,23 @@ def write_report(db_path: str | Path, out_dir: str | Path, database: dict | None
         "",
         *curve_lines,
     ]
-    # Held-out verdicts (selection.md, the heatmap, the funnel and index.html are written too).
-    lines += selection.result()
-    if n_unselected:
-        lines += ["## Groups with no passing take", ""]
-        listed = con.execute(
-            "SELECT group_id FROM groups WHERE status <> 'selected' ORDER BY group_id LIMIT ?",
-            [UNSELECTED_LISTED],
-        ).fetchall()
-        lines += [f"- {g}" for (g,) in listed]
-        if n_unselected > len(listed):
-            lines.append(
-                f"- … and {n_unselected - len(listed)} more (`SELECT * FROM unselected` in "
-                "the database)"
-            )
-        lines.append("")
-    report = out_dir / "throughput.md"
-    report.write_text("\n".join(lines))
-    con.close()
-    return report
+    return lines, n_unselected
+
+
+def _unselected_lines(con, n_unselected: int) -> list[str]:
+    """throughput.md's list of the groups with no passing take (at most UNSELECTED_LISTED)."""
+    if not n_unselected:
+        return []
+    lines = ["## Groups with no passing take", ""]
+    listed = con.execute(
+        "SELECT group_id FROM groups WHERE status <> 'selected' ORDER BY group_id LIMIT ?",
+        [UNSELECTED_LISTED],
+    ).fetchall()
+    lines += [f"- {g}" for (g,) in listed]
+    if n_unselected > len(listed):
+        lines.append(
+            f"- … and {n_unselected - len(listed)} more (`SELECT * FROM unselected` in "
+            "the database)"
+        )
+    lines.append("")
+    return lines
