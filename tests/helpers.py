@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
@@ -458,3 +459,24 @@ def copy_fake_weights(weights: Path, dest: Path) -> Path:
         if path.is_file():
             path.write_text(path.read_text().replace(str(weights), str(dest)))
     return dest
+
+
+@contextmanager
+def held_elsewhere(lock):
+    """``lock`` held by another thread of this process for the block: what a forked child
+    would inherit held, by no thread of its own."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        with lock:
+            held.set()
+            done.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    try:
+        yield
+    finally:
+        done.set()
+        holder.join()

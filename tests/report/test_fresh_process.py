@@ -8,6 +8,7 @@ import os
 import threading
 
 import pytest
+from helpers import held_elsewhere
 
 from bestofn.report.fresh_process import FreshProcess
 
@@ -40,23 +41,9 @@ def test_the_child_answers_and_its_prints_stay_out_of_the_answer(capsys):
 
 
 def test_a_lock_held_by_another_thread_here_does_not_block_the_child():
-    held, done = threading.Event(), threading.Event()
-
-    def hold():
-        with LOCK:
-            held.set()
-            done.wait()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait()
-    try:
-        # the deadline only turns a regression (a forked child) into a failure, not a hang
-        with FreshProcess(_take_the_lock, timeout_s=60) as call:
-            assert call.result() != os.getpid()
-    finally:
-        done.set()
-        holder.join()
+    # the deadline only turns a regression (a forked child) into a failure, not a hang
+    with held_elsewhere(LOCK), FreshProcess(_take_the_lock, timeout_s=60) as call:
+        assert call.result() != os.getpid()
 
 
 def test_the_childs_error_is_raised_here_with_its_traceback():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from helpers import group_parquet  # hand-made scores.parquet of one group
+from helpers import group_parquet, held_elsewhere
 
 from bestofn.report import throughput
 from bestofn.report.throughput import gain_histogram, score_gain_table, write_report
@@ -129,21 +129,8 @@ def test_the_report_is_written_while_another_thread_holds_a_lock(report, tmp_pat
 
     monkeypatch.setattr(trust_report, "write_selection_report", _selection_report_under_lock)
     monkeypatch.setattr(throughput, "SELECTION_TIMEOUT_S", 60)  # a regression fails, not hangs
-    held, done = threading.Event(), threading.Event()
-
-    def hold():
-        with LOCK:
-            held.set()
-            done.wait()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    held.wait()
-    try:
+    with held_elsewhere(LOCK):
         again = write_report(tmp_path / "db.duckdb", tmp_path / "again")
-    finally:
-        done.set()
-        holder.join()
     files = sorted(f.name for f in report.parent.iterdir())
     assert sorted(f.name for f in again.parent.iterdir()) == files
     for name in files:  # the plots too: byte for byte
