@@ -12,9 +12,10 @@
 #
 # Run from the repository root with bestofn importable. A speech-only config (the generator
 # alone: no restorer or scorer takes GPU memory). CPU smoke test of this script:
-#   SIZE=tiny DEVICE=cpu bash docs/bench/serve_gpu.sh /tmp/serve-out 1,2
+#   SIZE=tiny DEVICE=cpu REQUESTS=2 TEXT="Hi there." bash docs/bench/serve_gpu.sh /tmp/serve-out 1,2
 # (on a CPU the memory cap is ignored with a log line; the second run still uses int8).
-# Other knobs: PARTS (main,cap), WORK (weights + configs), PYTHON, PORT, CAP_GB, CAP_LEVELS (default 1),
+# Other knobs: TEXT (every request's text; default: the load generator's 4 sentences, ~41 s of
+# audio on the fake weights, a minute a request on a CPU), PARTS (main,cap), WORK (weights + configs), PYTHON, PORT, CAP_GB, CAP_LEVELS (default 1),
 # REQUESTS (per level; default max(16, ROUNDS x level), ROUNDS default 4), STREAM_DECODES (e.g.
 # eager,graphs: the main part once per moss-fast runtime.stream_decode, side by side -> OUT/serve-MODE.json; default:
 # once, the config's default -> OUT/serve.json).
@@ -29,6 +30,7 @@ port=${PORT:-8123}
 cap_gb=${CAP_GB:-8}
 cap_levels=${CAP_LEVELS:-1}
 requests="${REQUESTS:+--requests $REQUESTS} ${ROUNDS:+--rounds $ROUNDS}"
+text=(${TEXT:+--text "$TEXT"})
 max_batch=$(echo "$levels" | tr ',' '\n' | sort -n | tail -1)
 max_batch=$((max_batch > 1 ? max_batch : 1))
 mkdir -p "$out" "$work"
@@ -108,7 +110,7 @@ run() {
     done
     t1=$(date +%s)
     # shellcheck disable=SC2086
-    $py -m lab.bench serve --url "http://127.0.0.1:$port" --concurrency "$lv" $requests \
+    $py -m lab.bench serve --url "http://127.0.0.1:$port" --concurrency "$lv" $requests "${text[@]}" \
         --json "$out/$name.json" 2>&1 | tee "$out/$name.bench.log" || failed="$failed $name"
     echo "bench $name: $(($(date +%s) - t1)) s"
     curl -sf "http://127.0.0.1:$port/health" >"$out/$name.health.json" || true

@@ -210,7 +210,8 @@ def main(argv: list[str]) -> int:
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
     t0 = time.perf_counter()
     warm = [
-        one_request(host, port, {"model": args.model, "voice": args.voice, "input": TEXTS[0],
+        one_request(host, port, {"model": args.model, "voice": args.voice,
+                                 "input": TEXTS[0] if args.text is None else args.text,
                                  "response_format": "pcm", "seed": 10**6 + i},
                     args.api_key, args.timeout)
         for i in range(args.warmup)

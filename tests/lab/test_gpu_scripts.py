@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +41,8 @@ SMOKED = {
     "probe worker_start": "tests/lab/test_gpu_scripts.py",
     "probe speech_profile": "tests/lab/test_gpu_scripts.py",
     "probe speaker_tolerance": "tests/lab/test_gpu_scripts.py",
+    "probe stream_codec": "tests/lab/test_gpu_scripts.py",
+    "docs/bench/serve_gpu.sh": "tests/lab/test_gpu_scripts.py",
     "docs/bench/steady_from_group_logs.py": "tests/lab/test_gpu_scripts.py",
     "docs/bench/project_256k.py": "tests/lab/test_gpu_scripts.py",
     "bench scorers": "tests/lab/test_gpu_scripts.py",
@@ -56,7 +59,6 @@ NOT_YET = {
     "docs/bench/codec_gpu.sh": "the published codec's remote code on CUDA (no CPU mode)",
     "docs/bench/codec_v2_gpu.sh": "wraps bench codec, which tests/moss/test_moss_codec_v2.py runs",
     "docs/bench/delay_gpu.sh": "MOSS-TTS Delay 8B parity against the published code on CUDA",
-    "docs/bench/serve_gpu.sh": "bestofn serve under load on CUDA; tests/serve covers the service",
     "docs/bench/parakeet_calibrated_gpu.sh": "NeMo's CUDA-graph decoders (no CPU mode)",
     "docs/bench/slurm_bundle_idle.sh": "needs SLURM and a GPU partition",
     "docs/bench/demo_cpu.py": "it runs `make demo` whole (minutes): the demo test covers the path",
@@ -290,6 +292,25 @@ def test_stream_codec_smoke(tiny_weights, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["path"] for r in rows] == ["stream eager", "stream padded", "one-shot"]
     assert all(r["s_per_call"] > 0 and r["ms_per_audio_s"] > 0 for r in rows)
+
+
+@pytest.mark.slow  # two servers (bf16, then int8 under its cap) on tiny weights: ~45 s
+def test_serve_gpu_smoke(tmp_path):
+    """docs/bench/serve_gpu.sh in its CPU mode: the service under the load generator at two
+    levels, then the capped int8 part, and the summary of both."""
+    with socket.socket() as s:  # a free port for the script's server
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    run(["bash", "docs/bench/serve_gpu.sh", str(out), "1,2"],
+        env(tmp_path, WORK=str(tmp_path / "work"), SIZE="tiny", DEVICE="cpu", REQUESTS="2",
+            TEXT="Hi there.", PORT=str(port)))  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["failed"] == {"1": 0, "2": 0}
+    assert all(summary["audio_s_per_s"][level] > 0 for level in ("1", "2"))
+    assert summary["ttfa_ms_c1"]["mean"] > 0
+    cap = summary["cap"]
+    assert cap is not None and cap["levels"][0]["ok"] == 2
 
 
 def test_speaker_tolerance_smoke(tmp_path):
