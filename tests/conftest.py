@@ -5,8 +5,22 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import REPO, make_tiny_project
+
+# torch's CPU threads under pytest-xdist: each worker's share of the cores, for the worker and
+# every process it starts (snakemake, bestofn workers, the lab's scripts; the product reads
+# OMP_NUM_THREADS too, bestofn.util.torch_threads.default_cpu_threads). With torch's default of
+# one thread per core in each of `make test`'s two workers on two cores, a tiny model's many
+# small ops each wait for a thread the other worker holds: the speech service's CPU smoke took
+# 10 s alone and 460 s beside another worker. Set before torch is imported (it reads the
+# variable once); left alone when set, and without xdist. A test that needs more threads sets
+# them (torch.set_num_threads, a backend's threads option).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    _workers = max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (_cpus or 1) // _workers))
+
+import torch  # noqa: E402
+from helpers import REPO, make_tiny_project  # noqa: E402
 
 # The lab (benchmarks, probes, fault injection) sits at the repository root, outside the wheel.
 # Tests import it, and so do the workers and Snakemake processes they start (fault-injecting
