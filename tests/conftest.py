@@ -5,8 +5,22 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from helpers import REPO, make_tiny_project
+
+# torch's CPU threads under pytest-xdist: each worker's share of the cores, for the worker and
+# every process it starts (snakemake, bestofn workers, the lab's scripts; the product reads
+# OMP_NUM_THREADS too, bestofn.util.torch_threads.default_cpu_threads). With torch's default of
+# one thread per core in each of `make test`'s two workers on two cores, a tiny model's many
+# small ops each wait for a thread the other worker holds: the speech service's CPU smoke took
+# 10 s alone and 460 s beside another worker. Set before torch is imported (it reads the
+# variable once); left alone when set, and without xdist. A test that needs more threads sets
+# them (torch.set_num_threads, a backend's threads option).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    _workers = max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (_cpus or 1) // _workers))
+
+import torch  # noqa: E402
+from helpers import REPO, make_tiny_project  # noqa: E402
 
 # The lab (benchmarks, probes, fault injection) sits at the repository root, outside the wheel.
 # Tests import it, and so do the workers and Snakemake processes they start (fault-injecting
@@ -43,41 +57,53 @@ def project(tmp_path):
     return make_tiny_project(tmp_path)
 
 
+def _once_per_run(tmp_path_factory, name: str, write) -> Path:
+    """``write(path)`` once for the whole test run, under the run's root temporary directory:
+    by the first pytest worker that needs it, while the others wait on a file lock. A write
+    that failed half-way is written again by the next worker that asks."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's root
+    out, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            shutil.rmtree(out, ignore_errors=True)  # a write that failed half-way
+            write(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """The `project` after one full `snakemake --profile profiles/local` run, made once per
-    pytest worker; use it through `ran_project`, never in place."""
-    root = make_tiny_project(tmp_path_factory.mktemp("tiny-run"))
-    cmd = [
-        str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
-        "--directory", str(root), "--profile", str(REPO / "profiles/local"),
-    ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return root
+    """The `project` after one full `snakemake --profile profiles/local` run, made once per test
+    run (by the first pytest worker that needs it, the others wait); use it through
+    `ran_project` (or a copy of your own), never in place."""
+
+    def write(root: Path) -> None:
+        make_tiny_project(root)
+        cmd = [
+            str(Path(sys.executable).parent / "snakemake"), "--snakefile", str(REPO / "Snakefile"),
+            "--directory", str(root), "--profile", str(REPO / "profiles/local"),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+
+    return _once_per_run(tmp_path_factory, "tiny-run", write)
 
 
 @pytest.fixture(scope="session")
 def tiny_fake_weights(tmp_path_factory) -> Path:
     """One `bestofn fake-weights --size tiny` tree (its default options) for the whole run,
-    written by the first pytest worker that needs it while the others wait on a file lock (a
-    write is a NeMo model built and saved, among others); read-only for its users: a test that
-    changes weight files works on a copy (helpers.copy_fake_weights)."""
-    import fcntl
-
+    written once (a write is a NeMo model built and saved, among others); read-only for its
+    users: a test that changes weight files works on a copy (helpers.copy_fake_weights)."""
     from bestofn.cli import main as bestofn
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the run's root
-    out = shared / "tiny-fake-weights"
-    done = shared / "tiny-fake-weights.done"
-    with open(shared / "tiny-fake-weights.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.is_file():
-            shutil.rmtree(out, ignore_errors=True)  # a write that failed half-way
-            assert bestofn(["fake-weights", str(out), "--size", "tiny"]) == 0
-            done.touch()
-    return out
+    def write(out: Path) -> None:
+        assert bestofn(["fake-weights", str(out), "--size", "tiny"]) == 0
+
+    return _once_per_run(tmp_path_factory, "tiny-fake-weights", write)
 
 
 @pytest.fixture

