@@ -470,6 +470,16 @@ def test_v2_codec_bench_runs_every_row_on_a_cpu(tmp_path):
 # ---- exact streaming (bestofn serve) ----------------------------------------------------------
 
 
+def _next_chunks(clips: dict, done: dict, step: int) -> dict:
+    """Up to ``step`` more frames of each slot's clip ({slot: clip}), past ``done`` (updated)."""
+    new = {}
+    for slot, clip in clips.items():
+        end = min(len(clip), done[slot] + step)
+        if end > done[slot]:
+            new[slot], done[slot] = clip[done[slot] : end], end
+    return new
+
+
 def test_stream_decoder_joins_to_the_one_shot_decode(codec):
     # Two requests in interleaved slots, chunks of serve's sizes and odd ones, one slot
     # reused after a reset: every chunk continues its own request's past exactly.
@@ -479,12 +489,7 @@ def test_stream_decoder_joins_to_the_one_shot_decode(codec):
     assert codec.stream_decoder(2) is sd  # kept, caches reused
     parts, done = {2: [], 0: []}, {2: 0, 0: 0}
     for step in (4, 16, 7, 16, 16):
-        new = {}
-        for slot, clip in ((2, a), (0, b)):
-            end = min(len(clip), done[slot] + step)
-            if end > done[slot]:
-                new[slot], done[slot] = clip[done[slot] : end], end
-        for slot, audio in sd.decode(new).items():
+        for slot, audio in sd.decode(_next_chunks({2: a, 0: b}, done, step)).items():
             parts[slot].append(audio)
     for slot, ref in ((2, one[0]), (0, one[1])):
         got = np.concatenate(parts[slot])
@@ -503,14 +508,9 @@ def test_padded_stream_decode_is_the_eager_one(codec):
 
     clips = _clips([30, 23, 12], seed=5)
     eager, padded = StreamDecoder(codec, 5, "eager"), StreamDecoder(codec, 5, "padded")
-    done = [0, 0, 0]
+    done = dict.fromkeys((4, 0, 2), 0)
     for step in (4, 7, 5, 16):
-        new = {}
-        for slot, clip in zip((4, 0, 2), clips, strict=True):
-            i = (4, 0, 2).index(slot)
-            end = min(len(clip), done[i] + step)
-            if end > done[i]:
-                new[slot], done[i] = clip[done[i] : end], end
+        new = _next_chunks(dict(zip((4, 0, 2), clips, strict=True)), done, step)
         a, b = eager.decode(new), padded.decode(new)
         assert a.keys() == b.keys() == new.keys()
         for slot in new:
@@ -534,12 +534,7 @@ def test_stream_decode_in_pieces_joins_and_keeps_its_audio(codec):
         sd = StreamDecoder(codec, 3, mode, piece_frames=4)
         parts, done, handed = {1: [], 2: []}, {1: 0, 2: 0}, []
         for step in (3, 9, 16, 1, 16):
-            new = {}
-            for slot, clip in ((1, a), (2, b)):
-                end = min(len(clip), done[slot] + step)
-                if end > done[slot]:
-                    new[slot], done[slot] = clip[done[slot] : end], end
-            for slot, audio in sd.decode(new).items():
+            for slot, audio in sd.decode(_next_chunks({1: a, 2: b}, done, step)).items():
                 parts[slot].append(audio)
                 handed.append((audio, audio.copy()))
         assert all(np.array_equal(audio, copy) for audio, copy in handed), mode
