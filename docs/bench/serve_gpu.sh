@@ -15,7 +15,8 @@
 #   SIZE=tiny DEVICE=cpu REQUESTS=2 TEXT="Hi there." bash docs/bench/serve_gpu.sh /tmp/serve-out 1,2
 # (on a CPU the memory cap is ignored with a log line; the second run still uses int8).
 # Other knobs: TEXT (every request's text; default: the load generator's 4 sentences, ~41 s of
-# audio on the fake weights, a minute a request on a CPU), PARTS (main,cap), WORK (weights + configs), PYTHON, PORT, CAP_GB, CAP_LEVELS (default 1),
+# audio on the fake weights, a minute a request on a CPU), PARTS (main,cap), WORK (weights +
+# configs), PYTHON, PORT, CAP_GB, CAP_LEVELS (default 1),
 # REQUESTS (per level; default max(16, ROUNDS x level), ROUNDS default 4), STREAM_DECODES (e.g.
 # eager,graphs: the main part once per moss-fast runtime.stream_decode, side by side -> OUT/serve-MODE.json; default:
 # once, the config's default -> OUT/serve.json).

@@ -203,7 +203,8 @@ class StreamDecoder:
         audio [len(items), frames * hop, channels] on the host (rows past a request's own
         frames are padding)."""
         codec = self.codec
-        B, N = len(items), max(len(c) for _, c in items)
+        longest = max(len(c) for _, c in items)
+        B, N = len(items), longest
         if self.mode != "eager":
             B, N = pow2(B), min(pow2(N), self.piece)
         grid = torch.zeros(B, N, codec.n_vq, dtype=torch.long)
@@ -219,7 +220,7 @@ class StreamDecoder:
             x = self._run(grid.to(dev), slots.to(dev), pos.to(dev), lens.to(dev))
         else:
             x = self._run_bucket(grid, slots, pos, lens)
-        x = x[: len(items), : max(len(c) for _, c in items) * codec.hop]
+        x = x[: len(items), : longest * codec.hop]
         if x.device.type != "cuda":
             return x.clone().numpy()  # not a view of a bucket's buffer, which the next call reuses
         # into page-locked host memory: a pageable copy of a busy service's audio took tens of
