@@ -9,6 +9,16 @@ written into a hidden sibling and renamed into place; a re-export links the shar
 and audio did not change from the previous one (``bestofn_export.json`` holds their
 fingerprints) and writes only the others."""
 
-from bestofn.export.core import ExportError, ExportSettings, export_results
+from __future__ import annotations
 
 __all__ = ["ExportError", "ExportSettings", "export_results"]
+
+
+def __getattr__(name: str):
+    # on first use: importing a submodule (the CLI's export.command, the worker's export.rows)
+    # runs this file, and export.core's pandas and pyarrow cost every `bestofn` command's start
+    if name in __all__:
+        from bestofn.export import core
+
+        return getattr(core, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
