@@ -547,6 +547,95 @@ def test_stream_decode_in_pieces_joins_and_keeps_its_audio(codec):
         StreamDecoder(codec, 2, "eager", piece_frames=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_ring_kernel_computes_what_the_eager_stream_piece_does(
+    interpreted_kernels, dtype
+):
+    """The streaming decode's q/k/v piece as one kernel, through Triton's CPU interpreter: the
+    same RoPE'd q as the eager piece, the same k and v written into the same ring entries, the
+    other entries untouched; also a stage without RoPE and a head width whose half is not a
+    power of two, and more rows than a program owns."""
+    from bestofn.moss.codec.stream import heads_to_ring
+
+    kernels = interpreted_kernels[0]
+    g = torch.Generator().manual_seed(19)
+    for B, N, H, dh, rope in ((3, 5, 2, 8, True), (2, 7, 3, 12, True),
+                              (5, kernels.BLOCK_T // 2 + 3, 1, 4, False)):  # fmt: skip
+        qkv = torch.randn(B, N, 3 * H * dh, generator=g).to(dtype)
+        ang = torch.rand(B, N, dh // 2, generator=g) * 6
+        cos, sin = (ang.cos(), ang.sin()) if rope else (None, None)
+        entries = 2 * B * N + 3
+        dest = torch.randperm(entries, generator=g)[: B * N]  # each new step its own entry
+        rings = [torch.randn(entries, H, dh, generator=g).to(dtype) for _ in range(2)]
+        want_rings = [r.clone() for r in rings]
+        want = heads_to_ring(qkv, cos, sin, dest, *want_rings, H)
+        got = kernels.ring_heads(qkv, cos, sin, dest, *rings, H)
+        assert got.shape == want.shape == (B, H, N, dh) and got.dtype == dtype
+        tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=8e-3, atol=8e-3)
+        # float32 throughout, as eager; the kernel may fuse a multiply-add (one rounding)
+        torch.testing.assert_close(got, want, **tol)
+        torch.testing.assert_close(rings[0], want_rings[0], **tol)
+        assert torch.equal(rings[1], want_rings[1])  # v is a plain copy, written in place
+        kept = torch.ones(entries, dtype=torch.bool)
+        kept[dest] = False
+        assert torch.equal(rings[0][kept], want_rings[0][kept])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_ring_attention_computes_what_the_eager_stream_attention_does(
+    interpreted_kernels, dtype
+):
+    """The streaming decode's attention as one kernel, through Triton's CPU interpreter, against
+    the eager piece (each row's ring gathered, SDPA under the window mask): rows at the start of
+    their stream (steps before 0 hold nothing) and far into it (the ring wrapped), windows
+    shorter and longer than a program's queries, rows in any slot, heads narrower than 16."""
+    from bestofn.moss.codec.stream import ring_window_attention
+
+    kernels = interpreted_kernels[0]
+    g = torch.Generator().manual_seed(23)
+    fp32 = dtype == torch.float32
+    for B, H, N, dh, window, pos in ((3, 2, 5, 16, 7, (0, 3, 40)),
+                                     (2, 1, kernels.ATTN_BLOCK_M + 9, 8, 20, (1000, 2)),
+                                     (1, 2, 3, 12, kernels.ATTN_BLOCK_N + 5, (77,))):  # fmt: skip
+        slots_n, R = B + 2, window - 1 + N
+        rings = [torch.randn(slots_n, R, H, dh, generator=g).to(dtype) for _ in range(2)]
+        q = torch.randn(B, H, N, dh, generator=g).to(dtype)
+        slots = torch.randperm(slots_n, generator=g)[:B]
+        pos = torch.tensor(pos)
+        want = ring_window_attention(q, *rings, slots, pos, window)
+        got = kernels.ring_attention(q, *rings, slots, pos, window)
+        assert got.shape == want.shape == (B, N, H * dh) and got.dtype == dtype
+        tol = dict(rtol=1e-5, atol=1e-5) if fp32 else dict(rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(got.double(), want.double(), **tol)
+
+
+def test_stream_decode_on_the_compiled_pieces_is_the_eager_stream(interpreted_kernels, ckpt):
+    """The streaming decode with every decoder stage on the compiled pieces (its ring kernel and
+    the layers' fused norm, through Triton's interpreter; padded as the CUDA graphs pad) against
+    the eager stream, chunk after chunk, and joined, against the one-shot decode."""
+    from bestofn.moss.codec.layers import Transformer
+    from bestofn.moss.codec.stream import StreamDecoder
+
+    codec = MossAudioTokenizer(ckpt, compute_dtype="fp32", n_vq=12)
+    compiled = MossAudioTokenizer(ckpt, compute_dtype="fp32", n_vq=12)
+    for s in compiled.decoder:
+        if isinstance(s, Transformer):
+            s.kernels = "compiled"
+    clips = dict(zip((2, 0), _clips([26, 19], seed=29), strict=True))
+    eager, fused = StreamDecoder(codec, 3, "eager"), StreamDecoder(compiled, 3, "padded")
+    done, parts = dict.fromkeys(clips, 0), {slot: [] for slot in clips}
+    for step in (4, 9, 16):
+        new = _next_chunks(clips, done, step)
+        a, b = eager.decode(new), fused.decode(new)
+        for slot in new:
+            np.testing.assert_allclose(b[slot], a[slot], rtol=0, atol=1e-5 * np.abs(a[slot]).max())
+            parts[slot].append(b[slot])
+    one = codec.decode(list(clips.values()))
+    for slot, ref in zip(clips, one, strict=True):
+        got = np.concatenate(parts[slot])
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+
+
 def test_serve_stream_with_the_v2_codec_is_the_workflow_take(ckpt):
     import torch
 

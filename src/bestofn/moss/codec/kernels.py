@@ -1,4 +1,4 @@
-"""The codec decoder's two pieces between its matmuls as hand-written Triton kernels (CUDA only).
+"""The codec decoder's pieces between its matmuls as hand-written Triton kernels (CUDA only).
 
 ``heads_rope`` computes ``bestofn.moss.codec.layers.heads_with_rope``: the fused q|k|v
 projection's output [B, T, 3 * H * dh] split into heads, RoPE on interleaved pairs of q and k
@@ -27,6 +27,10 @@ queries against two blocks of keys under a mask (half the scores thrown away), i
 whose outputs are then copied twice into that layout (the ``cat`` alone was a visible share
 of the decode). Here a program owns one (clip, head) and BLOCK_M queries,
 visits only the key tiles its window reaches, and needs no padding to whole window blocks.
+
+``ring_heads`` and ``ring_attention`` are the streaming decode's versions of the first and
+last (``codec.stream.heads_to_ring``, ``ring_window_attention``): k and v go straight into each
+request's ring of past keys, and the attention reads the ring in place, by absolute step.
 
 Import this module only where Triton imports (``codec_layers.resolve_kernels`` checks); the
 tests run it through Triton's interpreter on the CPU where Triton is installed.
@@ -96,6 +100,67 @@ def heads_rope(qkv, cos, sin, heads: int, padded_steps: int):
         BLOCK=BLOCK_T,
     )  # fmt: skip
     return out[0], out[1], out[2]
+
+
+@triton.jit
+def _ring_heads_kernel(
+    qkv, cos, sin, dest, q_out, ring_k, ring_v, rows, N,
+    H: tl.constexpr, DH: tl.constexpr, DH_P2: tl.constexpr, ROPE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    blk, h, which = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    r = blk * BLOCK + tl.arange(0, BLOCK)  # a row is one new step of one request: b * N + n
+    d = tl.arange(0, DH_P2)
+    live = r < rows
+    load = live[:, None] & (d < DH)[None, :]
+    src = qkv + r.to(tl.int64)[:, None] * (3 * H * DH) + which * (H * DH) + h * DH
+    x = tl.load(src + d[None, :], mask=load, other=0.0).to(tl.float32)
+    if ROPE:
+        if which < 2:
+            even, odd = tl.split(tl.reshape(x, (BLOCK, DH_P2 // 2, 2)))
+            j = tl.arange(0, DH_P2 // 2)
+            pair = live[:, None] & (j < DH // 2)[None, :]
+            angle = r.to(tl.int64)[:, None] * (DH // 2) + j[None, :]
+            c = tl.load(cos + angle, mask=pair, other=1.0)
+            s = tl.load(sin + angle, mask=pair, other=0.0)
+            x = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), (BLOCK, DH_P2))
+    x = _round(x, q_out.dtype.element_ty)  # q, k, v and the rings share the stage's dtype
+    if which == 0:  # q[b, h, n, :]
+        at = (((r // N) * H + h).to(tl.int64) * N + r % N) * DH
+        tl.store(q_out + at[:, None] + d[None, :], x, mask=load)
+    else:  # the ring's entry dest[r], head h
+        at = tl.load(dest + r, mask=live, other=0).to(tl.int64) * (H * DH) + h * DH
+        if which == 1:
+            tl.store(ring_k + at[:, None] + d[None, :], x, mask=load)
+        else:
+            tl.store(ring_v + at[:, None] + d[None, :], x, mask=load)
+
+
+def ring_heads(qkv, cos, sin, dest, ring_k, ring_v, heads: int):
+    """``codec.stream.heads_to_ring`` in one launch: the fused projection's output
+    [B, N, 3 * heads * dh] of N new steps per request -> q [B, heads, N, dh] (RoPE'd at ``cos``,
+    ``sin`` [B, N, dh / 2], float32, or None), and k (RoPE'd) and v written straight into the
+    rings ([entries, heads, dh]) at entries ``dest`` [B * N]: no q/k/v copies, no float32
+    temporaries, no separate ring write."""
+    B, N, width = qkv.shape
+    dh = width // (3 * heads)
+    if not ring_k.dtype == ring_v.dtype == qkv.dtype:
+        raise ValueError(f"ring_heads: rings {ring_k.dtype}, {ring_v.dtype}; q|k|v {qkv.dtype}")
+    qkv = qkv.contiguous()
+    q = torch.empty((B, heads, N, dh), dtype=qkv.dtype, device=qkv.device)
+    rows = B * N
+    if rows == 0:
+        return q
+    rope = cos is not None
+    if rope:
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+    else:  # unused by the kernel: any tensor stands for the pointers
+        cos = sin = qkv
+    _ring_heads_kernel[(triton.cdiv(rows, BLOCK_T), heads, 3)](
+        qkv, cos, sin, dest.contiguous(), q, ring_k, ring_v, rows, N,
+        H=heads, DH=dh, DH_P2=max(2, triton.next_power_of_2(dh)), ROPE=rope, BLOCK=BLOCK_T,
+    )  # fmt: skip
+    return q
 
 
 @triton.jit
@@ -250,6 +315,61 @@ except ImportError:  # no interpreter in this Triton: nothing is interpreted
 _INTERPRETED = isinstance(_window_attention_kernel, InterpretedFunction)
 
 
+@triton.jit
+def _ring_attention_kernel(
+    q, ring_k, ring_v, slots, pos, out, N, R, window, qk_scale,
+    H: tl.constexpr, DH: tl.constexpr, DH_P2: tl.constexpr, F32_DOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+):  # fmt: skip
+    blk, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    slot = tl.load(slots + b).to(tl.int64)
+    first = tl.load(pos + b).to(tl.int64)  # the row's absolute step of its new step 0
+    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    d = tl.arange(0, DH_P2)
+    real_d = d < DH
+    live = (rows < N)[:, None] & real_d[None, :]
+    qt = tl.load(q + (bh.to(tl.int64) * N + rows[:, None]) * DH + d[None, :], mask=live, other=0.0)
+    steps = first + rows  # the queries' absolute steps
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, DH_P2], tl.float32)
+    # keys by absolute step, from the first query's window start: TILES tiles cover the block's
+    # windows. Step s sits at ring entry s % R (the ring holds every step a window here needs);
+    # steps before 0 hold nothing, and steps after a query, its future, include the entries of
+    # padded steps, which were never written there
+    lo = first + blk * BLOCK_M - window + 1
+    row = slot * R
+    for j in range(TILES):
+        cols = lo + j * BLOCK_N + tl.arange(0, BLOCK_N)
+        at = (row + tl.where(cols >= 0, cols, 0) % R) * (H * DH) + h * DH
+        kt = tl.load(ring_k + at[None, :] + d[:, None], mask=real_d[:, None], other=0.0)
+        if F32_DOTS:
+            s = tl.dot(qt.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+        else:
+            s = tl.dot(qt, kt)
+        gap = steps[:, None] - cols[None, :]
+        seen = (gap >= 0) & (gap < window) & (cols >= 0)[None, :]
+        s = tl.where(seen, s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(ring_v + at[:, None] + d[None, :], mask=real_d[None, :], other=0.0)
+        if F32_DOTS:
+            pv = tl.dot(
+                _round(p, vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee"
+            )
+        else:
+            pv = tl.dot(p.to(vt.dtype), vt)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    dst = out + (b * N + rows[:, None]).to(tl.int64) * (H * DH) + h * DH + d[None, :]
+    tl.store(dst, o.to(out.dtype.element_ty), mask=live)
+
+
 def window_attention_fits(q) -> bool:
     """Whether ``window_attention`` takes q (and k, v shaped alike): a head width up to
     ATTN_MAX_DH, a float dtype it computes in, the grid within CUDA's second-axis limit."""
@@ -259,6 +379,30 @@ def window_attention_fits(q) -> bool:
         and 0 < dh <= ATTN_MAX_DH
         and B * H <= 65535
     )
+
+
+def ring_attention(q, ring_k, ring_v, slots, pos, window: int):
+    """``codec.stream.ring_window_attention`` in one launch: q [B, H, N, dh], the new steps of
+    each row, row b at absolute steps ``pos[b]``.. of slot ``slots[b]`` of the rings
+    [slots, R, H, dh] (step s at entry s % R) -> [B, N, H * dh]. Query step t sees the steps
+    max(0, t - window + 1)..t; a program visits only the tiles its queries' windows reach,
+    read from the rings in place (no gather of each row's ring)."""
+    B, H, N, dh = q.shape
+    R = ring_k.shape[1]
+    q = q.contiguous()
+    out = torch.empty((B, N, H * dh), dtype=q.dtype, device=q.device)
+    if B * H * N == 0:
+        return out
+    block_m = min(ATTN_BLOCK_M, max(16, triton.next_power_of_2(N)))
+    tiles = triton.cdiv(block_m + window - 1, ATTN_BLOCK_N)
+    _ring_attention_kernel[(triton.cdiv(N, block_m), B * H)](
+        q, ring_k, ring_v, slots, pos, out, N, R, window, LOG2_E / dh**0.5,
+        H=H, DH=dh, DH_P2=max(16, triton.next_power_of_2(dh)),
+        F32_DOTS=q.dtype == torch.float32 or _INTERPRETED,
+        BLOCK_M=block_m, BLOCK_N=ATTN_BLOCK_N, TILES=tiles,
+        num_warps=ATTN_WARPS, num_stages=ATTN_STAGES,
+    )  # fmt: skip
+    return out
 
 
 def window_attention(q, k, v, window: int | None, length: int | None = None):

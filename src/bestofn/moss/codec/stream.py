@@ -12,12 +12,13 @@ State lives in slots (``StreamDecoder(codec, slots)``): per stage and layer a ri
 values per slot (RoPE already applied), ``context - 1`` steps plus the most new steps one call
 brings (``piece_frames``; about 130 MB per slot for the real v2 decoder in bf16 at 16 frames),
 plus the frames each slot has seen. A call writes its new keys into the rings in place, then
-each row attends to its ring, masked to the window by each entry's absolute step: one gather of
-the ring per layer, where gathering the window, appending the new keys and writing the last
-window back cost four copies of it. ``decode({slot: new codes})`` appends; ``reset(slot)``
-starts a slot over (a new request). The residual adds and LayerNorms between the matmuls are
-the one-shot decode's pieces (``codec_layers.layer_pieces``: one Triton kernel each on the
-``compiled`` path), so the stream rounds as the one-shot decode does.
+each row attends to its ring, step s at entry s % ring, masked to the window by absolute step.
+``decode({slot: new codes})`` appends; ``reset(slot)`` starts a slot over (a new request). On
+the ``compiled`` path (``ring_pieces``) the q/k/v split, RoPE and ring write are one Triton
+kernel, and the attention another that reads only the ring entries its queries' windows reach,
+in place; the plain pieces gather each row's ring per layer and score all of it. The residual
+adds and LayerNorms between the matmuls are the one-shot decode's pieces
+(``codec_layers.layer_pieces``), so the stream rounds as the one-shot decode does.
 
 CUDA graphs (``mode="graphs"``, the default on CUDA): a call is a few thousand small kernels
 (every layer's norms, projections, RoPE, cache reads and writes), so at a few requests a call
@@ -61,6 +62,59 @@ class _StageCache:
         self.v = [torch.zeros(shape, dtype=stage.dtype, device=device) for _ in stage.layers]
 
 
+def heads_to_ring(qkv, cos, sin, dest, ring_k, ring_v, heads: int) -> torch.Tensor:
+    """The fused projection's output [B, N, 3 * heads * dh] of N new steps per request -> q
+    [B, heads, N, dh], RoPE'd at ``cos``, ``sin`` [B, N, dh / 2] (None: no RoPE); k (RoPE'd)
+    and v written into the rings ([entries, heads, dh]) at entries ``dest`` [B * N]."""
+    B, N, _ = qkv.shape
+    q, k, v = qkv.view(B, N, 3, heads, -1).unbind(2)
+    if cos is not None:
+        q, k = (rotate_pairs(t, cos[:, :, None], sin[:, :, None]) for t in (q, k))
+    ring_k.index_copy_(0, dest, k.reshape(B * N, heads, -1))
+    ring_v.index_copy_(0, dest, v.reshape(B * N, heads, -1))
+    return q.transpose(1, 2)
+
+
+def ring_window_attention(q, ring_k, ring_v, slots, pos, window: int, memo: dict | None = None):
+    """q [B, H, N, dh]: the new steps of each row, row b at absolute steps ``pos[b]``.. of slot
+    ``slots[b]`` of the rings [slots, R, H, dh] (step s at entry s % R, its keys and values
+    already written) -> [B, N, H * dh]. Query step t sees steps max(0, t - window + 1)..t.
+    ``memo``: a dict kept across one call's layers (their mask is the same)."""
+    B, H, N, dh = q.shape
+    R = ring_k.shape[1]
+    memo = {} if memo is None else memo
+    if "mask" not in memo:
+        qpos = pos[:, None] + torch.arange(N, device=q.device)  # [B, N]
+        # the step each entry holds: the latest s <= the row's last step with s = entry mod R.
+        # Entries of padded steps were not written (they hold older steps) but their step is
+        # after every valid query: masked as the future
+        last = qpos[:, -1:]
+        kpos = last - (last - torch.arange(R, device=q.device)[None, :]) % R  # [B, R]
+        delta = qpos[:, :, None] - kpos[:, None, :]
+        memo["mask"] = ((kpos[:, None, :] >= 0) & (delta >= 0) & (delta < window))[:, None]
+    keys = ring_k.index_select(0, slots).transpose(1, 2)  # [B, H, R, dh]
+    values = ring_v.index_select(0, slots).transpose(1, 2)
+    a = F.scaled_dot_product_attention(q, keys, values, attn_mask=memo["mask"])
+    return a.transpose(1, 2).reshape(B, N, H * dh)
+
+
+def ring_pieces(kernels: str):
+    """(``heads_to_ring``, ``ring_window_attention``) for ``kernels``: plain, or (``compiled``)
+    each one Triton kernel (``codec.kernels``). The plain pieces' float32 RoPE temporaries and
+    ring write were about a quarter of a busy service's streaming decode (H100 profile); the
+    plain attention gathers each row's whole ring per layer and scores every entry of it."""
+    if kernels == "eager":
+        return heads_to_ring, ring_window_attention
+    from bestofn.moss.codec.kernels import ring_attention, ring_heads, window_attention_fits
+
+    def attend(q, ring_k, ring_v, slots, pos, window, memo=None):
+        if not window_attention_fits(q):
+            return ring_window_attention(q, ring_k, ring_v, slots, pos, window, memo)
+        return ring_attention(q, ring_k, ring_v, slots, pos, window)
+
+    return ring_heads, attend
+
+
 def _stream_stage(stage: Transformer, cache: _StageCache, slots, scratch, pos, lens, x):
     """One stage on new steps x [B, N, in] of rows at absolute step ``pos`` [B] with ``lens``
     [B] valid new steps (N <= the ring's room for new steps); writes the rows' valid new keys
@@ -77,34 +131,22 @@ def _stream_stage(stage: Transformer, cache: _StageCache, slots, scratch, pos, l
     # where each new step goes: its ring index in its row's slot, the scratch slot if padded
     valid = steps[None, :] < lens[:, None]
     dest = (torch.where(valid, slots[:, None], scratch) * R + qpos % R).reshape(-1)
-    # the step each ring entry holds once this call's steps are in: the latest s <= the row's
-    # last step (pos + N - 1) with s = index mod R. Entries of padded steps were not written
-    # (they hold older steps) but their step is after every valid query: masked as the future
-    last = qpos[:, -1:]
-    kpos = last - (last - torch.arange(R, device=x.device)[None, :]) % R  # [B, R]
-    delta = qpos[:, :, None] - kpos[:, None, :]
-    window = c.context or R
-    mask = ((kpos[:, None, :] >= 0) & (delta >= 0) & (delta < window))[:, None]
     cos = sin = None
     if c.rope:
         half = torch.arange(dh // 2, device=x.device, dtype=torch.float32)
         freqs = torch.exp(half * (-math.log(c.max_period) * 2 / dh))
-        ang = qpos.float()[:, :, None, None] * freqs  # [B, N, 1, dh/2]
+        ang = qpos.float()[:, :, None] * freqs  # [B, N, dh/2]: the one-shot tables' values
         cos, sin = torch.cos(ang), torch.sin(ang)
     _, _, add_norm = layer_pieces(stage.kernels)
+    to_ring, attend = ring_pieces(stage.kernels)
+    window, memo = c.context or R, {}
     layers = stage.layers
     h = layers[0]["norm1"](x) if layers else x
     for i, L in enumerate(layers):
-        q, k, v = L["qkv"](h).to(stage.dtype).view(B, N, 3, H, dh).unbind(2)
-        if cos is not None:
-            q, k = rotate_pairs(q, cos, sin), rotate_pairs(k, cos, sin)
         ring_k, ring_v = (r.view(-1, H, dh) for r in (cache.k[i], cache.v[i]))
-        ring_k.index_copy_(0, dest, k.reshape(B * N, H, dh))
-        ring_v.index_copy_(0, dest, v.reshape(B * N, H, dh))
-        keys = cache.k[i].index_select(0, slots).transpose(1, 2)  # [B, H, R, dh]
-        values = cache.v[i].index_select(0, slots).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=mask)
-        u = L["o"](a.transpose(1, 2).reshape(B, N, D)).to(stage.dtype)
+        q = to_ring(L["qkv"](h).to(stage.dtype), cos, sin, dest, ring_k, ring_v, H)
+        a = attend(q, cache.k[i], cache.v[i], slots, pos, window, memo)
+        u = L["o"](a).to(stage.dtype)
         x, h = stage._residual(add_norm, x, u, L["layer_scale_1"], L["norm2"])
         u = L["fc2"](F.gelu(L["fc1"](h).to(stage.dtype))).to(stage.dtype)
         following = layers[i + 1]["norm1"] if i + 1 < len(layers) else None
