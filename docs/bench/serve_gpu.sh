@@ -17,7 +17,8 @@
 # Other knobs: TEXT (every request's text; default: the load generator's 4 sentences, ~41 s of
 # audio on the fake weights, a minute a request on a CPU), PARTS (main,cap), WORK (weights +
 # configs), PYTHON, PORT, CAP_GB, CAP_LEVELS (default 1),
-# REQUESTS (per level; default max(16, ROUNDS x level), ROUNDS default 4), STREAM_DECODES (e.g.
+# REQUESTS (per level; default max(MIN_REQUESTS, ROUNDS x level), MIN_REQUESTS default 16, ROUNDS
+# default 4), STREAM_DECODES (e.g.
 # eager,graphs: the main part once per moss-fast runtime.stream_decode, side by side -> OUT/serve-MODE.json; default:
 # once, the config's default -> OUT/serve.json).
 set -euo pipefail
@@ -30,7 +31,7 @@ device=${DEVICE:-cuda}
 port=${PORT:-8123}
 cap_gb=${CAP_GB:-8}
 cap_levels=${CAP_LEVELS:-1}
-requests="${REQUESTS:+--requests $REQUESTS} ${ROUNDS:+--rounds $ROUNDS}"
+requests="${REQUESTS:+--requests $REQUESTS} ${ROUNDS:+--rounds $ROUNDS} ${MIN_REQUESTS:+--min-requests $MIN_REQUESTS}"
 text=(${TEXT:+--text "$TEXT"})
 max_batch=$(echo "$levels" | tr ',' '\n' | sort -n | tail -1)
 max_batch=$((max_batch > 1 ? max_batch : 1))

@@ -181,7 +181,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--url", default="http://127.0.0.1:8000")
     ap.add_argument("--api-key")
     ap.add_argument("--concurrency", default="1,16,64,128", help="comma-separated levels")
-    ap.add_argument("--requests", type=int, help="per level (default: max(16, ROUNDS x level))")
+    ap.add_argument("--requests", type=int, help="per level (default: max(MIN, ROUNDS x level))")
+    ap.add_argument("--min-requests", type=int, default=16,
+                    help="the fewest requests at a level (with --requests unset)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=4,
                     help="requests per client at each level (with --requests unset)")  # fmt: skip
     ap.add_argument("--warmup", type=int, default=2, help="requests before measuring")
@@ -235,7 +237,7 @@ def main(argv: list[str]) -> int:
     print("| concurrency | requests | ok | audio-s/s | TTFA mean ms | p50 | p95 | RTF mean |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for k, c in enumerate(levels):
-        n = args.requests or max(16, args.rounds * c)
+        n = args.requests or max(args.min_requests, args.rounds * c)
         warm_s = None
         if args.level_warmup:
             t1 = time.perf_counter()

@@ -2,10 +2,11 @@
 same codec and the same audio: milliseconds per audio-second of each, and the top ops of one
 streaming call.
 
-The service decodes each request's new frames as they come (``StreamDecoder.decode``: every
-layer reads and rewrites its window of cached keys and values, ``bestofn.moss.codec.stream``),
-the workflow a whole take at once (``Codec.decode``). Requests are mid-stream (their caches
-full), as at a busy service's steady state. Random codes; the cost does not depend on them.
+The service decodes each request's new frames as they come (``StreamDecoder.decode``: each
+request's new steps attend to its own ring of cached keys and values,
+``bestofn.moss.codec.stream``), the workflow a whole take at once (``Codec.decode``). Requests
+are mid-stream (their caches full), as at a busy service's steady state. Random codes; the cost
+does not depend on them.
 
     PYTHONPATH=src:. python3 -m lab.probes.stream_codec --codec-dir W/MOSS-Audio-Tokenizer-v2 \\
         --requests 128 --frames 16 [--modes graphs,eager] [--profile 18] [--out FILE]
