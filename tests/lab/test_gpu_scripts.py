@@ -280,6 +280,7 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
     for r in rows:
         assert r["audio_s"] > 0 and r["decode_loop_s"] > 0 and r["codec_s"] > 0
         assert r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3
+        assert 0 < r["first_codes_mean_ms"] < r["ttfa_mean_ms"]  # frames come before their audio
 
 
 def test_stream_codec_smoke(tiny_weights, tmp_path):
