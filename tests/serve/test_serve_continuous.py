@@ -137,6 +137,63 @@ def test_a_request_joined_mid_flight_gets_the_audio_it_gets_alone(moss):
     assert any(not np.array_equal(o, joined[1]) for o in others)
 
 
+def test_first_chunks_are_decoded_and_handed_out_before_the_others_chunks(moss, monkeypatch):
+    """A block where joiners' first chunks and a running request's next chunk are both due:
+    the first chunks go through the codec in a call of their own and are handed out before the
+    running request's chunk is decoded (a joiner's first audio does not wait for the batch's
+    big call). First chunks are FIRST_CHUNK_FRAMES frames with no overlap; later ones carry
+    OVERLAP_FRAMES of left context, so a call's windows tell which kind it decodes."""
+    from bestofn.moss.continuous import decoder_for
+    from bestofn.moss.stream import FIRST_CHUNK_FRAMES
+
+    events = []
+    decode, dec = moss.codec.decode, decoder_for(moss.engine)
+    run = dec.run
+
+    def recording(windows):
+        kinds = {len(w) <= FIRST_CHUNK_FRAMES for w in windows}
+        assert len(kinds) == 1, f"one call decoded first and later chunks: {windows}"
+        events.append(("call", "first" if kinds.pop() else "later"))
+        return decode(windows)
+
+    def blocks(*a, **k):
+        for block in run(*a, **k):
+            events.append(("block",))
+            yield block
+
+    monkeypatch.setattr(moss.codec, "decode", recording)
+    monkeypatch.setattr(dec, "run", blocks)
+    long = spec("one two three four five six seven", 11)
+    late = [spec("Good morning to you.", 5), spec("It is late.", 9)]
+    # joining at each sync in turn: where the join lands on the block in which the long request
+    # ends, its last chunk and the joiners' first chunks are due together
+    for sync in range(2, 13):
+        asked, later = [0], list(late)
+
+        def take(n, sync=sync, asked=asked, later=later):
+            asked[0] += 1
+            out = later[:n] if asked[0] >= sync else []
+            del later[: len(out)]
+            return out
+
+        feed = speech.Feed(take, lambda i: False, 8)
+        for i, _audio, _last in speech.stream_batch(moss, [long], feed):
+            events.append(("chunk", i))
+    per_block, block = [], []
+    for e in [*events, ("block",)][1:]:
+        if e[0] == "block":
+            per_block.append(block)
+            block = []
+        else:
+            block.append(e)
+    both = [b for b in per_block if ("call", "first") in b and ("call", "later") in b]
+    assert both, "no block had both kinds due: the check below could not fail"
+    for b in both:  # first chunks decoded, then handed out, then the later chunk decoded
+        later = b.index(("call", "later"))
+        assert b.index(("call", "first")) < later
+        assert any(e[0] == "chunk" for e in b[:later]) and b[later + 1 :]
+
+
 def test_more_requests_than_rows_wait_for_free_rows_and_keep_their_audio(moss_stops):
     """Rows stop at random frames; 7 requests through at most 2 rows at once: later ones take
     the rows that free up (and the state grows 1 -> 2 rows mid-flight)."""

@@ -5,7 +5,8 @@ Requests (different texts, voices, seeds and frame budgets) run in one continuou
 finished requests leave their row, and requests that arrived meanwhile (``feed``) join free
 rows. A request's first ``FIRST_CHUNK_FRAMES`` frames, then every ``CHUNK_FRAMES`` more (and
 whatever is left when it stops), go through the codec in one batched decode of all the requests
-that are ready. A codec with ``stream_decoder`` (MOSS-Audio-Tokenizer v1 and v2, ours) gets only
+that are ready; first chunks in a call of their own, handed out before the others' are decoded.
+A codec with ``stream_decoder`` (MOSS-Audio-Tokenizer v1 and v2, ours) gets only
 the new frames: each request holds a slot of per-layer key/value caches, so the chunks join to
 the one-shot decode exactly (``bestofn.moss.codec.stream``; float rounding aside). Any other
 codec gets windows that start ``OVERLAP_FRAMES`` before the frames they emit, the audio of that
@@ -113,6 +114,42 @@ def stream_batch(
         mode = gen.options.get("stream_decode", "auto")
         streamer = codec.stream_decoder(max_batch, None if mode == "auto" else mode)
     free_slots, slot_of = list(range(max_batch)), {}
+
+    def emit(ready, done, windows, skip):
+        """Decode the new frames of the ``ready`` requests in one codec call and hand out
+        (index, audio, last) for each."""
+        todo_ix = [i for i, b in enumerate(ready) if codes[b].shape[0] > emitted[b]]
+        audios: list = [empty] * len(ready)
+        if todo_ix and streamer is not None:
+            new = {}
+            for i in todo_ix:
+                b = ready[i]
+                if b not in slot_of:
+                    if not free_slots and cancelled is not None:
+                        # requests cancelled mid-stream end without a last update
+                        for k in [k for k in slot_of if cancelled(k)]:
+                            free_slots.append(slot_of.pop(k))
+                    slot_of[b] = free_slots.pop()
+                    streamer.reset(slot_of[b])
+                new[slot_of[b]] = codes[b][emitted[b] :]
+            decoded = streamer.decode(new)
+            for i in todo_ix:
+                audio = decoded[slot_of[ready[i]]]
+                audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
+        elif todo_ix:
+            decoded = decode_window(
+                codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
+            )
+            for i, audio in zip(todo_ix, decoded, strict=True):
+                audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
+        for b, audio, finished in zip(ready, audios, done, strict=True):
+            emitted[b] = codes[b].shape[0]
+            if finished:
+                codes[b] = codes[b][:0]  # its frames are no longer needed
+                if b in slot_of:
+                    free_slots.append(slot_of.pop(b))
+            yield b, audio, finished
+
     updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch)
     try:
         for block in updates:
@@ -133,37 +170,15 @@ def stream_batch(
                 skip.append(emitted[b] - w0)
             if not ready:
                 continue
-            todo_ix = [i for i, b in enumerate(ready) if codes[b].shape[0] > emitted[b]]
-            audios: list = [empty] * len(ready)
-            if todo_ix and streamer is not None:
-                new = {}
-                for i in todo_ix:
-                    b = ready[i]
-                    if b not in slot_of:
-                        if not free_slots and cancelled is not None:
-                            # requests cancelled mid-stream end without a last update
-                            for k in [k for k in slot_of if cancelled(k)]:
-                                free_slots.append(slot_of.pop(k))
-                        slot_of[b] = free_slots.pop()
-                        streamer.reset(slot_of[b])
-                    new[slot_of[b]] = codes[b][emitted[b] :]
-                decoded = streamer.decode(new)
-                for i in todo_ix:
-                    audio = decoded[slot_of[ready[i]]]
-                    audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
-            elif todo_ix:
-                decoded = decode_window(
-                    codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
-                )
-                for i, audio in zip(todo_ix, decoded, strict=True):
-                    audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
-            for b, audio, finished in zip(ready, audios, done, strict=True):
-                emitted[b] = codes[b].shape[0]
-                if finished:
-                    codes[b] = codes[b][:0]  # its frames are no longer needed
-                    if b in slot_of:
-                        free_slots.append(slot_of.pop(b))
-                yield b, audio, finished
+            # first chunks in a call of their own, handed out before the others' longer chunks
+            # are decoded: a joining request's time to first audio does not wait for the
+            # batch's big call, and its 4 frames are not padded to the others' 16
+            firsts = [i for i, b in enumerate(ready) if emitted[b] == 0]
+            rest = [i for i, b in enumerate(ready) if emitted[b] > 0]
+            for part in (firsts, rest):
+                if part:
+                    pick = [(ready[i], done[i], windows[i], skip[i]) for i in part]
+                    yield from emit(*(list(x) for x in zip(*pick, strict=True)))
         yield from report_failed()
     finally:
         updates.close()
