@@ -239,6 +239,41 @@ LOG2_E = 1.4426950408889634
 
 
 @triton.jit
+def _tile_scores(qt, kt, F32_DOTS: tl.constexpr):
+    """q [M, dh] . k^T [dh, N] of one tile; F32_DOTS: float32 products, no TF32 rounding (see
+    window_attention)."""
+    if F32_DOTS:
+        s = tl.dot(qt.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(qt, kt)
+    return s
+
+
+@triton.jit
+def _softmax_step(s, seen, qk_scale, m_i, l_i):
+    """The online softmax's step over one tile of scores (the FlashAttention recurrence, float32
+    statistics, base 2): (p, the old accumulator's factor alpha, new max, new sum)."""
+    s = tl.where(seen, s * qk_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # a row whose window starts after this whole tile has seen nothing yet: keep its exponents
+    # finite (its p and alpha are 0 then, as they must be)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _tile_values(p, vt, F32_DOTS: tl.constexpr):
+    """p [M, N] . v [N, dh], p rounded to v's dtype; F32_DOTS: the products exact in float32."""
+    if F32_DOTS:
+        pv = tl.dot(_round(p, vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(vt.dtype), vt)
+    return pv
+
+
+@triton.jit
 def _window_attention_kernel(
     q, k, v, out, T, Tq, window, qk_scale,
     H: tl.constexpr, DH: tl.constexpr, DH_P2: tl.constexpr, F32_DOTS: tl.constexpr,
@@ -272,33 +307,16 @@ def _window_attention_kernel(
             mask=(cols < T)[None, :] & real_d[:, None],
             other=0.0,
         )
-        if F32_DOTS:  # float32 products, no TF32 rounding (see window_attention)
-            s = tl.dot(qt.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(qt, kt)
+        s = _tile_scores(qt, kt, F32_DOTS)
         gap = rows[:, None] - cols[None, :]
         seen = (gap >= 0) & (gap < window) & (cols < T)[None, :]
-        s = tl.where(seen, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # a row whose window starts after this whole tile has seen nothing yet: keep its
-        # exponents finite (its p and alpha are 0 then, as they must be)
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s, seen, qk_scale, m_i, l_i)
         vt = tl.load(
             v + head + cols[:, None] * DH + d[None, :],
             mask=(cols < T)[:, None] & real_d[None, :],
             other=0.0,
         )
-        if F32_DOTS:  # p rounded to v's dtype as below, the products exact in float32
-            pv = tl.dot(
-                _round(p, vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee"
-            )
-        else:
-            pv = tl.dot(p.to(vt.dtype), vt)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        acc = acc * alpha[:, None] + _tile_values(p, vt, F32_DOTS)
     # every real row sees at least itself (l_i > 0); rows past T, never stored, may see nothing
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     # out[b, t, h * DH + d]: the layout the output projection reads, no copy after
@@ -344,27 +362,12 @@ def _ring_attention_kernel(
         cols = lo + j * BLOCK_N + tl.arange(0, BLOCK_N)
         at = (row + tl.where(cols >= 0, cols, 0) % R) * (H * DH) + h * DH
         kt = tl.load(ring_k + at[None, :] + d[:, None], mask=real_d[:, None], other=0.0)
-        if F32_DOTS:
-            s = tl.dot(qt.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
-        else:
-            s = tl.dot(qt, kt)
+        s = _tile_scores(qt, kt, F32_DOTS)
         gap = steps[:, None] - cols[None, :]
         seen = (gap >= 0) & (gap < window) & (cols >= 0)[None, :]
-        s = tl.where(seen, s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s, seen, qk_scale, m_i, l_i)
         vt = tl.load(ring_v + at[:, None] + d[None, :], mask=real_d[None, :], other=0.0)
-        if F32_DOTS:
-            pv = tl.dot(
-                _round(p, vt.dtype).to(tl.float32), vt.to(tl.float32), input_precision="ieee"
-            )
-        else:
-            pv = tl.dot(p.to(vt.dtype), vt)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        acc = acc * alpha[:, None] + _tile_values(p, vt, F32_DOTS)
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dst = out + (b * N + rows[:, None]).to(tl.int64) * (H * DH) + h * DH + d[None, :]
     tl.store(dst, o.to(out.dtype.element_ty), mask=live)
