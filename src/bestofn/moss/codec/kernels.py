@@ -33,7 +33,8 @@ last (``codec.stream.heads_to_ring``, ``ring_window_attention``): k and v go str
 request's ring of past keys, and the attention reads the ring in place, by absolute step.
 
 Import this module only where Triton imports (``codec_layers.resolve_kernels`` checks); the
-tests run it through Triton's interpreter on the CPU where Triton is installed.
+tests run it through Triton's interpreter on the CPU where Triton is installed, and compile it
+for sm_80 and sm_90 with no GPU (``tests/moss/kernels_for_gpus.py``).
 """
 
 from __future__ import annotations
