@@ -20,7 +20,8 @@
 # REQUESTS (per level; default max(MIN_REQUESTS, ROUNDS x level), MIN_REQUESTS default 16, ROUNDS
 # default 4), STREAM_DECODES (e.g.
 # eager,graphs: the main part once per moss-fast runtime.stream_decode, side by side -> OUT/serve-MODE.json; default:
-# once, the config's default -> OUT/serve.json).
+# once, the config's default -> OUT/serve.json), ADMIT_TOKENS (moss-fast runtime.speech_admit_tokens;
+# default: the config's, null).
 set -euo pipefail
 out=$(realpath -m "${1:?usage: serve_gpu.sh OUT [CONCURRENCY]}")
 levels=${2:-1,16,64,128}
@@ -38,7 +39,7 @@ max_batch=$((max_batch > 1 ? max_batch : 1))
 mkdir -p "$out" "$work"
 
 t0=$(date +%s)
-$py - "$work" "$size" "$device" "$cap_gb" "${STREAM_DECODES:-}" <<'EOF'
+$py - "$work" "$size" "$device" "$cap_gb" "${STREAM_DECODES:-}" "${ADMIT_TOKENS:-}" <<'EOF'
 import sys
 from pathlib import Path
 
@@ -48,6 +49,7 @@ from bestofn.fakes import moss
 
 work, size, device, cap_gb = Path(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 modes = [m for m in sys.argv[5].split(",") if m]
+admit = int(sys.argv[6]) if sys.argv[6] else None  # runtime.speech_admit_tokens
 if not (work / "MOSS-TTS-Local-Transformer-v1.5" / "config.json").is_file():
     # Random stop heads end takes at random frames; pinned to "continue", every request runs to
     # its frame budget (words x 6 frames), so audio-seconds are the same on every run.
@@ -74,7 +76,8 @@ def config(weights: str, gpu_memory_gb: float | None, stream_decode: str = "auto
                     "codec_dir": str(work / "MOSS-Audio-Tokenizer-v2"),
                     "weights": weights,
                 },
-                "runtime": {"batch_size": 128, "stream_decode": stream_decode},
+                "runtime": {"batch_size": 128, "stream_decode": stream_decode,
+                            "speech_admit_tokens": admit},
             }
         },
         "runtime": runtime,

@@ -298,14 +298,17 @@ def test_stream_codec_smoke(tiny_weights, tmp_path):
 @pytest.mark.slow  # two servers (bf16, then int8 under its cap) on tiny weights: ~45 s
 def test_serve_gpu_smoke(tmp_path):
     """docs/bench/serve_gpu.sh in its CPU mode: the service under the load generator at two
-    levels, then the capped int8 part, and the summary of both."""
+    levels, then the capped int8 part, and the summary of both; ADMIT_TOKENS reaches the
+    served config (runtime.speech_admit_tokens: two requests at once join one a sync)."""
     with socket.socket() as s:  # a free port for the script's server
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tmp_path / "out"
     run(["bash", "docs/bench/serve_gpu.sh", str(out), "1,2"],
         env(tmp_path, WORK=str(tmp_path / "work"), SIZE="tiny", DEVICE="cpu", REQUESTS="2",
-            TEXT="Hi there.", PORT=str(port)))  # fmt: skip
+            TEXT="Hi there.", PORT=str(port), ADMIT_TOKENS="1"))  # fmt: skip
+    served = yaml.safe_load((tmp_path / "work" / "speech.yaml").read_text())
+    assert served["models"]["generator"]["runtime"]["speech_admit_tokens"] == 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == {"1": 0, "2": 0}
     assert all(summary["audio_s_per_s"][level] > 0 for level in ("1", "2"))

@@ -281,7 +281,8 @@ def test_kernel_paths_are_schema_options_checked_with_their_field():
     assert set(props["stream_decode"]["enum"]) - {"auto"} <= set(STREAM_MODES)
     assert engine_defaults() == {
         "fused": True, "decode_attention": "auto", "local_attention": "auto", "compile_mode": None,
-        "codec_kernels": "auto", "stream_decode": "auto", "pair_groups": False,
+        "codec_kernels": "auto", "stream_decode": "auto", "speech_admit_tokens": None,
+        "pair_groups": False,
     }  # fmt: skip
 
     def errors(runtime, backend="moss-fast"):
@@ -297,6 +298,13 @@ def test_kernel_paths_are_schema_options_checked_with_their_field():
     [(where, message)] = errors({"local_attention": "fast"})
     assert where == "models.generator.runtime.local_attention" and "'fast'" in message
     assert errors({"compile_mode": "max-autotune"})  # its CUDA graphs would nest in ours
+    assert errors({"speech_admit_tokens": 0}) and not errors({"speech_admit_tokens": None})
+    from bestofn.moss.options import check_engine_options
+
+    for bad in (0, 2.5, True, "64"):  # built without a config: refused by the backend too
+        with pytest.raises(ValueError, match="runtime.speech_admit_tokens must be an integer"):
+            check_engine_options({"speech_admit_tokens": bad}, "moss-fast")
+    check_engine_options({"speech_admit_tokens": None, "fused": True}, "moss-fast")
     assert errors({"local_attention": "fast"}, backend="piper") == []  # moss-fast's only
 
 

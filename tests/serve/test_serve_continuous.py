@@ -194,6 +194,38 @@ def test_first_chunks_are_decoded_and_handed_out_before_the_others_chunks(moss, 
         assert any(e[0] == "chunk" for e in b[:later]) and b[later + 1 :]
 
 
+def test_a_burst_joins_over_several_syncs_under_an_admission_budget(moss, monkeypatch):
+    """runtime.speech_admit_tokens: a burst of requests whose prompts add up to more than the
+    budget is prefilled over several syncs (at least one request each), the first ones'
+    audio out before the last ones join; every request keeps the audio it gets alone."""
+    from bestofn.moss import continuous
+
+    texts = ["one two three", "Good morning to you.", "It is late.", "See you at nine."]
+    specs = [spec(t, 40 + i) for i, t in enumerate(texts)]
+    alone = [render(moss, [s])[0][0] for s in specs]
+    admitted = []
+    admit = continuous.ContinuousDecoder._admit
+
+    def counting(self, s, rows, joins, *a):
+        admitted.append(len(joins))
+        return admit(self, s, rows, joins, *a)
+
+    monkeypatch.setattr(continuous.ContinuousDecoder, "_admit", counting)
+    prompt_rows = int(moss.prompt(specs[0]).shape[0])
+    monkeypatch.setitem(moss.options, "speech_admit_tokens", 2 * prompt_rows)
+    joined, lasts, order = render(moss, specs)
+    assert lasts == [1, 1, 1, 1]
+    assert len(admitted) > 1 and max(admitted) <= 2 and sum(admitted) == 4, admitted
+    assert order.index(0) < order.index(3), "the first request's audio came before the last joined"
+    for got, want in zip(joined, alone, strict=True):
+        assert np.array_equal(got, want)
+    # a budget under one prompt still admits one request a sync
+    monkeypatch.setitem(moss.options, "speech_admit_tokens", 1)
+    admitted.clear()
+    assert all(np.array_equal(g, w) for g, w in zip(render(moss, specs)[0], alone, strict=True))
+    assert admitted == [1, 1, 1, 1]
+
+
 def test_more_requests_than_rows_wait_for_free_rows_and_keep_their_audio(moss_stops):
     """Rows stop at random frames; 7 requests through at most 2 rows at once: later ones take
     the rows that free up (and the state grows 1 -> 2 rows mid-flight)."""

@@ -4,9 +4,10 @@
 ``every`` frames it syncs with the host: it hands out each occupied row's new frames
 (``RowUpdate``), frees the rows that stopped (stop head, their frame budget, or cancelled), and
 asks ``pull(room)`` for requests that arrived meanwhile. Those are prefilled (grouped by prompt
-length, so a prompt is never padded), their K/V copied into free row slots of the running cache,
-and their first frame sampled from the prefill's last hidden state, exactly as a batch of their
-own would start. The loop ends when no row is occupied and ``pull`` has nothing.
+length, so a prompt is never padded; at most ``admit_tokens`` prompt rows a sync, if set),
+their K/V copied into free row slots of the running cache, and their first frame sampled from
+the prefill's last hidden state, exactly as a batch of their own would start. The loop ends
+when no row is occupied and ``pull`` has nothing.
 
 What makes a row independent of its neighbours and of when it joined:
 - each row has its own cache write slot, RoPE position, frame counter and frame budget (the
@@ -325,13 +326,17 @@ class ContinuousDecoder:
         cancelled: Callable[[object], bool] | None,
         every: int,
         max_batch: int,
+        admit_tokens: int | None = None,
     ) -> Iterator[list[RowUpdate]]:
         """Decode until no row is left and ``pull(room)`` (up to ``room`` new requests, never
         blocking) has nothing. Yields, every ``every`` frames, one ``RowUpdate`` per occupied
         row (a row's last one has ``finished``); a request whose ``cancelled(key)`` turns true
         (None: none is) is dropped at the next sync without a last update. ``max_batch``: rows
         decoding at once; no default here: the caller passes the speech service's configured
-        value (one decoder serves an engine across runs, so it is a run's argument)."""
+        value (one decoder serves an engine across runs, so it is a run's argument).
+        ``admit_tokens``: at most this many prompt rows prefilled at one sync (at least one
+        request), the rest waiting for the next: a burst joins over several syncs and its first
+        requests start sooner; None: every request that has a row joins at once."""
         p = params or SamplingParams()
         every, max_batch = max(1, int(every)), max(1, int(max_batch))
         cap = every + 1  # frames a row can produce between two syncs, with room to spare
@@ -353,7 +358,8 @@ class ContinuousDecoder:
                 return
             if joins and len(rows) < min(max_batch, self.row_limit or max_batch):
                 running = bool(rows)
-                s, placed = self._admit(s, rows, joins, p, cap, max_batch)
+                now = _within(joins, admit_tokens)
+                s, placed = self._admit(s, rows, now, p, cap, max_batch)
                 if running:
                     self.joined_running += placed
             waiting = joins[placed:]
@@ -381,6 +387,19 @@ class ContinuousDecoder:
                     s.free(b)
                     del rows[b]
             yield updates
+
+
+def _within(joins: list[Join], tokens: int | None) -> list[Join]:
+    """The first of ``joins`` whose prompts add up to at most ``tokens`` rows (at least one)."""
+    if tokens is None:
+        return joins
+    total, n = 0, 0
+    for j in joins:
+        total += int(j.prompt.shape[0])
+        if n and total > tokens:
+            break
+        n += 1
+    return joins[:n]
 
 
 def decoder_for(engine) -> ContinuousDecoder:

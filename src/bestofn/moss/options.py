@@ -2,6 +2,7 @@
 switch engines by changing only the backend name; and moss-fast's engine paths, whose defaults
 are written in the config schema (``$defs.moss_fast_runtime``) and read from there."""
 
+import math
 from functools import cache
 
 from bestofn.moss.budget import PACING_OPTIONS
@@ -63,6 +64,11 @@ def check_engine_options(options: dict, who: str) -> None:
             raise ValueError(f"{who}: runtime.{key} is {value!r}; known: {known}")
         if sub.get("type") == "boolean" and not isinstance(value, bool):
             raise ValueError(f"{who}: runtime.{key} must be true or false, got {value!r}")
+        kinds = sub.get("type") if isinstance(sub.get("type"), list) else [sub.get("type")]
+        if "integer" in kinds and not (value is None and "null" in kinds):
+            low = sub.get("minimum", -math.inf)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{who}: runtime.{key} must be an integer >= {low}, got {value!r}")
 
 
 # The Instruction field of the v1.5 prompt (moss.prompt.user_inst_fields) is where the model cards

@@ -150,7 +150,8 @@ def stream_batch(
                     free_slots.append(slot_of.pop(b))
             yield b, audio, finished
 
-    updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch)
+    admit = gen.options.get("speech_admit_tokens")
+    updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch, admit)
     try:
         for block in updates:
             yield from report_failed()
