@@ -1,6 +1,8 @@
 """The speech service's streaming codec decode against the workflow's one-shot decode, on the
 same codec and the same audio: milliseconds per audio-second of each, and the top ops of one
-streaming call.
+streaming call; and, per streaming mode, how far two clips streamed in chunks and joined lie
+from their one-shot decode (``vs_one_shot_max_rel``: float rounding only where the path is
+right on that device: about 1e-6 with ``--dtype fp32``, 1e-2 in bf16, the default).
 
 The service decodes each request's new frames as they come (``StreamDecoder.decode``: each
 request's new steps attend to its own ring of cached keys and values,
@@ -41,6 +43,36 @@ def _timed(fn, device: str, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
+def _joined_error(codec, stream, frames: int, gen) -> float:
+    """Two clips streamed from a fresh start in chunks of ``frames`` (4 first, as the service's
+    first chunk), joined, against their one-shot decode: the largest difference over the
+    largest sample (float rounding only, if the streaming path is right on this device)."""
+    import numpy as np
+    import torch
+
+    size = codec.config.codebook_size
+    lengths = (3 * frames + 5, 9)[: stream.slots]
+    clips = [torch.randint(0, size, (n, codec.n_vq), generator=gen) for n in lengths]
+    whole = codec.decode(clips)
+    parts: dict[int, list] = {slot: [] for slot in range(len(clips))}
+    for slot in parts:
+        stream.reset(slot)
+    done = [0] * len(clips)
+    while any(d < len(c) for d, c in zip(done, clips, strict=True)):
+        new = {}
+        for slot, clip in enumerate(clips):
+            end = min(len(clip), done[slot] + (4 if done[slot] == 0 else frames))
+            if end > done[slot]:
+                new[slot], done[slot] = clip[done[slot] : end], end
+        for slot, audio in stream.decode(new).items():
+            parts[slot].append(audio)
+    worst = 0.0
+    for slot, ref in enumerate(whole):
+        got = np.concatenate(parts[slot])
+        worst = max(worst, float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-12)))
+    return worst
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--codec-dir", required=True)
@@ -50,6 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seen", type=int, default=64, help="frames each request decoded before")
     ap.add_argument("--modes", default="graphs,eager", help="StreamDecoder modes")
     ap.add_argument("--n-vq", type=int, default=12, help="codebooks (MOSS-TTS-Local: 12)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"),
+                    help="the codec's weights and compute (fp32: the joined check is exact to "
+                         "about 1e-6)")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, help="top ops of one eager streaming call")
     ap.add_argument("--out", help="write the rows as JSON lines here too")
@@ -58,7 +93,8 @@ def main(argv=None) -> int:
 
     from bestofn.moss.codec.load import load_codec
 
-    codec = load_codec(args.codec_dir, args.device, n_vq=args.n_vq)
+    codec = load_codec(args.codec_dir, args.device, n_vq=args.n_vq, weight_dtype=args.dtype,
+                       compute_dtype=args.dtype)  # fmt: skip
     B, F, size = args.requests, args.frames, codec.config.codebook_size
     gen = torch.Generator().manual_seed(0)
     new = {s: torch.randint(0, size, (F, codec.n_vq), generator=gen) for s in range(B)}
@@ -74,7 +110,8 @@ def main(argv=None) -> int:
 
         dt = _timed(call, args.device, args.repeats)
         rows.append({"path": f"stream {mode}", "requests": B, "frames": F, "s_per_call": dt,
-                     "ms_per_audio_s": 1000 * dt / audio_s})  # fmt: skip
+                     "ms_per_audio_s": 1000 * dt / audio_s,
+                     "vs_one_shot_max_rel": _joined_error(codec, stream, F, gen)})  # fmt: skip
     # the one-shot decode of the same audio length: each request's seen + new frames whole, the
     # cost counted per audio-second as above
     whole = [torch.randint(0, size, (args.seen + F, codec.n_vq), generator=gen) for _ in range(B)]
