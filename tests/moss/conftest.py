@@ -1,0 +1,22 @@
+"""Fixtures of the codec kernel tests (tests/moss/test_moss_codec_v2.py, test_codec_stream.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def interpreted_kernels(triton_interpreter, monkeypatch):
+    """``bestofn.moss.codec.kernels`` imported anew under Triton's interpreter, and the compiled
+    path's (heads, attend, add_norm) built from it: (module, heads, attend, add_norm). The
+    module leaves ``sys.modules`` again, so a later import builds its kernels as before."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec.kernels", raising=False)
+    from bestofn.moss.codec import kernels as codec_triton
+    from bestofn.moss.codec import layers as codec_layers
+
+    monkeypatch.setattr(codec_layers, "_COMPILED", {})  # the compiled path's pieces, anew
+    heads, attend, add_norm = codec_layers.layer_pieces("compiled")
+    monkeypatch.delitem(sys.modules, "bestofn.moss.codec.kernels")
+    return codec_triton, heads, attend, add_norm
