@@ -1,8 +1,25 @@
-"""Fixtures of the codec kernel tests (tests/moss/test_moss_codec_v2.py, test_codec_stream.py)."""
+"""Fixtures of the v2 codec tests (tests/moss/test_moss_codec_v2.py, test_codec_stream.py):
+the tiny v2 checkpoint and its fp32 codec (test_moss_audio_tokenizer.py has its own v1 ``ckpt``
+and ``codec``, which override these there), and the kernels under Triton's interpreter."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import codec_v2
 import pytest
+
+from bestofn.moss.codec.tokenizer import MossAudioTokenizer
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    return codec_v2.write_ckpt(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def codec(ckpt) -> MossAudioTokenizer:
+    return codec_v2.fp32_codec(ckpt)
 
 
 @pytest.fixture

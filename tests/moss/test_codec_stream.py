@@ -6,24 +6,12 @@ take."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import codec_v2
 import numpy as np
 import pytest
 import torch
 
 from bestofn.moss.codec.tokenizer import MossAudioTokenizer
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return codec_v2.write_ckpt(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def codec(ckpt) -> MossAudioTokenizer:
-    return codec_v2.fp32_codec(ckpt)
 
 
 def _next_chunks(clips: dict, done: dict, step: int) -> dict:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import codec_v2
 import numpy as np
@@ -21,16 +20,6 @@ from bestofn.moss.codec.layers import sliding_window_attention, window_pad
 from bestofn.moss.codec.tokenizer import AudioTokenizerError, MossAudioTokenizer
 
 REF = REPO / ".ref" / "moss_audio_tokenizer_v2"
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> Path:
-    return codec_v2.write_ckpt(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def codec(ckpt) -> MossAudioTokenizer:
-    return codec_v2.fp32_codec(ckpt)
 
 
 # ---- the layout and the module list ---------------------------------------------------------
