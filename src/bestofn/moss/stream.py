@@ -115,15 +115,14 @@ def stream_batch(
         streamer = codec.stream_decoder(max_batch, None if mode == "auto" else mode)
     free_slots, slot_of = list(range(max_batch)), {}
 
-    def emit(ready, done, windows, skip):
-        """Decode the new frames of the ``ready`` requests in one codec call and hand out
-        (index, audio, last) for each."""
-        todo_ix = [i for i, b in enumerate(ready) if codes[b].shape[0] > emitted[b]]
-        audios: list = [empty] * len(ready)
-        if todo_ix and streamer is not None:
+    def emit(ready: list[tuple[int, bool]]):
+        """Decode the new frames of the ``ready`` requests ((index, last) each) in one codec
+        call and hand out (index, audio, last) for each."""
+        todo = [b for b, _ in ready if codes[b].shape[0] > emitted[b]]
+        decoded: dict[int, np.ndarray] = {}
+        if todo and streamer is not None:
             new = {}
-            for i in todo_ix:
-                b = ready[i]
+            for b in todo:
                 if b not in slot_of:
                     if not free_slots and cancelled is not None:
                         # requests cancelled mid-stream end without a last update
@@ -132,17 +131,17 @@ def stream_batch(
                     slot_of[b] = free_slots.pop()
                     streamer.reset(slot_of[b])
                 new[slot_of[b]] = codes[b][emitted[b] :]
-            decoded = streamer.decode(new)
-            for i in todo_ix:
-                audio = decoded[slot_of[ready[i]]]
-                audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
-        elif todo_ix:
-            decoded = decode_window(
-                codec, [windows[i] for i in todo_ix], [skip[i] for i in todo_ix]
-            )
-            for i, audio in zip(todo_ix, decoded, strict=True):
-                audios[i] = audio.mean(axis=1) if mono and audio.ndim == 2 else audio
-        for b, audio, finished in zip(ready, audios, done, strict=True):
+            by_slot = streamer.decode(new)
+            decoded = {b: by_slot[slot_of[b]] for b in todo}
+        elif todo:
+            starts = [max(0, emitted[b] - overlap) for b in todo]
+            windows = [codes[b][w0:] for b, w0 in zip(todo, starts, strict=True)]
+            skips = [emitted[b] - w0 for b, w0 in zip(todo, starts, strict=True)]
+            decoded = dict(zip(todo, decode_window(codec, windows, skips), strict=True))
+        for b, finished in ready:
+            audio = decoded.get(b, empty)
+            if mono and audio is not empty and audio.ndim == 2:
+                audio = audio.mean(axis=1)
             emitted[b] = codes[b].shape[0]
             if finished:
                 codes[b] = codes[b][:0]  # its frames are no longer needed
@@ -155,31 +154,22 @@ def stream_batch(
     try:
         for block in updates:
             yield from report_failed()
-            ready, windows, skip, done = [], [], [], []
+            ready = []  # (index, last) of the requests with a chunk due
             for u in block:
                 b = u.key
                 if u.codes.shape[0]:
                     codes[b] = torch.cat([codes[b], u.codes])
-                total = codes[b].shape[0]
                 need = first_chunk if emitted[b] == 0 else chunk
-                if not u.finished and total - emitted[b] < need:
-                    continue
-                ready.append(b)
-                done.append(u.finished)
-                w0 = max(0, emitted[b] - overlap)
-                windows.append(codes[b][w0:total])
-                skip.append(emitted[b] - w0)
-            if not ready:
-                continue
+                if u.finished or codes[b].shape[0] - emitted[b] >= need:
+                    ready.append((b, u.finished))
             # first chunks in a call of their own, handed out before the others' longer chunks
             # are decoded: a joining request's time to first audio does not wait for the
             # batch's big call, and its 4 frames are not padded to the others' 16
-            firsts = [i for i, b in enumerate(ready) if emitted[b] == 0]
-            rest = [i for i, b in enumerate(ready) if emitted[b] > 0]
+            firsts = [(b, last) for b, last in ready if emitted[b] == 0]
+            rest = [(b, last) for b, last in ready if emitted[b] > 0]
             for part in (firsts, rest):
                 if part:
-                    pick = [(ready[i], done[i], windows[i], skip[i]) for i in part]
-                    yield from emit(*(list(x) for x in zip(*pick, strict=True)))
+                    yield from emit(part)
         yield from report_failed()
     finally:
         updates.close()
