@@ -53,6 +53,21 @@ TILE, NORM_WARPS, MAX_D = 4096, 8, 8192
 
 
 @triton.jit
+def _rotate_pairs(x, cos, sin, row, live, DH: tl.constexpr, DH_P2: tl.constexpr,
+                  BLOCK: tl.constexpr):  # fmt: skip
+    """RoPE on the interleaved pairs of x [BLOCK, DH_P2] (float32): block row i rotated by the
+    angles of table row ``row[i]`` of ``cos``/``sin`` [rows, DH / 2]; rows not ``live`` read
+    the identity."""
+    even, odd = tl.split(tl.reshape(x, (BLOCK, DH_P2 // 2, 2)))
+    j = tl.arange(0, DH_P2 // 2)
+    pair = live[:, None] & (j < DH // 2)[None, :]
+    angle = row[:, None] * (DH // 2) + j[None, :]
+    c = tl.load(cos + angle, mask=pair, other=1.0)
+    s = tl.load(sin + angle, mask=pair, other=0.0)
+    return tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), (BLOCK, DH_P2))
+
+
+@triton.jit
 def _heads_rope_kernel(
     qkv, cos, sin, out, T, Tp,
     H: tl.constexpr, DH: tl.constexpr, DH_P2: tl.constexpr, ROPE: tl.constexpr,
@@ -69,13 +84,7 @@ def _heads_rope_kernel(
     x = tl.load(src + d[None, :], mask=load, other=0.0).to(tl.float32)
     if ROPE:
         if which < 2:  # q and k; v is copied as it is
-            even, odd = tl.split(tl.reshape(x, (BLOCK, DH_P2 // 2, 2)))
-            j = tl.arange(0, DH_P2 // 2)
-            pair = (t < T)[:, None] & (j < DH // 2)[None, :]
-            angle = t[:, None] * (DH // 2) + j[None, :]
-            c = tl.load(cos + angle, mask=pair, other=1.0)
-            s = tl.load(sin + angle, mask=pair, other=0.0)
-            x = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), (BLOCK, DH_P2))
+            x = _rotate_pairs(x, cos, sin, t, t < T, DH, DH_P2, BLOCK)
     # out[which, b, h, t, :], zeros where t >= T
     dst = out + ((which * tl.num_programs(1) + bh).to(tl.int64) * Tp + t[:, None]) * DH
     store = (t < Tp)[:, None] & (d < DH)[None, :]
@@ -118,13 +127,7 @@ def _ring_heads_kernel(
     x = tl.load(src + d[None, :], mask=load, other=0.0).to(tl.float32)
     if ROPE:
         if which < 2:
-            even, odd = tl.split(tl.reshape(x, (BLOCK, DH_P2 // 2, 2)))
-            j = tl.arange(0, DH_P2 // 2)
-            pair = live[:, None] & (j < DH // 2)[None, :]
-            angle = r.to(tl.int64)[:, None] * (DH // 2) + j[None, :]
-            c = tl.load(cos + angle, mask=pair, other=1.0)
-            s = tl.load(sin + angle, mask=pair, other=0.0)
-            x = tl.reshape(tl.join(even * c - odd * s, even * s + odd * c), (BLOCK, DH_P2))
+            x = _rotate_pairs(x, cos, sin, r.to(tl.int64), live, DH, DH_P2, BLOCK)
     x = _round(x, q_out.dtype.element_ty)  # q, k, v and the rings share the stage's dtype
     if which == 0:  # q[b, h, n, :]
         at = (((r // N) * H + h).to(tl.int64) * N + r % N) * DH
