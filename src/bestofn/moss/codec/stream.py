@@ -124,7 +124,7 @@ def _stream_stage(stage: Transformer, cache: _StageCache, slots, scratch, pos, l
     x = x.to(stage.dtype)
     if stage.in_proj is not None:
         x = stage.in_proj(x).to(stage.dtype)
-    B, N, D = x.shape
+    N = x.shape[1]
     H, dh, R = c.heads, c.d_model // c.heads, cache.ring
     steps = torch.arange(N, device=x.device)
     qpos = pos[:, None] + steps  # [B, N]
