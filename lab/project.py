@@ -21,7 +21,8 @@ What is the recipe's and what is the fake tree's:
         [--emotions 2] [--prompts 8] [--takes 64] [--frames 188]
 
 Environment knobs (as gpu_workflow.sh documents them): OVERLAP, CODEC_KERNELS, PAIR_GROUPS,
-QUEUE_DEPTH, DECODE_BATCH, GEN_PRIORITY, CACHE_DIR, PARAKEET_ATTENTION, PARAKEET_DECODING.
+QUEUE_DEPTH, DECODE_BATCH, GEN_PRIORITY, WRITE_THREADS, CACHE_DIR, PARAKEET_ATTENTION,
+PARAKEET_DECODING.
 """
 
 from __future__ import annotations
@@ -160,6 +161,8 @@ def apply_knobs(config: dict, env) -> None:
         generator_runtime["decode_batch_size"] = int(env["DECODE_BATCH"])
     if env.get("GEN_PRIORITY"):  # the generate phase's CUDA stream priority
         runtime.setdefault("experimental", {})["generate_priority"] = env["GEN_PRIORITY"]
+    if env.get("WRITE_THREADS"):  # FLACs a group encodes at once (default: from the CPUs)
+        runtime["write_threads"] = int(env["WRITE_THREADS"])
     if env.get("CACHE_DIR"):  # kept across runs (absolute)
         runtime["cache_dir"] = env["CACHE_DIR"]
     for key, var in (("attention", "PARAKEET_ATTENTION"), ("decoding", "PARAKEET_DECODING")):

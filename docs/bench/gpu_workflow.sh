@@ -41,7 +41,8 @@ py=${PYTHON:-python3}
 # QUEUE_DEPTH=N: runtime.queue_depth N (after PAIR_GROUPS's). The unpaired production set:
 # PAIR_GROUPS=0 DECODE_BATCH=16 QUEUE_DEPTH=2.
 # DECODE_BATCH=N: the generator's runtime.decode_batch_size (default: the config's, 64);
-# GEN_PRIORITY=high|normal: runtime.generate_priority; CACHE_DIR=PATH: runtime.cache_dir as an
+# GEN_PRIORITY=high|normal: runtime.generate_priority; WRITE_THREADS=N: runtime.write_threads;
+# CACHE_DIR=PATH: runtime.cache_dir as an
 # absolute path, so that a second run of this script starts its worker on the compile cache and
 # hash memo the first left (results/, where the default cache lives, is removed at each run).
 size=${SIZE:-real}

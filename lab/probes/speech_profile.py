@@ -20,6 +20,8 @@ is a warm-up (compiles, CUDA-graph captures) and is reported apart.
 
 ``--stream-modes``: the codec's streaming decode modes to render with, one after the other in
 this process (``bestofn.moss.codec.stream``: ``graphs`` is the product's default on CUDA).
+``--admit-tokens none,4096``: one render per ``runtime.speech_admit_tokens`` value, side by side
+(``admit_s``: the joins' prefill and frame 0, inside ``decode_loop_s``).
 CPU smoke: ``--device cpu --batches 1,2`` on ``bestofn fake-weights --size tiny``.
 """
 
@@ -43,18 +45,33 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
-           text: str = TEXT) -> dict:  # fmt: skip
-    """One ``stream_batch`` of ``batch`` requests, timed by part; ``mode``: the streaming
-    decode's (None: the product's default)."""
-    from bestofn.core import speech
-    from bestofn.moss import continuous
+def _spec(text: str, seed: int, i: int = 0):
     from bestofn.util.spec import GroupSpec
 
-    timers = {"decode_loop_s": 0.0, "codec_s": 0.0}
+    return GroupSpec(emotion="calm", prompt_id=f"p{i}", text=text, n_takes=1, base_seed=seed)
+
+
+def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
+           text: str = TEXT, admit_tokens: int | None = None) -> dict:  # fmt: skip
+    """One ``stream_batch`` of ``batch`` requests, timed by part; ``mode``: the streaming
+    decode's (None: the product's default); ``admit_tokens``: moss-fast's
+    ``runtime.speech_admit_tokens`` for this render."""
+    from bestofn.core import speech
+    from bestofn.moss import continuous
+
+    timers = {"decode_loop_s": 0.0, "codec_s": 0.0, "admit_s": 0.0}
     decoder = continuous.decoder_for(gen.engine)
     codec = gen._codec()
     real_run, real_stream = decoder.run, getattr(codec, "stream_decoder", None)
+    real_admit, real_tokens = decoder._admit, gen.options.get("speech_admit_tokens")
+
+    def timed_admit(*a, **k):  # prefill of the joiners and their frame 0 (inside decode_loop_s)
+        _sync(device)
+        t0 = time.perf_counter()
+        out = real_admit(*a, **k)
+        _sync(device)
+        timers["admit_s"] += time.perf_counter() - t0
+        return out
 
     def timed_run(*a, **k):
         it = real_run(*a, **k)
@@ -87,13 +104,11 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
         streamer.decode = decode
         return streamer
 
-    decoder.run = timed_run
+    decoder.run, decoder._admit = timed_run, timed_admit
+    gen.options["speech_admit_tokens"] = admit_tokens
     if real_stream is not None:
         codec.stream_decoder = timed_stream
-    specs = [
-        GroupSpec(emotion="calm", prompt_id=f"p{i}", text=text, n_takes=1, base_seed=seed0 + i)
-        for i in range(batch)
-    ]
+    specs = [_spec(text, seed0 + i, i) for i in range(batch)]
     first: dict[int, float] = {}
     first_codes: dict[int, float] = {}
     start = [0.0]
@@ -110,13 +125,15 @@ def render(gen, batch: int, device: str, seed0: int, mode: str | None = None,
             samples += a.shape[0]
         wall = time.perf_counter() - t0
     finally:
-        decoder.run = real_run
+        decoder.run, decoder._admit = real_run, real_admit
+        gen.options["speech_admit_tokens"] = real_tokens
         if real_stream is not None:
             codec.stream_decoder = real_stream
     audio_s = samples / gen.sample_rate
     rest = wall - timers["decode_loop_s"] - timers["codec_s"]
     return {
         "batch": batch,
+        "admit_tokens": admit_tokens,
         "stream_mode": getattr(getattr(codec, "_stream", None), "mode", None),
         "wall_s": round(wall, 4),
         "audio_s": round(audio_s, 2),
@@ -140,6 +157,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,64,128")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--stream-modes", default="", help="e.g. eager,graphs (default: the product's)")
+    ap.add_argument("--admit-tokens", default="",
+                    help="e.g. none,4096: one render per runtime.speech_admit_tokens value, side "
+                         "by side (default: the config's default)")  # fmt: skip
     ap.add_argument("--text", default=TEXT, help="every request's text (its length: the frames)")
     ap.add_argument("--out", help="write the rows as JSON lines here too")
     args = ap.parse_args(argv)
@@ -151,14 +171,20 @@ def main(argv=None) -> int:
     print(json.dumps({"load_s": round(time.perf_counter() - t0, 2)}), flush=True)
     rows = []
     modes = [m for m in args.stream_modes.split(",") if m] or [None]
+    admits = [None if a == "none" else int(a) for a in args.admit_tokens.split(",") if a] or [
+        gen.options.get("speech_admit_tokens")
+    ]
+    print(json.dumps({"prompt_rows": int(gen.prompt(_spec(args.text, 0)).shape[0])}), flush=True)
     for b in (int(x) for x in args.batches.split(",")):
         for mode in modes:
-            warm = render(gen, b, args.device, seed0=10_000, mode=mode, text=args.text)
-            rows.append({**warm, "warmup": True})
-            print(json.dumps(rows[-1]), flush=True)
-            for r in range(args.repeats):
-                rows.append(render(gen, b, args.device, seed0=1000 * r, mode=mode, text=args.text))
-                print(json.dumps(rows[-1]), flush=True)
+            for n, admit in enumerate(admits):
+                kw = dict(mode=mode, text=args.text, admit_tokens=admit)
+                if n == 0:  # compiles and captures: the first render of a batch size
+                    rows.append({**render(gen, b, args.device, 10_000, **kw), "warmup": True})
+                    print(json.dumps(rows[-1]), flush=True)
+                for r in range(args.repeats):
+                    rows.append(render(gen, b, args.device, seed0=1000 * r, **kw))
+                    print(json.dumps(rows[-1]), flush=True)
     if args.out:
         write_rows(args.out, rows)
     return 0

@@ -97,7 +97,10 @@ def run_group_job(
     spec = spec_from_params(params)
     backends = load_backends(json.loads(models), device=device)
     log.info("loaded models in %.1f s", backends.load_s)
-    timings = run_group(spec, backends, Path(out), device=device, flac_subtype=flac_subtype)
+    timings = run_group(
+        spec, backends, Path(out), device=device, flac_subtype=flac_subtype,
+        write_threads=(runtime or {}).get("write_threads"),
+    )  # fmt: skip
     log.info(
         "group %s: %s", spec.group_id, json.dumps({k: round(v, 3) for k, v in timings.items()})
     )

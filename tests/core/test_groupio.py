@@ -84,3 +84,31 @@ def test_verify_flags_group_without_scores(tmp_path):
     (tmp_path / "groups" / "calm" / "p1" / "takes").mkdir(parents=True)
     problems, _, _ = verify_results(tmp_path)
     assert problems == [f"{tmp_path / 'groups/calm/p1'}: no scores.parquet"]
+
+
+def test_write_threads_sized_from_the_cpus_this_process_may_use(monkeypatch):
+    from bestofn.core import groupio
+
+    for cpus, want in ((2, 4), (8, 8), (128, 16)):
+        monkeypatch.setattr(groupio.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
+        assert groupio.write_threads(None) == want
+    assert groupio.write_threads(3) == 3  # runtime.write_threads, as given
+
+
+def test_the_write_threads_change_no_byte_of_a_group(tmp_path):
+    takes = audios(6)
+    files = {}
+    for threads in (1, 5):
+        group = tmp_path / f"t{threads}" / "calm" / "p1"
+        write_group(group, takes, SR, rows_for(group, 6), io_threads=threads)
+        files[threads] = [p.read_bytes() for p in sorted((group / "takes").iterdir())]
+    assert files[1] == files[5] and len(files[1]) == 6
+
+
+def test_runtime_write_threads_reach_the_worker_and_its_key():
+    from bestofn.worker.client.runtime import Runtime
+
+    options = Runtime.from_config({"write_threads": 12}).worker_options("/tmp/r")
+    assert options.write_threads == 12
+    assert options.serving()["write_threads"] == 12  # a worker started with another count goes
+    assert Runtime.from_config({}).worker_options("/tmp/r").write_threads is None

@@ -179,7 +179,15 @@ def test_workflow_scripts_smoke(tiny_weights, tmp_path):
     then steady_from_group_logs.py on its group logs."""
     work = work_dir(tmp_path, tiny_weights)
     out = tmp_path / "out"
-    e = env(tmp_path, WORK=str(work), SIZE="tiny", PROFILE="local", TAKES="2", FRAMES="8")
+    e = env(
+        tmp_path,
+        WORK=str(work),
+        SIZE="tiny",
+        PROFILE="local",
+        TAKES="2",
+        FRAMES="8",
+        WRITE_THREADS="2",
+    )
     # two emotions: the recipe's ei_spec compares a group's head with the other emotions' heads
     proc = run(["bash", "docs/bench/workflow_trees.sh", str(out), "2", "2",
                 "S=.:500@config/recipes/base.yaml"], e, timeout=700)  # fmt: skip
@@ -193,6 +201,7 @@ def test_workflow_scripts_smoke(tiny_weights, tmp_path):
     assert summary["overall"]["s_per_audio_s_per_gpu"] > 0
     ran = yaml.safe_load((out / "S/config.yaml").read_text())
     assert "ei_spec" in ran["selection"]["score"]
+    assert ran["runtime"]["write_threads"] == 2  # the script's knob, in the config that ran
     steady = run([sys.executable, "docs/bench/steady_from_group_logs.py", "--takes", "2",
                   str(out / "S")], e)  # fmt: skip
     assert " 4 steady " in steady.stdout
@@ -272,14 +281,18 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
          "--model-dir", str(tiny_weights / "MOSS-TTS-Local-Transformer-v1.5"),
          "--codec-dir", str(tiny_weights / "MOSS-Audio-Tokenizer-v2"),
          "--batches", "2", "--repeats", "1", "--stream-modes", "eager,padded",
-         "--text", "Hi there, see you.", "--out", str(out)], env(tmp_path))  # fmt: skip
+         "--admit-tokens", "none,1", "--text", "Hi there, see you.", "--out", str(out)],
+        env(tmp_path))  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["batch"], r["stream_mode"], r.get("warmup", False)) for r in rows] == [
-        (2, "eager", True), (2, "eager", False), (2, "padded", True), (2, "padded", False)
+    assert [(r["batch"], r["stream_mode"], r["admit_tokens"], r.get("warmup", False))
+            for r in rows] == [
+        (2, "eager", None, True), (2, "eager", None, False), (2, "eager", 1, False),
+        (2, "padded", None, True), (2, "padded", None, False), (2, "padded", 1, False),
     ]  # fmt: skip
     for r in rows:
         assert r["audio_s"] > 0 and r["decode_loop_s"] > 0 and r["codec_s"] > 0
         assert r["decode_loop_s"] + r["codec_s"] <= r["wall_s"] + 1e-3
+        assert 0 < r["admit_s"] < r["decode_loop_s"]  # the joins are inside the decode loop
         assert 0 < r["first_codes_mean_ms"] < r["ttfa_mean_ms"]  # frames come before their audio
 
 

@@ -30,6 +30,16 @@ TAKES = "takes"
 PARTIAL_MARK = ".partial-"
 
 
+def write_threads(threads: int | None) -> int:
+    """Threads that encode a group's FLACs (config ``runtime.write_threads``); None: the CPUs
+    this process may use, at least 4 (the writes also wait on fsync) and at most 16 (a box of 8
+    GPU workers has about 16 CPUs a worker)."""
+    if threads is not None:
+        return max(1, int(threads))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(16, max(4, cpus or 1))
+
+
 def take_name(take: int) -> str:
     return f"{take:03d}.flac"
 
@@ -66,12 +76,13 @@ def write_group(
     sample_rate: int,
     rows: pa.Table,
     flac_subtype: str = "PCM_16",
-    io_threads: int = 4,
+    io_threads: int | None = None,
     finalize=None,
 ) -> None:
     """Atomically publish ``group_dir`` with ``takes/NNN.flac`` and ``scores.parquet``.
 
     ``finalize(rows) -> rows`` runs after the FLACs are written, before the parquet (timings).
+    ``io_threads``: FLACs encoded at once (None: ``write_threads(None)``).
     Raises UnpublishableTake (and publishes nothing) for a take that would not decode."""
     group_dir = Path(group_dir)
     audios = [np.asarray(a) for a in audios]
@@ -83,7 +94,7 @@ def write_group(
     (tmp / TAKES).mkdir(parents=True)
     try:
         # libsndfile releases the GIL, so FLAC encoding of many takes overlaps on threads.
-        with ThreadPoolExecutor(max_workers=io_threads) as pool:
+        with ThreadPoolExecutor(max_workers=write_threads(io_threads)) as pool:
             list(
                 pool.map(
                     lambda ia: _write_checked(

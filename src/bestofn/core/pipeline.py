@@ -415,6 +415,7 @@ def write_stage(
     worker_slot: int = -1,
     paths_relative_to: Path | None = None,
     overlap: str = "off",
+    write_threads: int | None = None,
 ) -> dict:
     """Collect deferred scores, build the rows and atomically write the group (host work
     only: no CUDA call, so it may run beside the next group's GPU stages, CUDA-graph
@@ -488,8 +489,9 @@ def write_stage(
         return table
 
     write_group(
-        group_dir, work.audios, work.sr, rows, flac_subtype=flac_subtype, finalize=add_write_timing
-    )
+        group_dir, work.audios, work.sr, rows, flac_subtype=flac_subtype,
+        io_threads=write_threads, finalize=add_write_timing,
+    )  # fmt: skip
     return t
 
 

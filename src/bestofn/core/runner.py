@@ -200,6 +200,7 @@ class Runner:
         overlap: str | None = "off",
         *,
         flac_subtype: str = "PCM_16",
+        write_threads: int | None = None,
         slot: int = -1,
         charge_load: str = "each",
         generate_priority: int = 0,
@@ -212,6 +213,7 @@ class Runner:
         self.device = str(device)
         self.overlap = resolve_overlap(overlap, self.device)
         self.flac_subtype, self.slot, self.charge_load = flac_subtype, slot, charge_load
+        self.write_threads = write_threads  # None: groupio.write_threads' default
         self.generate_priority = int(generate_priority)
         self.admit = admit or (lambda: None)
         self.on_error = on_error or (lambda e: None)
@@ -285,6 +287,7 @@ class Runner:
                 worker_slot=self.slot,
                 paths_relative_to=job.paths_relative_to,
                 overlap=self.overlap,
+                write_threads=self.write_threads,
             )
 
         return [
@@ -476,6 +479,7 @@ def run_group(
     device: str = "cpu",
     worker_slot: int = -1,
     paths_relative_to: Path | None = None,
+    write_threads: int | None = None,
 ) -> dict:
     """Generate, restore, score and atomically write one group in this process (the group job
     without a worker); returns its stage timings. One group, every stage in turn (overlap
@@ -484,6 +488,9 @@ def run_group(
     ``charged_load_s`` is the model-load time attributed to this group (default: the whole
     load, as the group's own process loaded the models). ``flac_path`` is recorded relative
     to ``paths_relative_to`` (the workflow's working directory; default: this process's)."""
-    runner = Runner(backends, device, "off", flac_subtype=flac_subtype, slot=worker_slot)
+    runner = Runner(
+        backends, device, "off", flac_subtype=flac_subtype, write_threads=write_threads,
+        slot=worker_slot,
+    )  # fmt: skip
     load = backends.load_s if charged_load_s is None else charged_load_s
     return runner.run(GroupJob(spec, Path(group_dir), paths_relative_to, load, worker_idle_s))

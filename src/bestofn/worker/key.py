@@ -1,17 +1,16 @@
 """The worker contract: one spec decides whether a warm worker may serve a group.
 
-A worker is keyed by everything that shapes what it writes: the models section (with the
-runtime knobs it was built with), the device (and, on GPUs, which physical GPU the slot maps
-to), the FLAC subtype and the results directory; and by the config's runtime options that
-shape how it runs (``SERVING``: how the GPU's phases overlap, the generate stream's priority,
-the GPU memory cap). Those change no take, but a worker started under other ones would keep
-them: a long-lived ``bestofn serve`` whose config now says ``overlap: off`` must not go on
+A worker is keyed by everything that shapes what it writes: the models section (with the runtime
+knobs it was built with), the device (and, on GPUs, which physical GPU the slot maps to), the
+FLAC subtype and the results directory; and by the config's runtime options that shape how it
+runs (``SERVING``: how the GPU's phases overlap, the generate stream's priority, the GPU memory
+cap, the FLAC write threads). Those change no take, but a worker started under other ones would
+keep them: a long-lived ``bestofn serve`` whose config now says ``overlap: off`` must not go on
 serving with ``full``. And by the code it runs (``code_identity``): a worker started before an
 upgrade or an edit of the checkout would otherwise serve the new run's groups with the old
-stages (seen once: a workflow killed past its limit left its worker up, and the next
-run, of another tree, was served by it). The group job computes the key of the worker it
-needs; a worker whose key differs, or that is not healthy, is replaced. Nothing else decides
-reuse.
+stages (seen once: a workflow killed past its limit left its worker up, and the next run, of
+another tree, was served by it). The group job computes the key of the worker it needs; a worker
+whose key differs, or that is not healthy, is replaced. Nothing else decides reuse.
 
 Not in the key: ``parallel_load``, ``warm_up`` and ``cache_dir`` (they shape only a start),
 and the idle exit and speech batching (``idle_timeout_s``, ``speech_*``), which ``bestofn
@@ -34,6 +33,7 @@ SERVING = {
     "overlap": str,
     "generate_priority": str,
     "gpu_memory_gb": lambda v: None if v is None else float(v),
+    "write_threads": lambda v: None if v is None else int(v),
 }
 
 

@@ -45,6 +45,7 @@ class WorkerOptions:
     speech_batch_window_ms: float = float(_DEFAULT["speech_batch_window_ms"])
     parallel_load: bool = _DEFAULT["parallel_load"]
     warm_up: bool | str = _DEFAULT["warm_up"]
+    write_threads: int | None = _DEFAULT["write_threads"]
     cache_dir: str | None = None
 
     @classmethod

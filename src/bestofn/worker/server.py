@@ -96,7 +96,8 @@ class Worker(FatalErrorLifecycle):
         backends = load_backends(models, device=device, parallel=options.parallel_load)
         self.runner = Runner(
             backends, device, resolve_overlap(options.overlap, device),
-            flac_subtype=flac_subtype, slot=slot, charge_load="first",
+            flac_subtype=flac_subtype, write_threads=options.write_threads, slot=slot,
+            charge_load="first",
             generate_priority=STREAM_PRIORITY[self.generate_priority],
             admit=self.refuse_if_dying, on_error=self.on_device_error,
         ).setup()  # fmt: skip

@@ -66,6 +66,7 @@ class Runtime:
     parallel_load: bool = _DEFAULT["parallel_load"]
     cache_dir: str | None = _DEFAULT["cache_dir"]
     warm_up: bool | str = _DEFAULT["warm_up"]
+    write_threads: int | None = _DEFAULT["write_threads"]
     experimental: dict = field(default_factory=lambda: dict(_DEFAULT["experimental"]))
 
     @classmethod
