@@ -226,6 +226,43 @@ def test_a_burst_joins_over_several_syncs_under_an_admission_budget(moss, monkey
     assert admitted == [1, 1, 1, 1]
 
 
+def test_a_burst_of_many_prompt_lengths_is_prefilled_in_one_pass(moss, monkeypatch):
+    """Requests whose prompts all differ in length join in one packed prefill (one pass, not one
+    per length), or in several when they pass ``PACK_ROWS``; each keeps the audio it gets alone
+    (its prompt attended alone and unpadded)."""
+    from bestofn.moss import continuous
+    from bestofn.moss.model import MossLocalModel
+
+    texts = ["one two three", "Good morning to you.", "It is late.", "See you at nine, then."]
+    specs = [spec(t, 60 + i) for i, t in enumerate(texts)]
+    lengths = {int(moss.prompt(s).shape[0]) for s in specs}
+    assert len(lengths) == len(specs), lengths  # the test needs every length different
+    alone = [render(moss, [s])[0][0] for s in specs]
+    passes = []
+    packed = MossLocalModel.prefill_packed
+
+    def counting(self, prompts, write):
+        passes.append(len(prompts))
+        return packed(self, prompts, write)
+
+    monkeypatch.setattr(MossLocalModel, "prefill_packed", counting)
+    joined = render(moss, specs)[0]
+    assert passes == [4], passes
+    assert all(np.array_equal(g, w) for g, w in zip(joined, alone, strict=True))
+    pack_rows = continuous.PACK_ROWS
+    monkeypatch.setattr(continuous, "PACK_ROWS", max(lengths) + 1)  # about one prompt a pass
+    passes.clear()
+    joined = render(moss, specs)[0]
+    assert len(passes) > 1 and sum(passes) == 4, passes
+    assert all(np.array_equal(g, w) for g, w in zip(joined, alone, strict=True))
+    unfused = _gen(stops=False)  # K and V in caches of their own (runtime fused: false)
+    unfused.model.set_fused(False)
+    monkeypatch.setattr(continuous, "PACK_ROWS", pack_rows)
+    passes.clear()
+    joined = render(unfused, specs)[0]
+    assert passes == [4] and all(np.array_equal(g, w) for g, w in zip(joined, alone, strict=True))
+
+
 def test_more_requests_than_rows_wait_for_free_rows_and_keep_their_audio(moss_stops):
     """Rows stop at random frames; 7 requests through at most 2 rows at once: later ones take
     the rows that free up (and the state grows 1 -> 2 rows mid-flight)."""

@@ -3,10 +3,12 @@
 ``ContinuousDecoder.run(pull, params)`` keeps one decode state of ``batch`` row slots. Every
 ``every`` frames it syncs with the host: it hands out each occupied row's new frames
 (``RowUpdate``), frees the rows that stopped (stop head, their frame budget, or cancelled), and
-asks ``pull(room)`` for requests that arrived meanwhile. Those are prefilled (grouped by prompt
-length, so a prompt is never padded; at most ``admit_tokens`` prompt rows a sync, if set),
-their K/V copied into free row slots of the running cache, and their first frame sampled from
-the prefill's last hidden state, exactly as a batch of their own would start. The loop ends
+asks ``pull(room)`` for requests that arrived meanwhile. Those are prefilled in one pass of
+up to ``PACK_ROWS`` prompt rows (``MossLocalModel.prefill_packed``: the prompts end to end, so
+a burst of many lengths is one pass; attention per length group, so a prompt is never padded;
+at most ``admit_tokens`` prompt rows a sync, if set), their K/V written into free row slots of
+the running cache, and their first frame sampled from the prefill's last hidden state, exactly
+as a batch of their own would start. The loop ends
 when no row is occupied and ``pull`` has nothing.
 
 What makes a row independent of its neighbours and of when it joined:
@@ -292,18 +294,26 @@ class ContinuousDecoder:
         by_len: dict[int, list[int]] = {}
         for n, j in enumerate(joins):
             by_len.setdefault(int(j.prompt.shape[0]), []).append(n)
-        for T, members in by_len.items():
-            idx = torch.tensor([free[n] for n in members], device=dev)
-            ids = torch.stack([joins[n].prompt for n in members]).to(dev)
-            tmp = m.new_backbone_cache(len(members), T)
-            h = m.prefill(ids, torch.ones(ids.shape[:2], dtype=torch.bool, device=dev), tmp)
-            s.cache.copy_rows(idx, tmp)
-            s.cache.key_mask[idx] = False
-            s.cache.key_mask[idx, :T] = True
-            s.cache.pos[idx] = T
-            s.slot[idx] = T
-            h0[idx] = h[:, -1]
-            del tmp
+        for part in _passes(list(by_len.items())):
+            at = [torch.tensor([free[n] for n in members], device=dev) for _, members in part]
+            prompts = [torch.stack([joins[n].prompt for n in members]).to(dev)
+                       for _, members in part]  # fmt: skip
+            c = s.cache
+
+            def write(layer, g, k, v, at=at, c=c):  # group g's K/V into its rows' slots
+                T = k.shape[2]
+                if c.kv is not None:
+                    c.kv[layer, at[g], :, :T] = torch.stack([k, v], dim=3)
+                else:
+                    c.k[layer, at[g], :, :T] = k
+                    c.v[layer, at[g], :, :T] = v
+
+            for idx, (T, _), h in zip(at, part, m.prefill_packed(prompts, write), strict=True):
+                c.key_mask[idx] = False
+                c.key_mask[idx, :T] = True
+                c.pos[idx] = T
+                s.slot[idx] = T
+                h0[idx] = h
         idx = torch.tensor(free, device=dev)
         s.seeds[idx] = torch.tensor([int(j.seed) for j in joins], dtype=torch.long, device=dev)
         s.limit[idx] = torch.tensor([int(j.budget) for j in joins], dtype=torch.long, device=dev)
@@ -387,6 +397,23 @@ class ContinuousDecoder:
                     s.free(b)
                     del rows[b]
             yield updates
+
+
+PACK_ROWS = 8192  # prompt rows prefilled in one pass at most (its activations' memory)
+
+
+def _passes(groups: list[tuple[int, list]]) -> list[list[tuple[int, list]]]:
+    """Prompt groups (length, members) packed into prefill passes of at most ``PACK_ROWS`` rows
+    each (a group larger than that is a pass of its own, as one batch of its length was)."""
+    passes, rows = [], 0
+    for T, members in groups:
+        n = T * len(members)
+        if not passes or rows + n > PACK_ROWS:
+            passes.append([])
+            rows = 0
+        passes[-1].append((T, members))
+        rows += n
+    return passes
 
 
 def _within(joins: list[Join], tokens: int | None) -> list[Join]:

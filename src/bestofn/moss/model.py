@@ -240,6 +240,24 @@ class BackboneLayer(nn.Module):
             )
         return self._post(x, out.transpose(1, 2).reshape(B, T, -1), IMPLS)
 
+    def prefill_packed(self, x, cos, sin, groups, write):
+        """Prompts of several lengths in one pass: x [1, N, H] holds them end to end, grouped by
+        length (``groups``: (offset, n, T) each, n prompts of T rows from row ``offset``). The
+        matmuls run on all N rows at once; attention runs on each group's prompts alone,
+        causal and unpadded, as ``prefill`` of that group would. ``write(g, k, v)`` stores
+        group g's K/V ([n, kv, T, D] each)."""
+        q, k, v = self._pre(x, cos, sin, IMPLS)  # [1, N, heads, D]
+        out = torch.empty(q.shape[1], q.shape[2] * q.shape[3], dtype=q.dtype, device=q.device)
+        for g, (o, n, T) in enumerate(groups):
+            qg, kg, vg = (t[0, o : o + n * T].reshape(n, T, *t.shape[2:]).transpose(1, 2)
+                          for t in (q, k, v))  # fmt: skip
+            write(g, kg, vg)
+            att = F.scaled_dot_product_attention(
+                qg, kg, vg, is_causal=True, scale=self.scale, enable_gqa=True
+            )
+            out[o : o + n * T] = att.transpose(1, 2).reshape(n * T, -1)
+        return self._post(x, out[None], IMPLS)
+
     def decode(self, x, cos, sin, key_bias, write_idx, k_cache, v_cache):
         """One new token per row. x [B, H]; caches [B, kv, L, D]; key_bias [B, 1, 1, L]
         (0 where a slot may be attended, -inf elsewhere; includes this token's slot)."""
@@ -455,6 +473,27 @@ class MossLocalModel(Qwen3Backbone, nn.Module):
         cache.pos.copy_(mask.long().sum(-1))
         cache.write_idx.fill_(T)
         return self.norm(x)
+
+    def prefill_packed(self, prompts: list[torch.Tensor], write) -> list[torch.Tensor]:
+        """Prompts of several lengths prefilled in one pass, unpadded: ``prompts`` [n_g, T_g,
+        1+n_vq] per length. Each prompt's hidden states are those of ``prefill`` of its group
+        alone (row-wise matmuls and norms; attention per group, see BackboneLayer.prefill_packed),
+        so a burst of distinct lengths costs one pass, not one per length.
+        ``write(layer, g, k, v)`` stores group g's K/V; returns each group's last-row hidden
+        [n_g, H] (final-normed)."""
+        groups, offset = [], 0
+        for p in prompts:
+            groups.append((offset, int(p.shape[0]), int(p.shape[1])))
+            offset += int(p.shape[0]) * int(p.shape[1])
+        ids = torch.cat([p.reshape(-1, p.shape[-1]) for p in prompts])[None]
+        pos = torch.cat([torch.arange(T, device=ids.device).repeat(n) for _, n, T in groups])
+        x = self.embed_rows(ids).to(self.audio_embed.dtype)
+        cos, sin = self._rope(pos[None], x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer.prefill_packed(x, cos, sin, groups, lambda g, k, v, i=i: write(i, g, k, v))
+        last = torch.cat([torch.arange(o + T - 1, o + n * T, T) for o, n, T in groups])
+        h = self.norm(x[0, last.to(x.device)])  # row-wise: the prompts' last rows only
+        return list(h.split([n for _, n, _ in groups]))
 
     def backbone_step(
         self, x: torch.Tensor, alive: torch.Tensor, cache: BackboneCache, kv_len: int | None = None
