@@ -91,3 +91,24 @@ def test_no_row_fitting_is_the_out_of_memory_error(gen, monkeypatch):
     rows_that_fit(monkeypatch, 0)
     with pytest.raises(torch.OutOfMemoryError, match="stand-in: 1 rows"):
         decode(gen, ContinuousDecoder(gen.engine), [0, 1], max_batch=2)
+
+
+@pytest.mark.parametrize("side_by_side", [False, True])
+def test_a_grown_cache_gets_every_slot_of_the_rows_it_keeps(side_by_side):
+    """``BackboneCache.copy_rows`` (the decode state growing with rows occupied): the rows kept
+    get every slot of every layer, K and V, bit for bit; the other rows stay as they were."""
+    from bestofn.moss.kv_cache import BackboneCache
+
+    g = torch.Generator().manual_seed(0)
+    old = BackboneCache(3, 4, 2, 16, 8, torch.float32, "cpu", kv_side_by_side=side_by_side)
+    new = BackboneCache(3, 8, 2, 32, 8, torch.float32, "cpu", kv_side_by_side=side_by_side)
+    for t in (old.k, old.v, new.k, new.v):
+        t.copy_(torch.randn(t.shape, generator=g))
+    before_k, before_v = new.k.clone(), new.v.clone()
+    kept = torch.tensor([0, 2, 3])
+    new.copy_rows(kept, old, kept)
+    for mine, theirs, before in ((new.k, old.k, before_k), (new.v, old.v, before_v)):
+        assert torch.equal(mine[:, kept, :, :16], theirs[:, kept])
+        assert torch.equal(mine[:, kept, :, 16:], before[:, kept, :, 16:])
+        others = torch.tensor([1, 4, 5, 6, 7])
+        assert torch.equal(mine[:, others], before[:, others])
