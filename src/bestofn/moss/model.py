@@ -491,8 +491,9 @@ class MossLocalModel(Qwen3Backbone, nn.Module):
         cos, sin = self._rope(pos[None], x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer.prefill_packed(x, cos, sin, groups, lambda g, k, v, i=i: write(i, g, k, v))
-        last = torch.cat([torch.arange(o + T - 1, o + n * T, T) for o, n, T in groups])
-        h = self.norm(x[0, last.to(x.device)])  # row-wise: the prompts' last rows only
+        last = torch.cat([torch.arange(o + T - 1, o + n * T, T, device=x.device)
+                          for o, n, T in groups])  # fmt: skip
+        h = self.norm(x[0, last])  # row-wise: the prompts' last rows only
         return list(h.split([n for _, n, _ in groups]))
 
     def backbone_step(
