@@ -89,7 +89,7 @@ def test_verify_flags_group_without_scores(tmp_path):
 def test_write_threads_sized_from_the_cpus_this_process_may_use(monkeypatch):
     from bestofn.core import groupio
 
-    for cpus, want in ((2, 4), (8, 8), (128, 16)):
+    for cpus, want in ((2, 4), (12, 6), (128, 8)):
         monkeypatch.setattr(groupio.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
         assert groupio.write_threads(None) == want
     assert groupio.write_threads(3) == 3  # runtime.write_threads, as given

@@ -31,13 +31,13 @@ PARTIAL_MARK = ".partial-"
 
 
 def write_threads(threads: int | None) -> int:
-    """Threads that encode a group's FLACs (config ``runtime.write_threads``); None: the CPUs
-    this process may use, at least 4 (the writes also wait on fsync) and at most 16 (a box of 8
-    GPU workers has about 16 CPUs a worker)."""
+    """Threads that encode a group's FLACs (config ``runtime.write_threads``); None: half the
+    CPUs this process may use (the other half for the thread that feeds the GPU, the scorers'
+    host work and the next group's), at least 4 (the writes also wait on fsync), at most 8."""
     if threads is not None:
         return max(1, int(threads))
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min(16, max(4, cpus or 1))
+    return min(8, max(4, (cpus or 1) // 2))
 
 
 def take_name(take: int) -> str:
