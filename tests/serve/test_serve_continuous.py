@@ -194,6 +194,49 @@ def test_first_chunks_are_decoded_and_handed_out_before_the_others_chunks(moss, 
         assert any(e[0] == "chunk" for e in b[:later]) and b[later + 1 :]
 
 
+def test_requests_that_joined_at_other_syncs_share_their_later_chunks_codec_calls(
+    moss, monkeypatch
+):
+    """Later chunks come on one clock (every CHUNK_FRAMES // STEP_FRAMES syncs) whenever a
+    request joined: four requests joining at four syncs in a row have their later chunks
+    decoded together, one codec call a tick (not one a sync, each request on its own phase),
+    their first chunks still at once, and everyone's audio as alone."""
+    from bestofn.moss.stream import CHUNK_FRAMES, FIRST_CHUNK_FRAMES
+
+    texts = [
+        "one two three four five six seven eight",
+        "a b c d e f g h",
+        "nine ten eleven twelve thirteen fourteen fifteen sixteen",
+        "p q r s t u v w",
+    ]
+    specs = [spec(t, 70 + i) for i, t in enumerate(texts)]  # 8 words: 48 frames each
+    alone = [render(moss, [s])[0][0] for s in specs]
+    calls, pulls = [], [0]
+    decode = moss.codec.decode
+
+    def recording(windows):
+        if min(len(w) for w in windows) > FIRST_CHUNK_FRAMES:  # later chunks (with overlap)
+            calls.append(len(windows))
+        return decode(windows)
+
+    later = list(specs[1:])
+
+    def take(n):  # one request a sync (a pull asks until it gets nothing): one joins a sync
+        pulls[0] += 1
+        return [later.pop(0)] if later and n and pulls[0] % 2 else []
+
+    monkeypatch.setattr(moss.codec, "decode", recording)
+    got: list[list[np.ndarray]] = [[] for _ in specs]
+    feed = speech.Feed(take, lambda i: False, 8)
+    for i, audio, _last in speech.stream_batch(moss, specs[:1], feed):
+        got[i].append(audio)
+    assert all(np.array_equal(np.concatenate(g), w) for g, w in zip(got, alone, strict=True))
+    # 48 frames each, joined over 4 syncs: the clock's ticks decode all four together, and the
+    # last chunks go as each request ends (each request on its own phase instead: six calls of
+    # two requests each)
+    assert max(calls) == 4 and len(calls) <= 48 // CHUNK_FRAMES + 1, calls
+
+
 def test_a_burst_joins_over_several_syncs_under_an_admission_budget(moss, monkeypatch):
     """runtime.speech_admit_tokens: a burst of requests whose prompts add up to more than the
     budget is prefilled over several syncs (at least one request each), the first ones'

@@ -3,9 +3,11 @@
 Requests (different texts, voices, seeds and frame budgets) run in one continuous decode
 (``bestofn.moss.continuous``): every ``STEP_FRAMES`` frames the new codes come to the host,
 finished requests leave their row, and requests that arrived meanwhile (``feed``) join free
-rows. A request's first ``FIRST_CHUNK_FRAMES`` frames, then every ``CHUNK_FRAMES`` more (and
-whatever is left when it stops), go through the codec in one batched decode of all the requests
-that are ready; first chunks in a call of their own, handed out before the others' are decoded.
+rows. A request's first ``FIRST_CHUNK_FRAMES`` frames, then its new frames at every tick of a
+clock shared by all requests (every ``CHUNK_FRAMES // STEP_FRAMES`` syncs), and what is left
+when it stops, go through the codec in one batched decode of all the requests that are due:
+first chunks in a call of their own, handed out before the others' are decoded; later chunks
+together, whenever each request joined.
 A codec with ``stream_decoder`` (MOSS-Audio-Tokenizer v1 and v2, ours) gets only
 the new frames: each request holds a slot of per-layer key/value caches, so the chunks join to
 the one-shot decode exactly (``bestofn.moss.codec.stream``; float rounding aside). Any other
@@ -41,6 +43,13 @@ def decode_window(codec, windows: list[torch.Tensor], skip: list[int]) -> list[n
         per_frame = audio.shape[0] // max(1, int(w.shape[0]))
         out.append(np.asarray(audio[k * per_frame :], dtype=np.float32))
     return out
+
+
+def _running_chunks(codes, emitted, block) -> list[tuple[int, bool]]:
+    """(index, False) of the running requests past their first chunk with new frames: what is
+    due at a tick of the chunk clock."""
+    return [(u.key, False) for u in block
+            if not u.finished and 0 < emitted[u.key] < codes[u.key].shape[0]]  # fmt: skip
 
 
 def stream_batch(
@@ -151,25 +160,34 @@ def stream_batch(
 
     admit = gen.options.get("speech_admit_tokens")
     updates = decoder_for(gen.engine).run(pull, gen.params, cancelled, step, max_batch, admit)
+    # Later chunks on one clock: every ``chunk // step`` syncs, every running request past its
+    # first chunk hands out what it has, whenever it joined. Requests that joined at other syncs
+    # (a burst admitted over several, or traffic arriving at any time) then share one codec
+    # call rather than each sync making a small one of its own; none waits longer than
+    # ``chunk`` frames for its next chunk, as before. A last chunk goes at once: its codec slot
+    # must be free for the request that takes its row.
+    every_n = max(1, chunk // max(1, step))
     try:
-        for block in updates:
+        for tick, block in enumerate(updates):
             yield from report_failed()
-            ready = []  # (index, last) of the requests with a chunk due
+            firsts, lasts = [], []  # (index, last) due now
             for u in block:
                 b = u.key
                 if u.codes.shape[0]:
                     codes[b] = torch.cat([codes[b], u.codes])
-                need = first_chunk if emitted[b] == 0 else chunk
-                if u.finished or codes[b].shape[0] - emitted[b] >= need:
-                    ready.append((b, u.finished))
+                if emitted[b] == 0 and (u.finished or codes[b].shape[0] >= first_chunk):
+                    firsts.append((b, u.finished))
+                elif u.finished:
+                    lasts.append((b, True))
             # first chunks in a call of their own, handed out before the others' longer chunks
             # are decoded: a joining request's time to first audio does not wait for the
             # batch's big call, and its 4 frames are not padded to the others' 16
-            firsts = [(b, last) for b, last in ready if emitted[b] == 0]
-            rest = [(b, last) for b, last in ready if emitted[b] > 0]
-            for part in (firsts, rest):
-                if part:
-                    yield from emit(part)
+            if firsts:
+                yield from emit(firsts)
+            if tick and tick % every_n == 0:
+                lasts += _running_chunks(codes, emitted, block)
+            if lasts:
+                yield from emit(lasts)
         yield from report_failed()
     finally:
         updates.close()
