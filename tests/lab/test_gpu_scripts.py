@@ -286,8 +286,9 @@ def test_speech_profile_smoke(tiny_weights, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["batch"], r["stream_mode"], r["admit_tokens"], r.get("warmup", False))
             for r in rows] == [
-        (2, "eager", None, True), (2, "eager", None, False), (2, "eager", 1, False),
-        (2, "padded", None, True), (2, "padded", None, False), (2, "padded", 1, False),
+        (2, "eager", None, True), (2, "eager", None, False), (2, "eager", 1, True),
+        (2, "eager", 1, False), (2, "padded", None, True), (2, "padded", None, False),
+        (2, "padded", 1, True), (2, "padded", 1, False),
     ]  # fmt: skip
     for r in rows:
         assert r["audio_s"] > 0 and r["decode_loop_s"] > 0 and r["codec_s"] > 0

@@ -8,8 +8,8 @@ up to ``PACK_ROWS`` prompt rows (``MossLocalModel.prefill_packed``: the prompts 
 a burst of many lengths is one pass; attention per length group, so a prompt is never padded;
 at most ``admit_tokens`` prompt rows a sync, if set), their K/V written into free row slots of
 the running cache, and their first frame sampled from the prefill's last hidden state, exactly
-as a batch of their own would start. The loop ends
-when no row is occupied and ``pull`` has nothing.
+as a batch of their own would start. The loop ends when no row is occupied and ``pull`` has
+nothing.
 
 What makes a row independent of its neighbours and of when it joined:
 - each row has its own cache write slot, RoPE position, frame counter and frame budget (the
