@@ -301,12 +301,7 @@ class ContinuousDecoder:
             c = s.cache
 
             def write(layer, g, k, v, at=at, c=c):  # group g's K/V into its rows' slots
-                T = k.shape[2]
-                if c.kv is not None:
-                    c.kv[layer, at[g], :, :T] = torch.stack([k, v], dim=3)
-                else:
-                    c.k[layer, at[g], :, :T] = k
-                    c.v[layer, at[g], :, :T] = v
+                c.write_rows(layer, at[g], k, v)
 
             for idx, (T, _), h in zip(at, part, m.prefill_packed(prompts, write), strict=True):
                 c.key_mask[idx] = False

@@ -41,23 +41,27 @@ class BackboneCache:
         self.pos.zero_()
         self.write_idx.zero_()
 
-    def copy_rows(self, rows: torch.Tensor, src: BackboneCache, src_rows=None) -> None:
-        """K/V of ``src`` (its rows ``src_rows``, default all, its whole length) into rows
-        ``rows`` of this cache, slots [0, src.max_len): a prefill joining a running batch."""
+    def copy_rows(self, rows: torch.Tensor, src: BackboneCache, src_rows: torch.Tensor) -> None:
+        """K/V of rows ``src_rows`` of ``src`` (its whole length) into rows ``rows`` of this
+        cache, slots [0, src.max_len): the rows kept when a decode state grows."""
         L = src.max_len
         if self.kv is not None and src.kv is not None:  # K and V side by side: one copy
             pairs = [(self.kv, src.kv)]
         else:
             pairs = [(self.k, src.k), (self.v, src.v)]
         for dst, s in pairs:
-            if src_rows is None:
-                dst[:, rows, :, :L] = s
-                continue
             # Picking src_rows copies what it picks: a layer at a time, that copy is a layer's
             # rows, not every layer's (62 rows of a 1,024-slot cache of Qwen3-4B: 8.7 GiB at
             # once, which ran a full GPU out of memory while the state grew).
             for layer in range(dst.shape[0]):
                 dst[layer, rows, :, :L] = s[layer, src_rows]
+
+    def write_rows(self, layer: int, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One layer's K/V of a prefill ([len(rows), kv_heads, T, head_dim] each) into slots
+        [0, T) of ``rows`` (through the k/v views when K and V sit side by side)."""
+        T = k.shape[2]
+        self.k[layer, rows, :, :T] = k
+        self.v[layer, rows, :, :T] = v
 
     def tensors(self) -> list[torch.Tensor]:
         kv = [self.k, self.v] if self.kv is None else [self.kv]
