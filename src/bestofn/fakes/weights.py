@@ -176,7 +176,7 @@ weights: the real loading code runs on them, and the audio and scores they make 
 model paths relative to it, in the layout of `bestofn weights fetch`).
 
 - `MOSS-TTS-Local-Transformer-v1.5/` (moss-fast; moss-hf{moss_hf}): the published layout:
-  config.json, a byte-level tokenizer (MOSS specials at ids 256..262), processor_config.json,
+  config.json, a stand-in tokenizer ({tokenizer}), processor_config.json,
   safetensors{shards}. Stop probability per frame: {p_stop}.
 - `MOSS-Audio-Tokenizer-v2/` (the codec of MOSS-TTS-Local): the published v2 layout (config.json
   with the v2 module list + F32 safetensors under the published key names), read by our own
@@ -447,6 +447,9 @@ def write_all(
             seed=seed,
             moss_hf=" too: remote code copied in" if moss_code else ": add --moss-code DIR",
             shards=" shards + model.safetensors.index.json" if size == "real" else "",
+            tokenizer="GPT-2's BPE with the MOSS specials at their published ids"
+            if size == "real"
+            else "byte-level, MOSS specials at ids 256..262",
             p_stop=moss.P_STOP[size] if p_stop is None else p_stop,
             w2v_layers=sidon.DISK_LAYERS[size],
             n_heads=f"{emotion_heads} + {quality_heads}",
