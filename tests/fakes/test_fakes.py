@@ -130,3 +130,18 @@ def test_the_real_size_tokenizer_gives_prompts_of_a_bpe_length_with_the_publishe
     moss.write_tokenizer(tmp_path, "real")
     read = PromptBuilder.from_tokenizer_json(tmp_path / "tokenizer.json", cfg).rows(text)
     assert torch.equal(read, built)
+
+
+def test_the_real_size_delay_tokenizer_is_the_same_bpe_with_its_published_specials(tmp_path):
+    from tokenizers import Tokenizer
+
+    from bestofn.fakes import moss_delay
+
+    cfg = moss_delay.size_config("real")
+    moss_delay.write_tokenizer(tmp_path, cfg, "real")
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text = "The train leaves at nine, so please be on time and bring the tickets with you."
+    ids = tok.encode(f"<|im_start|>{text}<|im_end|>", add_special_tokens=False).ids
+    assert ids[0] == cfg.im_start_token_id == 151644 and ids[-1] == cfg.im_end_token_id
+    assert ids[1:-1] == moss.text_tokenizer("real").encode(text, add_special_tokens=False).ids
+    assert 12 <= len(ids) - 2 <= 25  # words, not bytes

@@ -9,9 +9,10 @@ directories in the published layout (OpenMOSS/MOSS-TTS ``moss_tts_delay/``).
   32 codebooks of 64 (as the tiny MOSS-Audio-Tokenizer) on a 2-layer, 32-wide backbone.
 
 A checkpoint directory holds config.json (published keys + ``auto_map``), the weights
-(model.safetensors, or 4 GiB shards + index at real size), a byte-level tokenizer whose MOSS
-specials sit at the published ids, a Qwen-style chat template and processor_config.json. The
-remote code is not ours: ``add_remote_code`` copies it from a copy of ``moss_tts_delay/``.
+(model.safetensors, or 4 GiB shards + index at real size), a tokenizer whose MOSS specials sit
+at the published ids (text: bytes tiny, GPT-2's BPE real, as ``bestofn.fakes.moss``), a
+Qwen-style chat template and processor_config.json. The remote code is not ours:
+``add_remote_code`` copies it from a copy of ``moss_tts_delay/``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes import check_size
-from bestofn.fakes.moss import copy_remote_code, qwen3_layer_tensors, write_safetensors
+from bestofn.fakes.moss import copy_remote_code, gpt2_bpe, qwen3_layer_tensors, write_safetensors
 from bestofn.moss.delay import MossDelayConfig
 
 SIZES = {
@@ -133,16 +134,20 @@ def random_state_dict(cfg: MossDelayConfig, seed: int = 0, std: float = 0.2) -> 
     return dict(random_tensors(cfg, seed, std))
 
 
-def write_tokenizer(out: Path, cfg: MossDelayConfig) -> None:
-    """Byte-level tokenizer: bytes at 0..255, the MOSS specials at the config's ids."""
+def write_tokenizer(out: Path, cfg: MossDelayConfig, size: str = "tiny") -> None:
+    """The MOSS specials at the config's ids over a text vocabulary: bytes at 0..255 (tiny), or
+    GPT-2's BPE (real: the stand-in for Qwen3's, as ``bestofn.fakes.moss.text_tokenizer``)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    if check_size(size):
+        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+        vocab, merges = {ch: i for i, ch in enumerate(alphabet)}, []
+    else:
+        vocab, merges = gpt2_bpe()
     specials = {getattr(cfg, field): name for field, name in SPECIAL_NAMES.items()}
     vocab.update({name: i for i, name in specials.items()})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(list(specials.values()))
@@ -161,7 +166,7 @@ def write_model(out_dir, size: str = "tiny", seed: int = 0, codec_dir=None,
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(published_config(cfg), indent=1))
-    write_tokenizer(out, cfg)
+    write_tokenizer(out, cfg, size)
     processor_config = {
         "processor_class": "MossTTSDelayProcessor",
         "auto_map": {"AutoProcessor": "processing_moss_tts.MossTTSDelayProcessor"},

@@ -211,8 +211,9 @@ DELAY_README = """\
 - `MOSS-TTS-Delay-v1.5/` (moss-fast picks its Delay engine from config.json; moss-hf{moss_hf}):
   the published Delay layout (language_model.*, emb_ext.*, lm_heads.*), Qwen3-8B shape at real
   size, 32 codebooks (of 1024 real, 64 tiny) as `MOSS-Audio-Tokenizer/` decodes them; a
-  byte-level tokenizer with the MOSS specials at their published ids (151643..151662) and a
-  Qwen-style chat template. Point the generator's `model_dir` and `codec_dir` here to run it.
+  stand-in tokenizer (bytes tiny, GPT-2's BPE real) with the MOSS specials at their published
+  ids (151643..151662) and a Qwen-style chat template. Point the generator's `model_dir` and
+  `codec_dir` here to run it.
 """
 
 
