@@ -3,11 +3,10 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-from bestofn.workflow_glue import config_file_problem
-from snakemake.exceptions import WorkflowError
+from bestofn.workflow_glue import config_file_problem, refuse
 
 if problem := config_file_problem("config/config.yaml", workflow.overwrite_configfiles):
-    raise WorkflowError(problem)  # the file named: Snakemake's own message names none
+    refuse(problem)  # the file named: Snakemake's own message names none
 
 
 configfile: "config/config.yaml"

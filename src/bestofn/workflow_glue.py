@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 from bestofn.backends.registry import backend_class
 from bestofn.select.base import BASE_COLUMNS
 from bestofn.select.database import check_rewards
+from bestofn.util.user_input import EXIT_STATUS
 
 log = logging.getLogger("bestofn")
 
@@ -28,21 +31,29 @@ def selection_columns(models: dict) -> tuple[dict[str, str], bool]:
     return columns, complete
 
 
-def config_file_problem(path: str, given: list) -> str | None:
-    """What is wrong with the workflow's default config file (the Snakefile's ``configfile:``),
-    as ``<file>: <what>``, or None. Snakemake's own reading of it names no file when it does
-    not parse, so the Snakefile asks here first. ``given``: the ``--configfile`` paths, which
-    Snakemake reads itself before any workflow code runs (its messages, not ours); with one,
-    the default file may be absent."""
+def refuse(problem: str) -> NoReturn:
+    """End a ``snakemake`` command on bad input as ``bestofn`` ends: ``error: <file>: <what>``
+    on stderr and exit status 2, no traceback, before any job. A SystemExit, because Snakemake
+    catches Exception (and prints it with a frame of the Snakefile, exit 1), not SystemExit."""
+    print(f"error: {problem}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_STATUS)
+
+
+def config_file_problem(path: str | Path, given: list | None = None) -> str | None:
+    """What is wrong with a config file, as ``<file>: <what>`` (the line of a YAML error), or
+    None. For the workflow's default file (the Snakefile's ``configfile:``), whose Snakemake
+    reading names no file when it does not parse; and for a ``--configfile`` file, which
+    Snakemake reads in its command line (``snakemake_logger_plugin_bestofn`` asks here).
+    ``given``: the ``--configfile`` paths; with one, the default file may be absent."""
     from bestofn.util.user_input import UserInputError, load_yaml_file
 
-    if not Path(path).exists():
-        if given:
-            return None
-        return f"{path}: no such config (run in the workflow directory, or give --configfile)"
+    if given and not Path(path).exists():
+        return None
     try:
         load_yaml_file(path, "config")
     except UserInputError as e:
+        if e.what == "no such config" and given is not None:
+            return f"{e} (run in the workflow directory, or give --configfile)"
         return str(e)
     return None
 

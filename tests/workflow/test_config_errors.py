@@ -1,10 +1,10 @@
 """`snakemake -n` on a missing, malformed or wrongly shaped config or sheet: what the user reads.
 
-The workflow's own code (Snakefile, workflow/rules/common.smk) names the file and what is wrong
-with it, without a Python traceback, wherever it is the one reading: the default config file,
-the sheets, the config's fields. A ``--configfile`` is read by Snakemake's command line before
-any workflow code runs, so its messages are Snakemake's own; the tests below hold them to
-naming the problem, and say where they do not name the file."""
+Each ends as the `bestofn` command ends on bad input: ``error: <file>: <what>``, exit status 2,
+no Python traceback. The workflow's own code (Snakefile, workflow/rules/common.smk) names the
+file wherever it is the one reading: the default config file, the sheets, the config's fields.
+A ``--configfile`` is read by Snakemake's command line before any workflow code runs; there
+snakemake_logger_plugin_bestofn (imported by Snakemake with its logger plugins) names it."""
 
 import pytest
 from helpers import make_tiny_project, snakemake
@@ -17,8 +17,10 @@ def project(tmp_path):
 
 def failed(project, *args):
     proc = snakemake(project, "-n", *args, check=False)
-    assert proc.returncode != 0
-    return proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out and 'File "' not in out, out
+    return out
 
 
 @pytest.mark.parametrize(
@@ -58,17 +60,28 @@ def test_a_bad_sheet_is_named(project, text, says):
     assert "Traceback" not in out, out
 
 
-def test_configfile_option_messages_are_snakemakes(project, tmp_path):
-    """What Snakemake itself prints for --configfile (it reads the file before our code)."""
+def test_a_configfile_option_is_named_though_snakemake_reads_it(project, tmp_path):
+    """Snakemake reads --configfile before our code: the plugin's wrap of its loader names the
+    file (missing, not YAML, not a mapping); one that parses reaches the workflow's check."""
     missing = tmp_path / "missing.yaml"
-    out = failed(project, "--configfile", str(missing))
-    assert str(missing) in out and "FileNotFoundError" in out  # Snakemake's traceback
+    assert f"error: {missing}: no such config" in failed(project, "--configfile", str(missing))
     bad = tmp_path / "bad.yaml"
     bad.write_text("takes: 3\nmodels: [\n")
-    assert "Config file is not valid JSON or YAML" in failed(project, "--configfile", str(bad))
-    bad.write_text("- takes: 3\n")
-    assert "keys at top level" in failed(project, "--configfile", str(bad))
-    # a config that parses: the workflow's own check, the file named
-    bad.write_text("takes: three\n")
     out = failed(project, "--configfile", str(bad))
-    assert f"{bad}: config field (top level):" in out and "Traceback" not in out, out
+    assert f"error: {bad}: not valid YAML at line 3, column 1" in out, out
+    bad.write_text("- takes: 3\n")
+    assert f"{bad}: the config must be a mapping" in failed(project, "--configfile", str(bad))
+    bad.write_text("takes: three\n")
+    assert f"error: {bad}: config field (top level):" in failed(project, "--configfile", str(bad))
+
+
+def test_the_plugin_wraps_the_loader_of_the_snakemake_it_was_read_on():
+    """The wrap is in place on the pinned Snakemake, and hands a file that loads to
+    Snakemake's own loader unchanged."""
+    import snakemake.cli  # noqa: F401 - what `snakemake` imports before its plugins
+    import snakemake_logger_plugin_bestofn as plugin
+    from snakemake.common import configfile
+    from snakemake.settings import types
+
+    assert plugin.INSTALLED, "snakemake is not the version in VERIFIED_ON"
+    assert types.load_configfile.__wrapped__ is configfile.load_configfile

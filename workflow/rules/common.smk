@@ -1,12 +1,11 @@
 # Config + sheets validation and the group list. Runs at DAG-build time, before any job:
 # a bad row, an unknown backend or invalid selection SQL stops the run here.
-from snakemake.exceptions import WorkflowError
 from snakemake.logging import logger
 
 from bestofn.core.plan import PlanError, build_plan
 from bestofn.select.base import SelectionError
 from bestofn.util.user_input import UserInputError
-from bestofn.workflow_glue import check_selection_for, run_group_rule
+from bestofn.workflow_glue import check_selection_for, refuse, run_group_rule
 from bestofn import snakemake_speedups
 
 snakemake_speedups.install(workflow)  # per-job costs of planning cut (see the module)
@@ -21,9 +20,7 @@ except (PlanError, SelectionError, UserInputError) as e:
     files = ", ".join(
         map(str, workflow.overwrite_configfiles or ["config/config.yaml"])
     )
-    raise WorkflowError(
-        f"{files}: {e}" if str(e).startswith("config ") else str(e)
-    ) from None
+    refuse(f"{files}: {e}" if str(e).startswith("config ") else str(e))
 config.update(PLAN.config)  # the defaults the schema declares, for rules and scripts
 for warning in PLAN.warnings:  # settings that run, but slower than meant
     logger.warning(f"bestofn: {warning}")
