@@ -19,7 +19,6 @@ to stderr through Snakemake's own formatter and filter, as its default output do
 from __future__ import annotations
 
 import sys
-from importlib import metadata
 from logging import LogRecord
 
 from snakemake_interface_logger_plugins.base import LogHandlerBase
@@ -61,10 +60,11 @@ def _install() -> bool:
     """Wrap Snakemake's config-file loader; False (Snakemake's own left in place) where the
     version or the loader is not the one this was read on."""
     try:
-        if metadata.version("snakemake") != VERIFIED_ON["snakemake"]:
-            return False
+        import snakemake
         from snakemake.settings import types
-    except (metadata.PackageNotFoundError, ImportError):
+    except ImportError:
+        return False
+    if getattr(snakemake, "__version__", None) != VERIFIED_ON["snakemake"]:
         return False
     loader = getattr(types, "load_configfile", None)
     if loader is None or getattr(loader, "__module__", "") != "snakemake.common.configfile":
