@@ -79,9 +79,10 @@ def test_the_plugin_wraps_the_loader_of_the_snakemake_it_was_read_on():
     """The wrap is in place on the pinned Snakemake, and hands a file that loads to
     Snakemake's own loader unchanged."""
     import snakemake.cli  # noqa: F401 - what `snakemake` imports before its plugins
-    import snakemake_logger_plugin_bestofn as plugin
     from snakemake.common import configfile
     from snakemake.settings import types
+
+    import snakemake_logger_plugin_bestofn as plugin
 
     assert plugin.INSTALLED, "snakemake is not the version in VERIFIED_ON"
     assert types.load_configfile.__wrapped__ is configfile.load_configfile
