@@ -5,7 +5,9 @@ min_version("9.0")
 
 from bestofn.workflow_glue import config_file_problem, refuse
 
-if problem := config_file_problem("config/config.yaml", workflow.overwrite_configfiles):
+if problem := config_file_problem(
+    "config/config.yaml", list(workflow.overwrite_configfiles or [])
+):
     refuse(problem)  # the file named: Snakemake's own message names none
 
 

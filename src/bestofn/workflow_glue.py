@@ -44,7 +44,8 @@ def config_file_problem(path: str | Path, given: list | None = None) -> str | No
     None. For the workflow's default file (the Snakefile's ``configfile:``), whose Snakemake
     reading names no file when it does not parse; and for a ``--configfile`` file, which
     Snakemake reads in its command line (``snakemake_logger_plugin_bestofn`` asks here).
-    ``given``: the ``--configfile`` paths; with one, the default file may be absent."""
+    ``given``: for the default file, the ``--configfile`` paths (a list; with one, the default
+    file may be absent); None for a ``--configfile`` file itself."""
     from bestofn.util.user_input import UserInputError, load_yaml_file
 
     if given and not Path(path).exists():
