@@ -75,7 +75,7 @@ def test_a_configfile_option_is_named_though_snakemake_reads_it(project, tmp_pat
     assert f"error: {bad}: config field (top level):" in failed(project, "--configfile", str(bad))
 
 
-def test_the_plugin_wraps_the_loader_of_the_snakemake_it_was_read_on():
+def test_the_plugin_wraps_the_loader_of_the_snakemake_it_was_read_on(tmp_path):
     """The wrap is in place on the pinned Snakemake, and hands a file that loads to
     Snakemake's own loader unchanged."""
     import snakemake.cli  # noqa: F401 - what `snakemake` imports before its plugins
@@ -86,3 +86,6 @@ def test_the_plugin_wraps_the_loader_of_the_snakemake_it_was_read_on():
 
     assert plugin.INSTALLED, "snakemake is not the version in VERIFIED_ON"
     assert types.load_configfile.__wrapped__ is configfile.load_configfile
+    good = tmp_path / "good.json"  # JSON, which Snakemake parses first: its result comes back
+    good.write_text('{"takes": 3, "models": {"generator": {"backend": "piper"}}}')
+    assert types.load_configfile(good) == configfile.load_configfile(good)
