@@ -281,9 +281,10 @@ def always_continue_(
 # checkpoint directories
 
 
-def text_tokenizer(size: str = "tiny"):
-    """The fake's ``tokenizers.Tokenizer``: byte-level with the MOSS specials at 256..262
-    (tiny), or GPT-2's BPE with them at the published ids (real; see the module doc)."""
+def text_tokenizer(size: str = "tiny", specials: dict[str, int] | None = None):
+    """The fake's ``tokenizers.Tokenizer``: byte-level text (tiny), or GPT-2's BPE (real; see
+    the module doc), with ``specials`` (token text -> id; default: MOSS-TTS-Local's, at
+    256..262 tiny and the published ids real). MOSS-TTS Delay's fake passes its own."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     if check_size(size):
@@ -291,12 +292,14 @@ def text_tokenizer(size: str = "tiny"):
         vocab, merges = {ch: i for i, ch in enumerate(alphabet)}, []
     else:
         vocab, merges = gpt2_bpe()
-    names = dict(_SPECIALS)
-    vocab.update({names[field]: i for field, i in special_ids(size).items()})
+    if specials is None:
+        names = dict(_SPECIALS)
+        specials = {names[field]: i for field, i in special_ids(size).items()}
+    vocab.update(specials)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(names.values()))  # already in the vocabulary: their ids stay
+    tok.add_special_tokens(list(specials))  # already in the vocabulary: their ids stay
     return tok
 
 

@@ -24,7 +24,12 @@ from pathlib import Path
 import torch
 
 from bestofn.fakes import check_size
-from bestofn.fakes.moss import copy_remote_code, gpt2_bpe, qwen3_layer_tensors, write_safetensors
+from bestofn.fakes.moss import (
+    copy_remote_code,
+    qwen3_layer_tensors,
+    text_tokenizer,
+    write_safetensors,
+)
 from bestofn.moss.delay import MossDelayConfig
 
 SIZES = {
@@ -135,22 +140,12 @@ def random_state_dict(cfg: MossDelayConfig, seed: int = 0, std: float = 0.2) -> 
 
 
 def write_tokenizer(out: Path, cfg: MossDelayConfig, size: str = "tiny") -> None:
-    """The MOSS specials at the config's ids over a text vocabulary: bytes at 0..255 (tiny), or
-    GPT-2's BPE (real: the stand-in for Qwen3's, as ``bestofn.fakes.moss.text_tokenizer``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    """The MOSS specials at the config's ids over ``bestofn.fakes.moss.text_tokenizer``'s text
+    vocabulary (bytes tiny, GPT-2's BPE real: the stand-in for Qwen3's), with the chat template."""
     from transformers import PreTrainedTokenizerFast
 
-    if check_size(size):
-        alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-        vocab, merges = {ch: i for i, ch in enumerate(alphabet)}, []
-    else:
-        vocab, merges = gpt2_bpe()
-    specials = {getattr(cfg, field): name for field, name in SPECIAL_NAMES.items()}
-    vocab.update({name: i for i, name in specials.items()})
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(specials.values()))
+    specials = {name: getattr(cfg, field) for field, name in SPECIAL_NAMES.items()}
+    tok = text_tokenizer(size, specials)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|endoftext|>",
                                    eos_token="<|im_end|>")  # fmt: skip
     fast.chat_template = CHAT_TEMPLATE
